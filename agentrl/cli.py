@@ -1,0 +1,110 @@
+"""The `agentrl` command: train | layout | envs | check-env | config-doc."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agentrl.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train (run under mpirun/srun, or alone for single-process mode)")
+    p.add_argument("config", help="YAML config, e.g. launch/configs/quickstart.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.group_size=8 steps=50")
+
+    p = sub.add_parser("layout", help="print which rank does what, without training")
+    p.add_argument("config")
+    p.add_argument("overrides", nargs="*")
+    p.add_argument("--np", type=int, required=True, help="world size (ranks in the job)")
+    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
+    p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (0: CPU)")
+
+    sub.add_parser("envs", help="list registered environment ids")
+
+    p = sub.add_parser("check-env", help="validate an environment")
+    p.add_argument("env_id")
+    p.add_argument("--kwargs", default="{}", help="constructor kwargs as YAML/JSON, e.g. '{high: 20}'")
+
+    sub.add_parser("config-doc", help="print the config reference as markdown")
+
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as error:
+        print(f"agentrl: {error}", file=sys.stderr)
+        return 2
+
+
+def cmd_train(args) -> int:
+    from agentrl.config import load_config
+    from agentrl.transport import abort_on_exception
+
+    config = load_config(args.config, args.overrides)
+
+    def run():
+        from agentrl.train import train
+
+        train(config)
+        return 0
+
+    try:
+        return abort_on_exception(run)()
+    except ConfigError:
+        raise
+    except Exception:
+        return 1
+
+
+def cmd_layout(args) -> int:
+    from agentrl.config import load_config
+    from agentrl.layout import format_plan, plan
+
+    config = load_config(args.config, args.overrides)
+    rows = plan(config.layout, args.np, args.ranks_per_node, args.gpus_per_node)
+    print(format_plan(rows, single_process=args.np == 1))
+    if args.np == 1:
+        print("world size 1: every role runs in this one process")
+    return 0
+
+
+def cmd_envs(args) -> int:
+    from agentrl.env.registry import registered_ids
+
+    for env_id in registered_ids():
+        print(env_id)
+    return 0
+
+
+def cmd_check_env(args) -> int:
+    import yaml
+
+    from agentrl.env.check import check_env
+
+    problems = check_env(args.env_id, yaml.safe_load(args.kwargs) or {})
+    for problem in problems:
+        print(f"FAIL {problem}")
+    print(f"{args.env_id}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
+    return 1 if problems else 0
+
+
+def cmd_config_doc(args) -> int:
+    from agentrl.config import config_reference
+
+    print(config_reference())
+    return 0
+
+
+COMMANDS = {
+    "train": cmd_train,
+    "layout": cmd_layout,
+    "envs": cmd_envs,
+    "check-env": cmd_check_env,
+    "config-doc": cmd_config_doc,
+}
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,75 @@
+"""How the agent loop reaches environments: in-process, or on an env rank over MPI.
+
+Both clients are async. The MPI client gathers every request made in one event-loop
+tick into one message, so a turn of 128 episodes costs one round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+
+from agentrl import transport
+from agentrl.env.host import EnvHost, EnvResult
+from agentrl.transport import Tag
+
+
+class LocalEnvClient:
+    """Environments live in this process."""
+
+    def __init__(self, host: EnvHost):
+        self.host = host
+
+    async def call(self, op: str, key, *args) -> EnvResult:
+        return self.host.handle(op, key, *args)
+
+    def shutdown(self) -> None:
+        for key in list(self.host.envs):
+            self.host.handle("close", key)
+
+
+class MPIEnvClient:
+    """Environments live on env rank `server`; requests are batched per event-loop tick.
+
+    Replies arrive in the order the batches were sent (MPI keeps order per sender and
+    tag), so one receiver task resolves the oldest batch in flight with each reply.
+    """
+
+    def __init__(self, comm, server: int, timeout_s: float):
+        self.comm, self.server, self.timeout_s = comm, server, timeout_s
+        self.pending: list[tuple[tuple, asyncio.Future]] = []
+        self.in_flight: deque[list[asyncio.Future]] = deque()
+        self.receiver: asyncio.Task | None = None
+
+    async def call(self, op: str, key, *args) -> EnvResult:
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        if not self.pending:
+            loop.call_soon(self._flush)
+        self.pending.append(((op, key, *args), future))
+        return await future
+
+    def _flush(self) -> None:
+        batch, self.pending = self.pending, []
+        transport.send(self.comm, [request for request, _ in batch], self.server, Tag.ENV_REQUEST)
+        self.in_flight.append([future for _, future in batch])
+        if self.receiver is None or self.receiver.done():
+            self.receiver = asyncio.ensure_future(self._receive())
+
+    async def _receive(self) -> None:
+        while self.in_flight:
+            backoff = transport.Backoff(self.timeout_s, f"env rank {self.server} to answer")
+            try:
+                while not (reply := transport.try_recv(self.comm, self.server, Tag.ENV_REPLY))[0]:
+                    await asyncio.sleep(backoff.next_delay())
+            except TimeoutError as error:
+                for futures in self.in_flight:
+                    for future in futures:
+                        future.set_exception(error)
+                self.in_flight.clear()
+                return
+            for future, result in zip(self.in_flight.popleft(), reply[1], strict=True):
+                future.set_result(result)
+
+    def shutdown(self) -> None:
+        transport.send(self.comm, None, self.server, Tag.ENV_REQUEST)

@@ -1,0 +1,59 @@
+"""Find environments by id: in-process registrations, `module:Class`, or the `agentrl.envs` entry points."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from importlib.metadata import entry_points
+
+ENTRY_POINT_GROUP = "agentrl.envs"
+_registry: dict[str, str | Callable] = {}
+
+
+def register(env_id: str, entry_point: str | Callable) -> None:
+    """Register `env_id` -> `"module:Class"` or a callable returning an env."""
+    _registry[env_id] = entry_point
+
+
+def _entry_points() -> dict:
+    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+
+
+def registered_ids() -> list[str]:
+    return sorted(set(_registry) | set(_entry_points()))
+
+
+def resolve(env_id: str) -> Callable:
+    """The constructor behind `env_id`, imported lazily."""
+    if env_id in _registry:
+        target = _registry[env_id]
+        return _load(target) if isinstance(target, str) else target
+    installed = _entry_points()
+    if env_id in installed:
+        return installed[env_id].load()
+    if ":" in env_id:
+        return _load(env_id)
+    known = ", ".join(registered_ids()) or "none"
+    raise KeyError(
+        f"unknown env id {env_id!r}; known ids: {known}. Use one of them, a 'module:Class' path, "
+        f"or register your env with agentrl.env.register or the '{ENTRY_POINT_GROUP}' entry point group"
+    )
+
+
+def make(env_id: str, **kwargs):
+    return resolve(env_id)(**kwargs)
+
+
+def _load(path: str) -> Callable:
+    module_name, _, attr = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ImportError(f"cannot import env module {module_name!r} (from {path!r}): {error}") from error
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise AttributeError(f"module {module_name!r} has no attribute {attr!r} (from env path {path!r})") from None
+
+
+register("guess_number", "envs.guess_number:GuessNumberEnv")

@@ -1,0 +1,24 @@
+"""The env role's loop: serve batched reset/step/close requests from rollout ranks until each says goodbye."""
+
+from __future__ import annotations
+
+from agentrl import transport
+from agentrl.env.host import EnvHost
+from agentrl.transport import Tag
+
+
+def serve(comm, host: EnvHost, clients: list[int]) -> dict:
+    """Answer requests until every client has sent None; returns counters."""
+    from mpi4py import MPI
+
+    open_clients = set(clients)
+    requests = 0
+    while open_clients:
+        batch, client = transport.recv(comm, MPI.ANY_SOURCE, Tag.ENV_REQUEST)
+        if batch is None:
+            open_clients.discard(client)
+            continue
+        requests += len(batch)
+        results = [host.handle(op, (client, key), *args) for op, key, *args in batch]
+        transport.send(comm, results, client, Tag.ENV_REPLY)
+    return {"requests": requests, "failures": host.failures, "open_envs": len(host.envs)}

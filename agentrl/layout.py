@@ -1,0 +1,139 @@
+"""Rank -> role assignment, role communicators and node-local GPU binding.
+
+Ranks are assigned in order: trainers first, then rollout, then env ranks. World size 1
+runs every role in one process. Trainer and rollout ranks bind GPUs by their node-local
+index among GPU-using ranks; env ranks never take a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from agentrl.config import ConfigError, LayoutConfig
+
+
+class Role(str, Enum):
+    TRAINER = "trainer"
+    ROLLOUT = "rollout"
+    ENV = "env"
+
+
+GPU_ROLES = (Role.TRAINER, Role.ROLLOUT)
+
+
+def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
+    """Role of each world rank. Raises ConfigError naming both sizes when they differ."""
+    if world_size == 1:
+        return [Role.TRAINER]  # single-process mode: this rank runs every role
+    if layout.world_size != world_size:
+        raise ConfigError(
+            f"layout needs {layout.world_size} ranks (trainer={layout.trainer} + rollout={layout.rollout} + "
+            f"env={layout.env}) but the job has {world_size}; launch with `mpirun -n {layout.world_size}` "
+            f"or change layout.* so the counts add up to {world_size}"
+        )
+    return [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
+
+
+def bind_gpus(roles: list[Role], nodes: list[int], gpus_per_node: int) -> list[int | None]:
+    """GPU index per rank: node-local order among trainer and rollout ranks, modulo the node's GPUs."""
+    if gpus_per_node <= 0:
+        return [None] * len(roles)
+    seen_on_node: dict[int, int] = {}
+    gpus: list[int | None] = []
+    for role, node in zip(roles, nodes, strict=True):
+        if role not in GPU_ROLES:
+            gpus.append(None)
+            continue
+        local = seen_on_node.get(node, 0)
+        seen_on_node[node] = local + 1
+        gpus.append(local % gpus_per_node)
+    return gpus
+
+
+@dataclass(frozen=True)
+class RankPlan:
+    rank: int
+    role: Role
+    role_rank: int
+    node: int
+    gpu: int | None
+
+
+def plan(layout: LayoutConfig, world_size: int, ranks_per_node: int | None = None, gpus_per_node: int = 0):
+    """The whole job's placement, as `agentrl layout` prints it (no MPI needed)."""
+    roles = assign_roles(layout, world_size)
+    per_node = ranks_per_node or world_size
+    nodes = [rank // per_node for rank in range(world_size)]
+    gpus = bind_gpus(roles, nodes, gpus_per_node)
+    counters: dict[Role, int] = {}
+    rows = []
+    for rank, (role, node, gpu) in enumerate(zip(roles, nodes, gpus, strict=True)):
+        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu))
+        counters[role] = counters.get(role, 0) + 1
+    return rows
+
+
+def format_plan(rows: list[RankPlan], single_process: bool = False) -> str:
+    lines = ["rank  role     role_rank  node  device"]
+    for row in rows:
+        device = f"cuda:{row.gpu}" if row.gpu is not None else "cpu"
+        role = "all" if single_process else row.role.value
+        lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {device}")
+    return "\n".join(lines)
+
+
+class Layout:
+    """This process's view of the job: its role, the role communicators, its device."""
+
+    def __init__(self, layout: LayoutConfig, comm=None, gpus_per_node: int | None = None):
+        from mpi4py import MPI
+
+        self.world = comm if comm is not None else MPI.COMM_WORLD
+        self.rank = self.world.Get_rank()
+        self.size = self.world.Get_size()
+        self.single_process = self.size == 1
+        self.roles = assign_roles(layout, self.size)
+        self.role = self.roles[self.rank]
+        self.trainer_ranks = [r for r, role in enumerate(self.roles) if role is Role.TRAINER]
+        self.rollout_ranks = [r for r, role in enumerate(self.roles) if role is Role.ROLLOUT]
+        self.env_ranks = [r for r, role in enumerate(self.roles) if role is Role.ENV]
+        self.role_comm = self.world.Split(color=list(Role).index(self.role), key=self.rank)
+        self.role_rank = self.role_comm.Get_rank()
+        # The weight group: trainer leader (root 0 inside it) plus every rollout rank.
+        in_weight_group = self.rank == self.trainer_ranks[0] or self.role is Role.ROLLOUT
+        self.weight_comm = self.world.Split(color=0 if in_weight_group else MPI.UNDEFINED, key=self.rank)
+        node_comm = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        self.node_rank, self.node_size = node_comm.Get_rank(), node_comm.Get_size()
+        gpu_roles = node_comm.allgather(self.role in GPU_ROLES)
+        node_comm.Free()
+        if gpus_per_node is None:
+            gpus_per_node = _visible_gpus()
+        local_gpu_index = sum(gpu_roles[: self.node_rank])
+        self.gpu = local_gpu_index % gpus_per_node if gpus_per_node and self.role in GPU_ROLES else None
+
+    @property
+    def is_trainer_leader(self) -> bool:
+        return self.rank == self.trainer_ranks[0]
+
+    def env_rank_for(self, rollout_rank: int) -> int | None:
+        """The env rank serving a rollout rank, or None when envs run in-process."""
+        if not self.env_ranks:
+            return None
+        return self.env_ranks[self.rollout_ranks.index(rollout_rank) % len(self.env_ranks)]
+
+    def rollout_ranks_served_by(self, env_rank: int) -> list[int]:
+        return [r for r in self.rollout_ranks if self.env_rank_for(r) == env_rank]
+
+    @property
+    def device(self) -> str:
+        return f"cuda:{self.gpu}" if self.gpu is not None else "cpu"
+
+
+def _visible_gpus() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except ImportError:
+        return 0

@@ -1,0 +1,113 @@
+"""The multi-turn agent loop: one coroutine per episode.
+
+    prompt -> generate a turn -> env.step(action text) -> observation tokens -> generate ...
+
+Generated tokens enter the episode exactly as the engine returned them (loss mask 1,
+with their logprobs); template and observation tokens enter with loss mask 0.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.engine import Engine, SamplingParams
+from agentrl.trajectory import Episode
+
+
+@dataclass
+class EpisodeLimits:
+    max_turns: int
+    max_new_tokens: int
+    max_episode_tokens: int
+
+
+@dataclass
+class LoopTimers:
+    """Seconds spent awaiting the engine and the envs, summed over episodes."""
+
+    generate: float = 0.0
+    env: float = 0.0
+
+
+async def run_episode(
+    engine: Engine,
+    env,
+    chat: ChatFormat,
+    sampling: SamplingParams,
+    limits: EpisodeLimits,
+    episode: Episode,
+    key,
+    timers: LoopTimers | None = None,
+) -> Episode:
+    timers = timers or LoopTimers()
+    started = time.perf_counter()
+    result = await env.call("reset", key, episode.task_seed, None)
+    timers.env += time.perf_counter() - started
+    if not result.ok:
+        return _failed(episode, result.error)
+    observation, _ = result.value
+    episode.text = observation
+    episode.extend(chat.prompt_ids(observation), mask=0)
+    episode.prompt_len = len(episode.tokens)
+    versions = set()
+
+    for _ in range(limits.max_turns):
+        budget = limits.max_episode_tokens - len(episode.tokens) - 1  # room to close the turn
+        if budget <= 0:
+            episode.finish = "max_tokens"
+            break
+        started = time.perf_counter()
+        turn_sampling = _with_max_tokens(sampling, min(limits.max_new_tokens, budget))
+        output = await engine.generate(episode.tokens, turn_sampling)
+        timers.generate += time.perf_counter() - started
+        versions.add(output.weight_version)
+        episode.extend(output.output_ids, mask=1, logprobs=output.logprobs)
+        if output.finish_reason != "stop":
+            episode.extend([chat.eos_id], mask=0)  # close the turn the model did not close
+        action = chat.decode(output.output_ids)
+        episode.turns += 1
+
+        started = time.perf_counter()
+        result = await env.call("step", key, action)
+        timers.env += time.perf_counter() - started
+        if not result.ok:
+            return _failed(episode, result.error)
+        observation, reward, terminated, truncated, info = result.value
+        episode.reward += reward
+        episode.success = episode.success or bool(info.get("success", False))
+        episode.text += f"\n>>> {action}\n{observation}"
+        if terminated or truncated:
+            episode.finish = "terminated" if terminated else "truncated"
+            break
+        observation_ids = chat.observation_ids(observation)
+        if len(episode.tokens) + len(observation_ids) >= limits.max_episode_tokens:
+            episode.finish = "max_tokens"
+            break
+        episode.extend(observation_ids, mask=0)
+    else:
+        episode.finish = "max_turns"
+
+    await env.call("close", key)
+    episode.weight_version = min(versions) if versions else -1
+    return episode
+
+
+def _failed(episode: Episode, error: str) -> Episode:
+    """An env failure: the episode is kept for accounting but carries no training signal."""
+    episode.finish = "error"
+    episode.error = error
+    episode.reward = 0.0
+    episode.loss_mask = [0] * len(episode.tokens)
+    if not episode.tokens:
+        episode.extend([0], mask=0)
+    return episode
+
+
+def _with_max_tokens(sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
+    if sampling.max_new_tokens == max_new_tokens:
+        return sampling
+    from dataclasses import replace
+
+    return replace(sampling, max_new_tokens=max_new_tokens)

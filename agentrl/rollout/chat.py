@@ -1,0 +1,61 @@
+"""Token ids for a conversation built turn by turn, never re-tokenized.
+
+The prompt is tokenized once through the chat template. After that, generated tokens are
+appended exactly as the engine produced them, and each observation contributes only the
+template's text *between* the end of the assistant turn and the next generation prompt,
+found by rendering the template with and without the new message.
+"""
+
+from __future__ import annotations
+
+PLACEHOLDER = "\u2591agentrl\u2591"
+
+
+class ChatFormat:
+    def __init__(self, tokenizer, system_prompt: str | None = None):
+        if tokenizer.chat_template is None:
+            raise ValueError(
+                "the tokenizer has no chat template; use an instruct/chat model or set tokenizer.chat_template"
+            )
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+        self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+        self.stop_ids = (self.eos_id,)
+        self._observation_template = self._split_observation_template()
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+
+    def _head(self) -> list[dict]:
+        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+
+    def prompt_ids(self, first_observation: str) -> list[int]:
+        text = self._render([*self._head(), {"role": "user", "content": first_observation}], True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _split_observation_template(self) -> tuple[str, str]:
+        """(before, after): the text around an observation that follows an assistant turn.
+
+        `before` starts right after the assistant's end-of-turn token, which the engine
+        generated (or the loop appended), and ends where the observation's text begins.
+        """
+        eos = self.tokenizer.eos_token
+        base = [*self._head(), {"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+        closed = self._render(base, False)
+        full = self._render([*base, {"role": "user", "content": PLACEHOLDER}], True)
+        end_of_turn = closed.rfind("a" + eos)
+        if end_of_turn < 0 or not full.startswith(closed[: end_of_turn + 1 + len(eos)]):
+            raise ValueError(
+                "the chat template does not end assistant turns with the eos token "
+                f"{eos!r}; agentrl needs that to append observations without re-tokenizing"
+            )
+        delta = full[end_of_turn + 1 + len(eos) :]
+        before, _, after = delta.partition(PLACEHOLDER)
+        return before, after
+
+    def observation_ids(self, observation: str) -> list[int]:
+        before, after = self._observation_template
+        return self.tokenizer(before + observation + after, add_special_tokens=False)["input_ids"]
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,364 @@
+"""The built-in rollout backend: batched sampling with a KV cache, in plain torch.
+
+Concurrent `generate` calls on one event loop are gathered by a scheduler task and run
+as one batch: prompts are left-padded, prefilled together, then decoded one token per
+step; a row leaves the batch (and its KV cache) as soon as it finishes. The batch runs
+on a single worker thread, so the event loop keeps serving environments meanwhile and
+requests that arrive during a batch are gathered into the next one.
+
+Logprobs follow SGLang: log_softmax(logits / temperature) of the chosen token, not
+renormalised after top-k/top-p filtering.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+import weakref
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from agentrl.rollout.engine import Engine, FinishReason, GenerateOutput, SamplingParams
+
+# Yields to the event loop with no new request before a batch starts: enough for a
+# coroutine woken by a finished request to run up to its next `generate` call.
+QUIET_YIELDS = 3
+
+
+@dataclass
+class _Request:
+    prompt: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future
+
+
+@dataclass
+class _LoopQueue:
+    """Requests waiting on one event loop, and that loop's scheduler task."""
+
+    pending: list[_Request] = field(default_factory=list)
+    scheduler: asyncio.Task | None = None
+
+
+class _RowSampling:
+    """Per-row sampling settings of the running batch, as tensors aligned with its rows."""
+
+    def __init__(self, params: Sequence[SamplingParams], vocab_size: int, device: torch.device):
+        self.device = device
+        self.vocab_size = vocab_size
+        greedy = [p.temperature <= 0 for p in params]
+        self.greedy = torch.tensor(greedy, device=device)
+        self.temperature = torch.tensor(
+            [[1.0 if g else float(p.temperature)] for g, p in zip(greedy, params)], device=device
+        )
+        self.top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], device=device)
+        self.top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
+        self.max_new_tokens = torch.tensor([p.max_new_tokens for p in params], device=device)
+        widest = max(len(p.stop_token_ids) for p in params)
+        stop_ids = [list(p.stop_token_ids) + [-1] * (widest - len(p.stop_token_ids)) for p in params]
+        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device) if widest else None
+        self.generators = [_seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
+        self._refresh_flags()
+
+    def _refresh_flags(self) -> None:
+        self.all_greedy = bool(self.greedy.all())
+        self.any_greedy = bool(self.greedy.any())
+        self.any_filter = bool((self.top_k < self.vocab_size).any() or torch.isfinite(self.top_p).any())
+        self.seeded_rows = [(row, gen) for row, gen in enumerate(self.generators) if gen is not None]
+
+    def select(self, keep: torch.Tensor) -> None:
+        """Keep only the rows at positions `keep`."""
+        for name in ("greedy", "temperature", "top_k", "top_p", "max_new_tokens"):
+            setattr(self, name, getattr(self, name)[keep])
+        if self.stop_ids is not None:
+            self.stop_ids = self.stop_ids[keep]
+        self.generators = [self.generators[row] for row in keep.tolist()]
+        self._refresh_flags()
+
+    def stopped(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """Which rows just generated one of their stop ids (None when no row has any)."""
+        if self.stop_ids is None:
+            return None
+        return (tokens[:, None] == self.stop_ids).any(dim=1)
+
+
+def _seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _filter_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-k and top-p sets (not renormalised)."""
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    rank = torch.arange(probs.shape[-1], device=probs.device)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    outside = (rank >= top_k[:, None]) | (mass_before > top_p[:, None])
+    return torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(outside, 0.0))
+
+
+def _sample(logits: torch.Tensor, rows: _RowSampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return the tokens and their logprobs under softmax(logits / T)."""
+    logprobs = torch.log_softmax(logits.float() / rows.temperature, dim=-1)
+    if rows.all_greedy:
+        tokens = logprobs.argmax(dim=-1)
+    else:
+        probs = logprobs.exp()
+        if rows.any_filter:
+            probs = _filter_top_k_top_p(probs, rows.top_k, rows.top_p)
+        # argmax(p / E) with E ~ Exp(1) draws from p (normalised or not), one noise draw per row.
+        noise = torch.empty_like(probs).exponential_(generator=generator)
+        for row, row_generator in rows.seeded_rows:
+            noise[row].exponential_(generator=row_generator)
+        tokens = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+        if rows.any_greedy:
+            tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+class TorchEngine(Engine):
+    """Serve a Hugging Face causal LM: every request pending on a loop runs as one batch."""
+
+    def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 256, seed: int = 0):
+        self.model = model.eval()
+        self.pad_token_id = int(pad_token_id)
+        self.max_batch_size = int(max_batch_size)
+        first_param = next(model.parameters())
+        self.device = first_param.device
+        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        self.generator = _seeded_generator(seed, self.device)
+        self.weight_version = -1
+        self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "largest_batch": 0}
+        self._keeps_last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = weakref.WeakKeyDictionary()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
+        self._model_lock = threading.Lock()  # a batch and a weight update never overlap
+        self._abort_epoch = 0  # bumped by abort_all; a batch from an older epoch stops early
+
+    # ---- requests -------------------------------------------------------------------
+
+    async def generate(self, input_ids: list[int] | np.ndarray, sampling: SamplingParams) -> GenerateOutput:
+        prompt = np.asarray(input_ids, dtype=np.int64).reshape(-1).tolist()
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt")
+        if sampling.max_new_tokens <= 0:
+            return self._empty_output("length")
+        loop = asyncio.get_running_loop()
+        queue = self._queues.setdefault(loop, _LoopQueue())
+        request = _Request(prompt, sampling, loop.create_future())
+        queue.pending.append(request)
+        if queue.scheduler is None or queue.scheduler.done():
+            queue.scheduler = loop.create_task(self._schedule(queue))
+        return await request.future
+
+    async def _schedule(self, queue: _LoopQueue) -> None:
+        loop = asyncio.get_running_loop()
+        try:
+            while queue.pending:
+                await self._wait_for_quiet(queue)
+                batch = [r for r in queue.pending[: self.max_batch_size] if not r.future.done()]
+                del queue.pending[: self.max_batch_size]
+                if not batch:
+                    continue
+                prompts = [r.prompt for r in batch]
+                params = [r.sampling for r in batch]
+                try:
+                    outputs = await loop.run_in_executor(
+                        self._worker, self._run_batch, prompts, params, self._abort_epoch
+                    )
+                except Exception as exc:
+                    for request in batch:
+                        if not request.future.done():
+                            request.future.set_exception(exc)
+                    continue
+                for request, output in zip(batch, outputs):
+                    if not request.future.done():
+                        request.future.set_result(output)
+        finally:
+            queue.scheduler = None
+
+    async def _wait_for_quiet(self, queue: _LoopQueue) -> None:
+        quiet = 0
+        while quiet < QUIET_YIELDS and len(queue.pending) < self.max_batch_size:
+            seen = len(queue.pending)
+            await asyncio.sleep(0)
+            quiet = quiet + 1 if len(queue.pending) == seen else 0
+
+    def abort_all(self) -> None:
+        """Pending requests finish now with 'abort'; a running batch stops at its next step."""
+        self._abort_epoch += 1
+        try:
+            current_loop = asyncio.get_running_loop()
+        except RuntimeError:
+            current_loop = None
+        for loop, queue in list(self._queues.items()):
+            requests, queue.pending = queue.pending, []
+            for request in requests:
+                resolve = _resolve_if_open(request.future, self._empty_output("abort"))
+                if loop is current_loop:
+                    resolve()
+                elif not loop.is_closed():
+                    loop.call_soon_threadsafe(resolve)
+
+    def shutdown(self) -> None:
+        self.abort_all()
+        self._worker.shutdown(wait=True)
+
+    def _empty_output(self, reason: FinishReason) -> GenerateOutput:
+        return GenerateOutput(
+            output_ids=np.zeros(0, dtype=np.int64),
+            logprobs=np.zeros(0, dtype=np.float32),
+            finish_reason=reason,
+            weight_version=self.weight_version,
+        )
+
+    # ---- weights --------------------------------------------------------------------
+
+    def load_weights(self, named_tensors, version: int) -> None:
+        """Copy every parameter in place from `named_tensors` (a mapping or (name, tensor) pairs)."""
+        incoming = dict(named_tensors.items() if hasattr(named_tensors, "items") else named_tensors)
+        targets = {
+            **dict(self.model.named_parameters(remove_duplicate=False)),
+            **dict(self.model.named_buffers(remove_duplicate=False)),
+        }
+        unknown = sorted(name for name in incoming if name not in targets)
+        given = {id(targets[name]) for name in incoming if name in targets}
+        missing = [name for name, param in self.model.named_parameters() if id(param) not in given]
+        mismatched = [
+            f"{name}: got {tuple(tensor.shape)}, model has {tuple(targets[name].shape)}"
+            for name, tensor in incoming.items()
+            if name in targets and tuple(tensor.shape) != tuple(targets[name].shape)
+        ]
+        problems = [
+            f"{label}: {', '.join(names)}"
+            for label, names in (("unknown names", unknown), ("missing names", missing), ("shape mismatch", mismatched))
+            if names
+        ]
+        if problems:
+            raise ValueError("load_weights rejected the update; " + "; ".join(problems))
+        with self._model_lock, torch.no_grad():
+            for name, tensor in incoming.items():
+                targets[name].copy_(torch.as_tensor(tensor))
+            self.weight_version = version
+
+    # ---- batched generation (worker thread) -----------------------------------------
+
+    def _run_batch(
+        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int
+    ) -> list[GenerateOutput]:
+        with self._model_lock, torch.inference_mode():
+            tokens, logprobs, lengths, reasons = self._decode_batch(prompts, params, abort_epoch)
+            version = self.weight_version
+        self.stats["batches"] += 1
+        self.stats["requests"] += len(prompts)
+        self.stats["prompt_tokens"] += sum(map(len, prompts))
+        self.stats["generated_tokens"] += sum(lengths)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(prompts))
+        return [
+            GenerateOutput(
+                output_ids=tokens[row, :n].copy(),
+                logprobs=logprobs[row, :n].copy(),
+                finish_reason=reasons[row],
+                weight_version=version,
+                meta={"prompt_tokens": len(prompts[row]), "completion_tokens": n},
+            )
+            for row, n in enumerate(lengths)
+        ]
+
+    def _decode_batch(
+        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int
+    ) -> tuple[np.ndarray, np.ndarray, list[int], list[FinishReason]]:
+        batch_size = len(prompts)
+        longest_output = max(p.max_new_tokens for p in params)
+        input_ids, prompt_mask = self._left_pad(prompts)
+        prompt_width = input_ids.shape[1]
+        positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min_(0)
+        # Generated tokens are never padding, so the mask for every step is known upfront.
+        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(batch_size, longest_output)], dim=1)
+        rows = _RowSampling(params, self.vocab_size, self.device)
+
+        cache = DynamicCache(config=self.model.config)
+        logits = self._last_logits(input_ids, prompt_mask, positions, cache)
+        next_positions = positions[:, -1:] + 1
+
+        out_tokens = torch.zeros(batch_size, longest_output, dtype=torch.long, device=self.device)
+        out_logprobs = torch.zeros(batch_size, longest_output, dtype=torch.float32, device=self.device)
+        lengths = [0] * batch_size
+        reasons: list[FinishReason] = ["length"] * batch_size
+        running = list(range(batch_size))  # batch row of each running row
+        running_index = torch.arange(batch_size, device=self.device)
+
+        for step in range(longest_output):
+            tokens, logprobs = _sample(logits, rows, self.generator)
+            out_tokens[running_index, step] = tokens
+            out_logprobs[running_index, step] = logprobs
+
+            stopped = rows.stopped(tokens)
+            done = rows.max_new_tokens == step + 1
+            if stopped is not None:
+                done |= stopped
+            aborted = self._abort_epoch != abort_epoch
+            if aborted or done.any():
+                if aborted:
+                    done.fill_(True)
+                for row in done.nonzero().squeeze(1).tolist():
+                    batch_row = running[row]
+                    lengths[batch_row] = step + 1
+                    if aborted:
+                        reasons[batch_row] = "abort"
+                    elif stopped is not None and bool(stopped[row]):
+                        reasons[batch_row] = "stop"
+                keep = (~done).nonzero().squeeze(1)
+                if keep.numel() == 0:
+                    break
+                cache.batch_select_indices(keep)
+                attention_mask = attention_mask[keep]
+                next_positions = next_positions[keep]
+                running_index = running_index[keep]
+                running = [running[row] for row in keep.tolist()]
+                rows.select(keep)
+                tokens = tokens[keep]
+
+            logits = self._last_logits(
+                tokens[:, None], attention_mask[:, : prompt_width + step + 1], next_positions, cache
+            )
+            next_positions += 1
+
+        return out_tokens.cpu().numpy(), out_logprobs.cpu().numpy(), lengths, reasons
+
+    def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(map(len, prompts))
+        input_ids = np.full((len(prompts), width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(prompts), width), dtype=np.int64)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = prompt
+            mask[row, width - len(prompt) :] = 1
+        return torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
+
+    def _last_logits(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache
+    ) -> torch.Tensor:
+        extra = {"logits_to_keep": 1} if self._keeps_last_logits_only else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            **extra,
+        )
+        return out.logits[:, -1, :]
+
+
+def _resolve_if_open(future: asyncio.Future, output: GenerateOutput):
+    def resolve() -> None:
+        if not future.done():
+            future.set_result(output)
+
+    return resolve

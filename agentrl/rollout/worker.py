@@ -1,0 +1,117 @@
+"""The rollout role: generate a step's episodes, ship them to the trainers, take new weights."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from agentrl import transport
+from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
+from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.engine import SamplingParams
+from agentrl.trainer.model import load_causal_lm, load_tokenizer
+from agentrl.trajectory import Episode, pack
+from agentrl.transport import Tag
+
+
+def make_engine(config, device: str, seed: int):
+    backend = config.rollout.backend
+    if backend == "torch":
+        from agentrl.rollout.torch_engine import TorchEngine
+
+        model = load_causal_lm(config.model.path, config.model.dtype, device)
+        tokenizer = load_tokenizer(config.model.path)
+        return TorchEngine(
+            model, pad_token_id=tokenizer.pad_token_id, max_batch_size=config.rollout.max_batch_size, seed=seed
+        )
+    raise NotImplementedError(f"rollout.backend={backend!r} is not available in this build; use rollout.backend=torch")
+
+
+def task_seed(seed: int, step: int, task: int) -> int:
+    return int(np.random.SeedSequence([seed, step, task]).generate_state(1)[0])
+
+
+def engine_seed(seed: int, rollout_index: int) -> int:
+    return int(np.random.SeedSequence([seed, 2**31, rollout_index]).generate_state(1)[0])
+
+
+class RolloutWorker:
+    """Owns an engine, the chat format and an env client; `collect(step)` runs one step's episodes."""
+
+    def __init__(self, config, env_client, rollout_index: int, rollout_count: int, device: str = "cpu"):
+        self.config = config
+        rc = config.rollout
+        self.env = env_client
+        self.engine = make_engine(config, device, seed=engine_seed(config.seed, rollout_index))
+        self.chat = ChatFormat(load_tokenizer(config.model.path), config.env.system_prompt)
+        self.sampling = SamplingParams(
+            max_new_tokens=rc.max_new_tokens,
+            temperature=rc.temperature,
+            top_p=rc.top_p,
+            top_k=rc.top_k,
+            stop_token_ids=self.chat.stop_ids,
+        )
+        self.limits = EpisodeLimits(rc.max_turns, rc.max_new_tokens, rc.max_episode_tokens)
+        self.tasks = rc.tasks_per_step // rollout_count
+        self.first_task = rollout_index * self.tasks
+        self.loop = asyncio.new_event_loop()
+
+    def collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
+        """All episodes of this rank's tasks for `step`, grouped by task; plus timing stats."""
+        episodes = [
+            Episode(group=task, task_seed=task_seed(self.config.seed, step, task))
+            for task in range(self.first_task, self.first_task + self.tasks)
+            for _ in range(self.config.rollout.group_size)
+        ]
+        timers = LoopTimers()
+        busy_before = self.engine.busy_seconds
+        started = time.perf_counter()
+        runs = [
+            run_episode(self.engine, self.env, self.chat, self.sampling, self.limits, e, (step, i), timers)
+            for i, e in enumerate(episodes)
+        ]
+        self.loop.run_until_complete(_gather(runs))
+        wall = time.perf_counter() - started
+        generate = self.engine.busy_seconds - busy_before
+        return episodes, {"time/rollout": wall, "time/generate": generate, "time/env": max(0.0, wall - generate)}
+
+
+async def _gather(coroutines):
+    return await asyncio.gather(*coroutines)
+
+
+def shard_for_trainers(episodes: list[Episode], trainers: int) -> list[list[Episode]]:
+    """Split whole groups evenly over trainer ranks (groups are contiguous)."""
+    groups = sorted({e.group for e in episodes})
+    per_trainer = np.array_split(np.array(groups), trainers)
+    return [[e for e in episodes if e.group in set(chunk.tolist())] for chunk in per_trainer]
+
+
+def run(config, layout, start_step: int, env_client, weight_sync) -> None:
+    """The rollout rank's loop."""
+    index = layout.rollout_ranks.index(layout.rank)
+    worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device)
+    weight_sync.receive(worker.engine)
+    for step in range(start_step, config.steps):
+        episodes, stats = worker.collect(step)
+        for trainer_index, (trainer_rank, shard) in enumerate(
+            zip(layout.trainer_ranks, shard_for_trainers(episodes, len(layout.trainer_ranks)), strict=True)
+        ):
+            samples = _samples(config, step, shard) if trainer_index == 0 and index == 0 else []
+            message = {"batch": pack(shard), "stats": stats, "samples": samples}
+            transport.send(layout.world, message, trainer_rank, Tag.TRAJECTORIES)
+        if step + 1 < config.steps:
+            weight_sync.receive(worker.engine)
+    env_client.shutdown()
+
+
+def _samples(config, step: int, episodes: list[Episode]) -> list[str]:
+    every = config.logging.sample_every
+    if not every or step % every:
+        return []
+    return [
+        f"reward={e.reward:.2f} turns={e.turns} finish={e.finish} version={e.weight_version}\n{e.text}"
+        for e in episodes[: config.logging.num_samples]
+    ]

@@ -1,0 +1,180 @@
+"""`agentrl train`: every rank runs this; the layout decides which role loop it enters."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+
+from agentrl import transport
+from agentrl.config import Config, ConfigError, save_config
+from agentrl.env.client import LocalEnvClient, MPIEnvClient
+from agentrl.env.host import EnvHost
+from agentrl.env.registry import make
+from agentrl.layout import Layout, Role, format_plan, plan
+from agentrl.trainer import checkpoint
+
+
+def train(config: Config) -> None:
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    layout = Layout(config.layout)
+    if layout.rank == 0:
+        prepare_run_dir(config, layout)
+    transport.barrier(layout.world)
+    start_step = transport.bcast_object(layout.world, resume_step(config) if layout.rank == 0 else None)
+    set_threads(config, layout)
+    seed_everything(config.seed + layout.rank)
+
+    if layout.single_process:
+        run_single_process(config, layout, start_step)
+    elif layout.role is Role.TRAINER:
+        run_trainer(config, layout, start_step)
+    elif layout.role is Role.ROLLOUT:
+        run_rollout(config, layout, start_step)
+    else:
+        run_env(config, layout)
+    transport.barrier(layout.world)
+
+
+def prepare_run_dir(config: Config, layout: Layout) -> None:
+    from agentrl.trainer.model import ensure_model
+
+    run_dir = Path(config.run_dir)
+    found = checkpoint.latest(run_dir)
+    if found and not config.resume:
+        raise ConfigError(
+            f"run_dir {run_dir} already has checkpoint step {found[0]}; pass resume=true to continue it, "
+            "or choose a new run_dir=... so nothing is overwritten"
+        )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(config, run_dir / "config.yaml")
+    ensure_model(config, lambda: env_texts(config))
+    print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
+    print(format_plan(plan(config.layout, layout.size), layout.single_process), flush=True)
+
+
+def resume_step(config: Config) -> int:
+    found = checkpoint.latest(config.run_dir) if config.resume else None
+    if config.resume and found is None:
+        print(f"agentrl: resume=true but {config.run_dir} has no checkpoint; starting at step 0", flush=True)
+    return found[0] if found else 0
+
+
+def env_texts(config: Config, episodes: int = 64) -> list[str]:
+    """Observations and random digit actions from a few env episodes: the tiny tokenizer's corpus."""
+    rng = random.Random(0)
+    texts = []
+    env = make(config.env.id, **config.env.kwargs)
+    for seed in range(episodes):
+        observation, _ = env.reset(seed=seed)
+        texts.append(observation)
+        for _ in range(config.rollout.max_turns):
+            action = str(rng.randint(0, 99))
+            observation, _, terminated, truncated, _ = env.step(action)
+            texts += [action, observation]
+            if terminated or truncated:
+                break
+    if config.env.system_prompt:
+        texts.append(config.env.system_prompt)
+    return texts
+
+
+def set_threads(config: Config, layout: Layout) -> None:
+    import torch
+
+    threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // layout.node_size)
+    torch.set_num_threads(threads)
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _weights_path(config: Config, start_step: int) -> str:
+    found = checkpoint.latest(config.run_dir) if start_step else None
+    return str(found[1]) if found else config.model.path
+
+
+def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
+    from agentrl.trainer.grpo_trainer import GRPOTrainer
+    from agentrl.trainer.model import load_tokenizer
+
+    trainer = GRPOTrainer(config, _weights_path(config, start_step), layout.device, group)
+    if start_step:
+        found = checkpoint.latest(config.run_dir)
+        checkpoint.load_state(found[1], trainer.optimizer, trainer.scheduler)
+    return trainer, load_tokenizer(config.model.path)
+
+
+def _logger(config: Config, start_step: int):
+    from agentrl.logging import RunLogger
+
+    return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress)
+
+
+def run_single_process(config: Config, layout: Layout, start_step: int) -> None:
+    """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
+    from agentrl.rollout.worker import RolloutWorker
+    from agentrl.trainer.loop import train_loop
+    from agentrl.trajectory import pack
+    from agentrl.weights import InProcessWeightCopy
+
+    trainer, tokenizer = _make_trainer(config, layout, start_step)
+    worker = RolloutWorker(config, LocalEnvClient(EnvHost(config.env.id, config.env.kwargs)), 0, 1, layout.device)
+    sync = InProcessWeightCopy(worker.engine)
+    sync.send(trainer.named_weights(), start_step)
+
+    def collect(step: int):
+        episodes, stats = worker.collect(step)
+        samples = []
+        if config.logging.sample_every and step % config.logging.sample_every == 0:
+            samples = [e.text for e in episodes[: config.logging.num_samples]]
+        return pack(episodes), stats, samples
+
+    logger = _logger(config, start_step)
+    train_loop(config, trainer, tokenizer, collect, sync.send, start_step, layout.role_comm, logger)
+    logger.close()
+
+
+def run_trainer(config: Config, layout: Layout, start_step: int) -> None:
+    from agentrl.trainer.loop import receive_from_rollouts, train_loop
+    from agentrl.trainer.model import init_trainer_group
+    from agentrl.weights import MPIWeightBroadcast
+
+    group = init_trainer_group(layout.role_comm, layout.device)
+    trainer, tokenizer = _make_trainer(config, layout, start_step, group)
+    publish = None
+    if layout.is_trainer_leader:
+        publish = MPIWeightBroadcast(layout.weight_comm, config.runtime.weight_bucket_mb).send
+        publish(trainer.named_weights(), start_step)
+    logger = _logger(config, start_step) if layout.is_trainer_leader else None
+    train_loop(config, trainer, tokenizer, receive_from_rollouts(layout), publish, start_step, layout.role_comm, logger)
+    if logger is not None:
+        logger.close()
+
+
+def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
+    from agentrl.rollout import worker
+    from agentrl.weights import MPIWeightBroadcast
+
+    env_rank = layout.env_rank_for(layout.rank)
+    if env_rank is None:
+        env_client = LocalEnvClient(EnvHost(config.env.id, config.env.kwargs))
+    else:
+        env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
+    sync = MPIWeightBroadcast(layout.weight_comm, config.runtime.weight_bucket_mb)
+    worker.run(config, layout, start_step, env_client, sync)
+
+
+def run_env(config: Config, layout: Layout) -> None:
+    from agentrl.env.server import serve
+
+    serve(layout.world, EnvHost(config.env.id, config.env.kwargs), layout.rollout_ranks_served_by(layout.rank))

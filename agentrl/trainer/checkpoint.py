@@ -1,0 +1,72 @@
+"""Checkpoints: a Hugging Face model folder plus optimizer, scheduler, RNG and step.
+
+Written to `step_NNNNNN.tmp` and renamed, so a crash mid-write never leaves a checkpoint
+that looks complete.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEP_DIR = re.compile(r"^step_(\d{6,})$")
+STATE_FILE = "trainer_state.pt"
+
+
+def checkpoint_dir(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints"
+
+
+def latest(run_dir: str | Path) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint, or None."""
+    root = checkpoint_dir(run_dir)
+    if not root.is_dir():
+        return None
+    found = [
+        (int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
+    ]
+    return max(found) if found else None
+
+
+def save(run_dir, step: int, model, tokenizer, optimizer, scheduler, keep: int) -> Path:
+    root = checkpoint_dir(run_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step:06d}"
+    tmp = root / f"step_{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    state = {
+        "step": step,
+        "optimizer": optimizer.state_dict(),
+        "scheduler": scheduler.state_dict(),
+        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
+    }
+    torch.save(state, tmp / STATE_FILE)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _prune(root, keep)
+    return final
+
+
+def load_state(path: Path, optimizer, scheduler) -> int:
+    state = torch.load(Path(path) / STATE_FILE, weights_only=False)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["rng"]["torch"])
+    np.random.set_state(state["rng"]["numpy"])
+    random.setstate(state["rng"]["python"])
+    return int(state["step"])
+
+
+def _prune(root: Path, keep: int) -> None:
+    steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)))
+    for _, path in steps[:-keep]:
+        shutil.rmtree(path, ignore_errors=True)

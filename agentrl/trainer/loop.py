@@ -1,0 +1,109 @@
+"""The trainer role's loop: take a batch, train on it, publish weights, log, checkpoint.
+
+`collect(step)` hides where batches come from: rollout ranks over MPI, or the rollout
+worker in this same process (world size 1). Everything else is the same loop.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from agentrl import transport
+from agentrl.trainer import checkpoint
+from agentrl.trajectory import FINISH_REASONS, concat
+from agentrl.transport import Tag
+
+EPISODE_SUMS = ("reward", "success", "turns", "tokens", "response_tokens", "failed", "weight_lag")
+
+
+def episode_sums(batch: dict[str, np.ndarray], version: int) -> np.ndarray:
+    """Per-shard sums, in a fixed order, so trainer ranks can all-reduce them."""
+    lengths = np.diff(batch["offsets"])
+    response = np.add.reduceat(batch["loss_mask"].astype(np.int64), batch["offsets"][:-1]) if len(lengths) else []
+    finish_counts = np.bincount(batch["finish"], minlength=len(FINISH_REASONS))
+    values = [
+        batch["reward"].sum(),
+        batch["success"].sum(),
+        batch["turns"].sum(),
+        lengths.sum(),
+        np.sum(response),
+        finish_counts[FINISH_REASONS.index("error")],
+        (version - batch["weight_version"]).sum(),
+    ]
+    return np.array([len(lengths), *values, *finish_counts], dtype=np.float64)
+
+
+def episode_metrics(totals: np.ndarray) -> dict[str, float]:
+    count = max(totals[0], 1.0)
+    sums = dict(zip(EPISODE_SUMS, totals[1 : 1 + len(EPISODE_SUMS)], strict=True))
+    metrics = {
+        "episode/count": totals[0],
+        "episode/reward_mean": sums["reward"] / count,
+        "episode/success_rate": sums["success"] / count,
+        "episode/turns_mean": sums["turns"] / count,
+        "episode/tokens_mean": sums["tokens"] / count,
+        "episode/response_tokens_mean": sums["response_tokens"] / count,
+        "episode/failed": sums["failed"],
+        "episode/weight_lag_mean": sums["weight_lag"] / count,
+    }
+    for reason, n in zip(FINISH_REASONS, totals[1 + len(EPISODE_SUMS) :], strict=True):
+        metrics[f"episode/finish_{reason}"] = n / count
+    return metrics
+
+
+def receive_from_rollouts(layout) -> Callable[[int], tuple[dict, dict, list[str]]]:
+    def collect(step: int):
+        messages = [transport.recv(layout.world, rank, Tag.TRAJECTORIES)[0] for rank in layout.rollout_ranks]
+        stats = {key: max(m["stats"][key] for m in messages) for key in messages[0]["stats"]}
+        samples = [text for m in messages for text in m["samples"]]
+        return concat([m["batch"] for m in messages]), stats, samples
+
+    return collect
+
+
+def train_loop(config, trainer, tokenizer, collect, publish, start_step: int, role_comm, logger) -> None:
+    """`collect(step) -> (batch, rollout stats, sample texts)`; `publish(weights, version)` or None."""
+    for step in range(start_step, config.steps):
+        started = time.perf_counter()
+        batch, stats, samples = collect(step)
+        received = time.perf_counter()
+
+        metrics = trainer.train_step(batch)
+        trained = time.perf_counter()
+
+        if publish is not None and step + 1 < config.steps:
+            publish(trainer.named_weights(), step + 1)
+        synced = time.perf_counter()
+
+        done = step + 1
+        if (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps:
+            if logger is not None:
+                checkpoint.save(
+                    config.run_dir,
+                    done,
+                    trainer.model,
+                    tokenizer,
+                    trainer.optimizer,
+                    trainer.scheduler,
+                    config.checkpoint.keep,
+                )
+            transport.barrier(role_comm)
+
+        totals = transport.allreduce_sum(role_comm, episode_sums(batch, step))
+        if logger is None:
+            continue
+        metrics.update(episode_metrics(totals))
+        metrics.update(stats)
+        step_time = time.perf_counter() - started
+        metrics["time/wait_rollout"] = received - started
+        metrics["time/train"] = trained - received
+        metrics["time/weight_sync"] = synced - trained
+        metrics["time/step"] = step_time
+        metrics["perf/tokens_per_s"] = totals[1 + EPISODE_SUMS.index("tokens")] / step_time
+        metrics["perf/generated_tokens_per_s"] = totals[1 + EPISODE_SUMS.index("response_tokens")] / step_time
+        logger.log(step, metrics)
+        if samples:
+            logger.samples(step, samples)

@@ -1,0 +1,156 @@
+"""Every MPI call agentrl makes: tags, polling waits, pickled messages, array broadcasts.
+
+Blocking MPI receives busy-spin a core, which on an oversubscribed node steals CPU from
+the ranks doing work. Every wait here polls a non-blocking call and sleeps between
+polls with exponential backoff, so an idle rank costs almost nothing.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from enum import IntEnum
+
+import numpy as np
+
+MIN_SLEEP_S = 50e-6
+MAX_SLEEP_S = 5e-3
+ABORT_GRACE_S = 1.0
+
+
+class Tag(IntEnum):
+    ENV_REQUEST = 11
+    ENV_REPLY = 12
+    TRAJECTORIES = 21
+
+
+class Backoff:
+    """Sleeps that grow from MIN_SLEEP_S to MAX_SLEEP_S while nothing happens."""
+
+    def __init__(self, timeout_s: float | None = None, what: str = "a message"):
+        self.delay = MIN_SLEEP_S
+        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.what = what
+
+    def next_delay(self) -> float:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise TimeoutError(f"timed out waiting for {self.what}")
+        delay = self.delay
+        self.delay = min(self.delay * 2, MAX_SLEEP_S)
+        return delay
+
+    def sleep(self) -> None:
+        time.sleep(self.next_delay())
+
+
+def wait_until(ready: Callable[[], object], timeout_s: float | None = None, what: str = "a message"):
+    """Poll `ready()` until it returns something truthy; return that."""
+    backoff = Backoff(timeout_s, what)
+    while not (result := ready()):
+        backoff.sleep()
+    return result
+
+
+def wait(request, timeout_s: float | None = None, what: str = "an MPI request") -> None:
+    """Complete a non-blocking MPI request without spinning."""
+    wait_until(request.Test, timeout_s, what)
+
+
+def pickled(comm):
+    """The pkl5 wrapper of `comm`: out-of-band pickle-5 buffers, so numpy arrays travel as raw memory."""
+    from mpi4py.util import pkl5
+
+    return pkl5.Intracomm(comm)
+
+
+def send(comm, obj, dest: int, tag: Tag) -> None:
+    """Send a Python object (numpy arrays inside travel zero-copy) and wait without spinning."""
+    request = pickled(comm).isend(obj, dest=dest, tag=int(tag))
+    wait_until(lambda: request.test()[0], what=f"send to rank {dest} (tag {tag.name})")  # test() -> (flag, obj)
+
+
+def try_recv(comm, source: int, tag: Tag):
+    """(found, obj, source): a waiting message, or (False, None, None)."""
+    from mpi4py import MPI
+
+    status = MPI.Status()
+    message = pickled(comm).improbe(source=source, tag=int(tag), status=status)
+    if message is None:
+        return False, None, None
+    return True, message.recv(), status.Get_source()
+
+
+def recv(comm, source: int, tag: Tag, timeout_s: float | None = None):
+    """(obj, source) of the next message from `source` (MPI.ANY_SOURCE allowed), polling."""
+    backoff = Backoff(timeout_s, f"a {tag.name} message")
+    while True:
+        found, obj, sender = try_recv(comm, source, tag)
+        if found:
+            return obj, sender
+        backoff.sleep()
+
+
+def bcast_array(comm, array: np.ndarray, root: int = 0) -> None:
+    """Broadcast a contiguous numpy array in place (non-blocking collective, polled)."""
+    wait(comm.Ibcast(array, root=root), what="a broadcast")
+
+
+def bcast_object(comm, obj, root: int = 0):
+    """Broadcast a small picklable object; non-roots pass None and get the root's object."""
+    import pickle
+
+    is_root = comm.Get_rank() == root
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
+    size = np.array([payload.size if is_root else 0], dtype=np.int64)
+    bcast_array(comm, size, root)
+    buffer = payload.copy() if is_root else np.empty(int(size[0]), dtype=np.uint8)
+    bcast_array(comm, buffer, root)
+    return obj if is_root else pickle.loads(buffer.tobytes())
+
+
+def barrier(comm) -> None:
+    wait(comm.Ibarrier(), what="a barrier")
+
+
+def allreduce_sum(comm, array: np.ndarray) -> np.ndarray:
+    from mpi4py import MPI
+
+    out = np.empty_like(array)
+    wait(comm.Iallreduce(array, out, op=MPI.SUM), what="an allreduce")
+    return out
+
+
+def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | None]:
+    """Wrap an entry point: an uncaught exception prints its traceback and aborts every rank."""
+
+    def wrapped():
+        try:
+            return main()
+        except SystemExit:
+            raise
+        except BaseException as error:
+            rank = _world_rank()
+            sys.stdout.flush()
+            sys.stderr.write(f"[agentrl rank {rank}] uncaught exception, aborting the job: {error!r:.2000}\n")
+            traceback.print_exc()
+            sys.stderr.flush()
+            time.sleep(ABORT_GRACE_S)  # let the launcher forward this rank's output before the kill
+            _abort_world(1)
+            raise
+
+    return wrapped
+
+
+def _world_rank() -> int:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else 0
+
+
+def _abort_world(code: int) -> None:
+    from mpi4py import MPI
+
+    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        MPI.COMM_WORLD.Abort(code)

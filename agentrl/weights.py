@@ -1,0 +1,90 @@
+"""Versioned weight sync from the trainer leader to rollout engines, in buckets.
+
+A sync is: a small header (version, tensor manifest, bucket boundaries), then one
+broadcast per bucket of raw bytes. Bytes, not a numeric dtype, so bf16 travels as is.
+`WeightSync` is the transport interface: the CPU path broadcasts over MPI; a GPU path
+(NCCL broadcast, CUDA IPC) implements the same two methods.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import numpy as np
+import torch
+
+from agentrl import transport
+
+
+class WeightSync(abc.ABC):
+    @abc.abstractmethod
+    def send(self, named_tensors: list[tuple[str, torch.Tensor]], version: int) -> None:
+        """Trainer leader: publish these weights as `version`."""
+
+    @abc.abstractmethod
+    def receive(self, engine) -> int:
+        """Rollout rank: load the next published weights into `engine`; returns the version."""
+
+
+def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
+    """[start, end) tensor index ranges whose byte sizes add up to at most bucket_bytes (one oversized tensor alone)."""
+    buckets, start, filled = [], 0, 0
+    for index, size in enumerate(sizes):
+        if filled and filled + size > bucket_bytes:
+            buckets.append((start, index))
+            start, filled = index, 0
+        filled += size
+    if start < len(sizes):
+        buckets.append((start, len(sizes)))
+    return buckets
+
+
+def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(-1).view(torch.uint8).cpu()
+
+
+class MPIWeightBroadcast(WeightSync):
+    """CPU path: bucketed `Ibcast` over the weight communicator (root 0 = trainer leader)."""
+
+    def __init__(self, comm, bucket_mb: float):
+        self.comm = comm
+        self.bucket_bytes = int(bucket_mb * 2**20)
+
+    def send(self, named_tensors, version: int) -> None:
+        manifest = [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named_tensors]
+        sizes = [t.numel() * t.element_size() for _, t in named_tensors]
+        buckets = plan_buckets(sizes, self.bucket_bytes)
+        transport.bcast_object(self.comm, {"version": version, "manifest": manifest, "buckets": buckets}, root=0)
+        for start, end in buckets:
+            flat = torch.cat([_as_bytes(t) for _, t in named_tensors[start:end]])
+            transport.bcast_array(self.comm, flat.numpy(), root=0)
+
+    def receive(self, engine) -> int:
+        header = transport.bcast_object(self.comm, None, root=0)
+        manifest = header["manifest"]
+        received = []
+        for start, end in header["buckets"]:
+            specs = manifest[start:end]
+            sizes = [int(np.prod(shape)) * getattr(torch, dtype).itemsize for _, shape, dtype in specs]
+            flat = np.empty(sum(sizes), dtype=np.uint8)
+            transport.bcast_array(self.comm, flat, root=0)
+            offset = 0
+            for (name, shape, dtype), size in zip(specs, sizes, strict=True):
+                raw = torch.from_numpy(flat[offset : offset + size])
+                received.append((name, raw.view(getattr(torch, dtype)).view(shape)))
+                offset += size
+        engine.load_weights(received, header["version"])
+        return header["version"]
+
+
+class InProcessWeightCopy(WeightSync):
+    """Single-process mode: the engine copies straight from the trainer's tensors."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def send(self, named_tensors, version: int) -> None:
+        self.engine.load_weights(named_tensors, version)
+
+    def receive(self, engine) -> int:
+        return engine.weight_version

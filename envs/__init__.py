@@ -1,0 +1,1 @@
+"""Environment plugins that ship with agentrl."""

@@ -1,0 +1,3 @@
+from envs.guess_number.env import GuessNumberEnv
+
+__all__ = ["GuessNumberEnv"]
