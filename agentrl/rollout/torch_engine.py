@@ -50,26 +50,28 @@ class _RowSampling:
     """Per-row sampling settings of the running batch, as tensors aligned with its rows."""
 
     def __init__(self, params: Sequence[SamplingParams], vocab_size: int, device: torch.device):
-        self.device = device
-        self.vocab_size = vocab_size
         greedy = [p.temperature <= 0 for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        self.vocab_size = vocab_size
         self.greedy = torch.tensor(greedy, device=device)
         self.temperature = torch.tensor(
             [[1.0 if g else float(p.temperature)] for g, p in zip(greedy, params)], device=device
         )
-        self.top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params], device=device)
+        self.top_k = torch.tensor(top_k, device=device)
         self.top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
         self.max_new_tokens = torch.tensor([p.max_new_tokens for p in params], device=device)
         widest = max(len(p.stop_token_ids) for p in params)
         stop_ids = [list(p.stop_token_ids) + [-1] * (widest - len(p.stop_token_ids)) for p in params]
         self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device) if widest else None
         self.generators = [_seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
-        self._refresh_flags()
+        self._summarise(greedy, top_k, [p.top_p < 1.0 for p in params])
 
-    def _refresh_flags(self) -> None:
-        self.all_greedy = bool(self.greedy.all())
-        self.any_greedy = bool(self.greedy.any())
-        self.any_filter = bool((self.top_k < self.vocab_size).any() or torch.isfinite(self.top_p).any())
+    def _summarise(self, greedy: list[bool], top_k: list[int], has_top_p: list[bool]) -> None:
+        """Batch-wide facts that let a step skip work no row needs."""
+        self.all_greedy = all(greedy)
+        self.any_greedy = any(greedy)
+        self.any_top_p = any(has_top_p)
+        self.largest_top_k = max((k for k in top_k if k < self.vocab_size), default=None)
         self.seeded_rows = [(row, gen) for row, gen in enumerate(self.generators) if gen is not None]
 
     def select(self, keep: torch.Tensor) -> None:
@@ -79,7 +81,7 @@ class _RowSampling:
         if self.stop_ids is not None:
             self.stop_ids = self.stop_ids[keep]
         self.generators = [self.generators[row] for row in keep.tolist()]
-        self._refresh_flags()
+        self._summarise(self.greedy.tolist(), self.top_k.tolist(), torch.isfinite(self.top_p).tolist())
 
     def stopped(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Which rows just generated one of their stop ids (None when no row has any)."""
@@ -94,32 +96,50 @@ def _seeded_generator(seed: int, device: torch.device) -> torch.Generator:
     return generator
 
 
-def _filter_top_k_top_p(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Zero the probabilities outside each row's top-k and top-p sets (not renormalised)."""
-    sorted_probs, order = probs.sort(dim=-1, descending=True)
-    rank = torch.arange(probs.shape[-1], device=probs.device)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-    outside = (rank >= top_k[:, None]) | (mass_before > top_p[:, None])
-    return torch.zeros_like(probs).scatter_(1, order, sorted_probs.masked_fill(outside, 0.0))
+def _filter_top_k_top_p(probs: torch.Tensor, rows: _RowSampling) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-k and top-p sets (not renormalised).
+
+    Each row keeps the tokens at least as probable as its last kept token in sorted
+    order, so a tie at the boundary keeps every tied token.
+    """
+    if rows.any_top_p:
+        sorted_probs = probs.sort(dim=-1, descending=True).values
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        kept = torch.minimum((mass_before <= rows.top_p[:, None]).sum(dim=-1), rows.top_k)
+    else:
+        sorted_probs = probs.topk(rows.largest_top_k, dim=-1).values
+        kept = rows.top_k.clamp_max(rows.largest_top_k)
+    threshold = sorted_probs.gather(1, (kept - 1)[:, None])
+    unfiltered = (rows.top_k >= rows.vocab_size) & ~torch.isfinite(rows.top_p)
+    threshold.masked_fill_(unfiltered[:, None], 0.0)
+    return probs.masked_fill(probs < threshold, 0.0)
 
 
-def _sample(logits: torch.Tensor, rows: _RowSampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(
+    logits: torch.Tensor, rows: _RowSampling, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return the tokens and their logprobs under softmax(logits / T)."""
     logprobs = torch.log_softmax(logits.float() / rows.temperature, dim=-1)
     if rows.all_greedy:
         tokens = logprobs.argmax(dim=-1)
     else:
         probs = logprobs.exp()
-        if rows.any_filter:
-            probs = _filter_top_k_top_p(probs, rows.top_k, rows.top_p)
-        # argmax(p / E) with E ~ Exp(1) draws from p (normalised or not), one noise draw per row.
-        noise = torch.empty_like(probs).exponential_(generator=generator)
-        for row, row_generator in rows.seeded_rows:
-            noise[row].exponential_(generator=row_generator)
-        tokens = (probs / noise.clamp_min_(torch.finfo(noise.dtype).tiny)).argmax(dim=-1)
+        if rows.any_top_p or rows.largest_top_k is not None:
+            probs = _filter_top_k_top_p(probs, rows)
+        tokens = _draw_from_unnormalised(probs, rows, generator)
         if rows.any_greedy:
             tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def _draw_from_unnormalised(probs: torch.Tensor, rows: _RowSampling, generator: torch.Generator) -> torch.Tensor:
+    """Inverse-CDF sampling: one uniform number per row, from the row's own generator if seeded."""
+    uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
+    for row, row_generator in rows.seeded_rows:
+        uniform[row] = torch.rand(1, generator=row_generator, device=probs.device)
+    # float64 keeps the draw strictly below the total mass, so zero-probability tokens never win.
+    cdf = probs.double().cumsum(dim=-1)
+    return torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True).squeeze(1)
 
 
 class TorchEngine(Engine):

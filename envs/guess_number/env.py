@@ -1,8 +1,9 @@
-"""Guess the secret number; the env answers "higher" or "lower" after each guess.
+"""Guess the secret number; after each guess the env answers "higher" or "lower" and,
+with `show_range`, the range that is still possible ("higher, between 6 and 10").
 
 Feedback matters: guessing blind succeeds within `max_guesses` only by luck, while a
-policy that reads the replies (binary search) always succeeds when
-2**max_guesses > high - low.
+policy that reads the replies (binary search: guess the middle of the range) always
+succeeds when 2**max_guesses > high - low.
 """
 
 from __future__ import annotations
@@ -21,18 +22,22 @@ def parse_guess(text: str) -> int | None:
 
 
 class GuessNumberEnv(TextEnv):
-    def __init__(self, low: int = 1, high: int = 10, max_guesses: int = 4):
+    def __init__(self, low: int = 1, high: int = 10, max_guesses: int = 4, show_range: bool = True):
         super().__init__()
         if high <= low:
             raise ValueError(f"guess_number needs low < high, got low={low} high={high}")
-        self.low, self.high, self.max_guesses = low, high, max_guesses
+        if max_guesses < 1:
+            raise ValueError(f"guess_number needs max_guesses >= 1, got {max_guesses}")
+        self.low, self.high, self.max_guesses, self.show_range = low, high, max_guesses, show_range
         self.secret = None
         self.guesses = 0
+        self.possible = (low, high)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.secret = int(self.np_random.integers(self.low, self.high + 1))
         self.guesses = 0
+        self.possible = (self.low, self.high)
         prompt = f"Guess the number between {self.low} and {self.high}. You have {self.max_guesses} guesses."
         return prompt, {"secret": self.secret}
 
@@ -44,8 +49,14 @@ class GuessNumberEnv(TextEnv):
         out_of_guesses = self.guesses >= self.max_guesses
         if guess == self.secret:
             return "correct", 1.0, True, False, {"success": True, "guesses": self.guesses}
+        lo, hi = self.possible
         if guess is None:
-            reply = f"invalid, answer with a number between {self.low} and {self.high}"
+            reply = "invalid, answer with a number"
+        elif guess < self.secret:
+            reply, lo = "higher", max(lo, guess + 1)
         else:
-            reply = "higher" if guess < self.secret else "lower"
+            reply, hi = "lower", min(hi, guess - 1)
+        self.possible = (lo, hi)
+        if self.show_range:
+            reply += f", between {lo} and {hi}"
         return reply, 0.0, out_of_guesses, False, {"success": False, "guesses": self.guesses}

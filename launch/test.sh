@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Set up (if needed) and run the whole test suite: unit tests and real mpirun jobs.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash launch/setup.sh
+. .venv/bin/activate
+export OMP_NUM_THREADS=1
+python -m pytest -q "$@" tests

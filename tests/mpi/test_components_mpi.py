@@ -1,0 +1,35 @@
+"""Distributed pieces under real mpirun: trainer replicas, weight sync, trajectory transport, abort."""
+
+import time
+
+import pytest
+
+from tests.mpi.helpers import assert_ok, script
+
+pytestmark = pytest.mark.mpi
+
+
+def test_trainer_replicas_stay_identical(tiny_model_dir):
+    result = script(2, "replicas.py", str(tiny_model_dir))
+    assert_ok(result)
+    assert "replicas identical" in result.stdout
+
+
+def test_rollout_ranks_hold_the_trainers_version(tiny_model_dir):
+    result = script(3, "weight_sync.py", str(tiny_model_dir))
+    assert_ok(result)
+    assert result.stdout.count("holds version 2 weights") == 3
+
+
+def test_trajectories_arrive_exactly(tiny_model_dir):
+    result = script(2, "trajectory_roundtrip.py", str(tiny_model_dir))
+    assert_ok(result)
+    assert "episodes arrived exactly" in result.stdout
+
+
+def test_exception_on_one_rank_aborts_all():
+    started = time.monotonic()
+    result = script(3, "raise_on_one_rank.py", timeout=60)
+    assert result.returncode != 0
+    assert "injected failure on rank 2" in result.stderr
+    assert time.monotonic() - started < 30
