@@ -238,7 +238,7 @@ def config_reference() -> str:
     return (
         "### top level\n\n| field | type | default | description |\n|---|---|---|---|\n"
         + "\n".join(top)
-        + "\n".join([""] + out)
+        + "\n".join(["", *out])
     )
 
 

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import gymnasium as gym
 from gymnasium import spaces
 
@@ -19,7 +21,7 @@ MAX_TEXT = 100_000
 class TextEnv(gym.Env):
     """Base class for text environments; subclasses implement `reset` (calling super().reset(seed=seed)) and `step`."""
 
-    metadata = {"render_modes": []}
+    metadata: ClassVar[dict] = {"render_modes": []}
 
     def __init__(self):
         self.observation_space = spaces.Text(max_length=MAX_TEXT)

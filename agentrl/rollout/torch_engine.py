@@ -55,7 +55,7 @@ class _RowSampling:
         self.vocab_size = vocab_size
         self.greedy = torch.tensor(greedy, device=device)
         self.temperature = torch.tensor(
-            [[1.0 if g else float(p.temperature)] for g, p in zip(greedy, params)], device=device
+            [[1.0 if g else float(p.temperature)] for g, p in zip(greedy, params, strict=True)], device=device
         )
         self.top_k = torch.tensor(top_k, device=device)
         self.top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
@@ -72,6 +72,7 @@ class _RowSampling:
         self.any_greedy = any(greedy)
         self.any_top_p = any(has_top_p)
         self.largest_top_k = max((k for k in top_k if k < self.vocab_size), default=None)
+        self.unfiltered = (self.top_k >= self.vocab_size) & ~torch.isfinite(self.top_p)
         self.seeded_rows = [(row, gen) for row, gen in enumerate(self.generators) if gen is not None]
 
     def select(self, keep: torch.Tensor) -> None:
@@ -88,6 +89,36 @@ class _RowSampling:
         if self.stop_ids is None:
             return None
         return (tokens[:, None] == self.stop_ids).any(dim=1)
+
+
+class _BatchOutputs:
+    """Tokens and logprobs of every batch row, and which batch row each running row is."""
+
+    def __init__(self, batch_size: int, longest_output: int, device: torch.device):
+        self.tokens = torch.zeros(batch_size, longest_output, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros(batch_size, longest_output, dtype=torch.float32, device=device)
+        self.lengths = [0] * batch_size
+        self.reasons: list[FinishReason] = ["length"] * batch_size
+        self.running = list(range(batch_size))
+        self.running_index = torch.arange(batch_size, device=device)
+
+    def record(self, step: int, tokens: torch.Tensor, logprobs: torch.Tensor) -> None:
+        self.tokens[self.running_index, step] = tokens
+        self.logprobs[self.running_index, step] = logprobs
+
+    def finish(self, step: int, done: torch.Tensor, stopped: torch.Tensor | None, aborted: bool) -> torch.Tensor:
+        """Close the running rows marked `done`; return the positions of the rows still running."""
+        for row in done.nonzero().squeeze(1).tolist():
+            batch_row = self.running[row]
+            self.lengths[batch_row] = step + 1
+            if aborted:
+                self.reasons[batch_row] = "abort"
+            elif stopped is not None and bool(stopped[row]):
+                self.reasons[batch_row] = "stop"
+        keep = (~done).nonzero().squeeze(1)
+        self.running = [self.running[row] for row in keep.tolist()]
+        self.running_index = self.running_index[keep]
+        return keep
 
 
 def _seeded_generator(seed: int, device: torch.device) -> torch.Generator:
@@ -110,14 +141,11 @@ def _filter_top_k_top_p(probs: torch.Tensor, rows: _RowSampling) -> torch.Tensor
         sorted_probs = probs.topk(rows.largest_top_k, dim=-1).values
         kept = rows.top_k.clamp_max(rows.largest_top_k)
     threshold = sorted_probs.gather(1, (kept - 1)[:, None])
-    unfiltered = (rows.top_k >= rows.vocab_size) & ~torch.isfinite(rows.top_p)
-    threshold.masked_fill_(unfiltered[:, None], 0.0)
+    threshold.masked_fill_(rows.unfiltered[:, None], 0.0)
     return probs.masked_fill(probs < threshold, 0.0)
 
 
-def _sample(
-    logits: torch.Tensor, rows: _RowSampling, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
+def _sample(logits: torch.Tensor, rows: _RowSampling, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return the tokens and their logprobs under softmax(logits / T)."""
     logprobs = torch.log_softmax(logits.float() / rows.temperature, dim=-1)
     if rows.all_greedy:
@@ -197,7 +225,7 @@ class TorchEngine(Engine):
                         if not request.future.done():
                             request.future.set_exception(exc)
                     continue
-                for request, output in zip(batch, outputs):
+                for request, output in zip(batch, outputs, strict=True):
                     if not request.future.done():
                         request.future.set_result(output)
         finally:
@@ -211,20 +239,23 @@ class TorchEngine(Engine):
             quiet = quiet + 1 if len(queue.pending) == seen else 0
 
     def abort_all(self) -> None:
-        """Pending requests finish now with 'abort'; a running batch stops at its next step."""
+        """Pending requests finish with 'abort' and no tokens; a running batch stops at its next step."""
         self._abort_epoch += 1
         try:
             current_loop = asyncio.get_running_loop()
         except RuntimeError:
             current_loop = None
         for loop, queue in list(self._queues.items()):
-            requests, queue.pending = queue.pending, []
-            for request in requests:
-                resolve = _resolve_if_open(request.future, self._empty_output("abort"))
-                if loop is current_loop:
-                    resolve()
-                elif not loop.is_closed():
-                    loop.call_soon_threadsafe(resolve)
+            if loop is current_loop:
+                self._abort_pending(queue)
+            elif not loop.is_closed():
+                loop.call_soon_threadsafe(self._abort_pending, queue)
+
+    def _abort_pending(self, queue: _LoopQueue) -> None:
+        requests, queue.pending = queue.pending, []
+        for request in requests:
+            if not request.future.done():
+                request.future.set_result(self._empty_output("abort"))
 
     def shutdown(self) -> None:
         self.abort_all()
@@ -273,13 +304,13 @@ class TorchEngine(Engine):
         self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int
     ) -> list[GenerateOutput]:
         with self._model_lock, torch.inference_mode():
+            self.stats["batches"] += 1  # counted when the batch starts
+            self.stats["requests"] += len(prompts)
+            self.stats["prompt_tokens"] += sum(map(len, prompts))
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(prompts))
             tokens, logprobs, lengths, reasons = self._decode_batch(prompts, params, abort_epoch)
             version = self.weight_version
-        self.stats["batches"] += 1
-        self.stats["requests"] += len(prompts)
-        self.stats["prompt_tokens"] += sum(map(len, prompts))
         self.stats["generated_tokens"] += sum(lengths)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(prompts))
         return [
             GenerateOutput(
                 output_ids=tokens[row, :n].copy(),
@@ -307,17 +338,10 @@ class TorchEngine(Engine):
         logits = self._last_logits(input_ids, prompt_mask, positions, cache)
         next_positions = positions[:, -1:] + 1
 
-        out_tokens = torch.zeros(batch_size, longest_output, dtype=torch.long, device=self.device)
-        out_logprobs = torch.zeros(batch_size, longest_output, dtype=torch.float32, device=self.device)
-        lengths = [0] * batch_size
-        reasons: list[FinishReason] = ["length"] * batch_size
-        running = list(range(batch_size))  # batch row of each running row
-        running_index = torch.arange(batch_size, device=self.device)
-
+        outputs = _BatchOutputs(batch_size, longest_output, self.device)
         for step in range(longest_output):
             tokens, logprobs = _sample(logits, rows, self.generator)
-            out_tokens[running_index, step] = tokens
-            out_logprobs[running_index, step] = logprobs
+            outputs.record(step, tokens, logprobs)
 
             stopped = rows.stopped(tokens)
             done = rows.max_new_tokens == step + 1
@@ -327,21 +351,12 @@ class TorchEngine(Engine):
             if aborted or done.any():
                 if aborted:
                     done.fill_(True)
-                for row in done.nonzero().squeeze(1).tolist():
-                    batch_row = running[row]
-                    lengths[batch_row] = step + 1
-                    if aborted:
-                        reasons[batch_row] = "abort"
-                    elif stopped is not None and bool(stopped[row]):
-                        reasons[batch_row] = "stop"
-                keep = (~done).nonzero().squeeze(1)
+                keep = outputs.finish(step, done, stopped, aborted)
                 if keep.numel() == 0:
                     break
                 cache.batch_select_indices(keep)
                 attention_mask = attention_mask[keep]
                 next_positions = next_positions[keep]
-                running_index = running_index[keep]
-                running = [running[row] for row in keep.tolist()]
                 rows.select(keep)
                 tokens = tokens[keep]
 
@@ -350,7 +365,7 @@ class TorchEngine(Engine):
             )
             next_positions += 1
 
-        return out_tokens.cpu().numpy(), out_logprobs.cpu().numpy(), lengths, reasons
+        return outputs.tokens.cpu().numpy(), outputs.logprobs.cpu().numpy(), outputs.lengths, outputs.reasons
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(map(len, prompts))
@@ -374,11 +389,3 @@ class TorchEngine(Engine):
             **extra,
         )
         return out.logits[:, -1, :]
-
-
-def _resolve_if_open(future: asyncio.Future, output: GenerateOutput):
-    def resolve() -> None:
-        if not future.done():
-            future.set_result(output)
-
-    return resolve

@@ -22,13 +22,16 @@ def parse_guess(text: str) -> int | None:
 
 
 class GuessNumberEnv(TextEnv):
-    def __init__(self, low: int = 1, high: int = 10, max_guesses: int = 4, show_range: bool = True):
+    def __init__(
+        self, low: int = 1, high: int = 10, max_guesses: int = 4, show_range: bool = True, valid_reward: float = 0.0
+    ):
         super().__init__()
         if high <= low:
             raise ValueError(f"guess_number needs low < high, got low={low} high={high}")
         if max_guesses < 1:
             raise ValueError(f"guess_number needs max_guesses >= 1, got {max_guesses}")
         self.low, self.high, self.max_guesses, self.show_range = low, high, max_guesses, show_range
+        self.valid_reward = valid_reward  # shaping: paid for a wrong guess inside the possible range
         self.secret = None
         self.guesses = 0
         self.possible = (low, high)
@@ -50,6 +53,7 @@ class GuessNumberEnv(TextEnv):
         if guess == self.secret:
             return "correct", 1.0, True, False, {"success": True, "guesses": self.guesses}
         lo, hi = self.possible
+        reward = self.valid_reward if guess is not None and lo <= guess <= hi else 0.0
         if guess is None:
             reply = "invalid, answer with a number"
         elif guess < self.secret:
@@ -59,4 +63,4 @@ class GuessNumberEnv(TextEnv):
         self.possible = (lo, hi)
         if self.show_range:
             reply += f", between {lo} and {hi}"
-        return reply, 0.0, out_of_guesses, False, {"success": False, "guesses": self.guesses}
+        return reply, reward, out_of_guesses, False, {"success": False, "guesses": self.guesses}

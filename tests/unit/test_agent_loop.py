@@ -74,7 +74,8 @@ def test_trainer_sees_exactly_the_engine_tokens(tiny_model_dir):
         turns = 0
         for prompt, output in recorder.calls:
             n, m = len(prompt), len(output.output_ids)
-            if n + m <= len(tokens) and list(tokens[:n]) == prompt and list(tokens[n : n + m]) == list(output.output_ids):
+            generated = list(output.output_ids)
+            if n + m <= len(tokens) and list(tokens[:n]) == prompt and list(tokens[n : n + m]) == generated:
                 covered[n : n + m] = True
                 np.testing.assert_array_equal(logprobs[n : n + m], output.logprobs)
                 turns += 1

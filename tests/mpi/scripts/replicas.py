@@ -31,9 +31,7 @@ def main():
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     model_dir = sys.argv[1]
-    config = from_dict(
-        {"model": {"path": model_dir}, "steps": 3, "trainer": {"micro_batch_size": 5, "lr": 1e-2}}
-    )
+    config = from_dict({"model": {"path": model_dir}, "steps": 3, "trainer": {"micro_batch_size": 5, "lr": 1e-2}})
     torch.manual_seed(0)
     group = init_trainer_group(world, "cpu")
     trainer = GRPOTrainer(config, model_dir, "cpu", group)
@@ -48,7 +46,8 @@ def main():
     if rank == 0:
         alone = GRPOTrainer(config, model_dir, "cpu", None)
         for step in range(3):
-            alone.train_step(concat([synthetic_batch(step, range(0, 4), vocab), synthetic_batch(step, range(4, 8), vocab)]))
+            halves = [synthetic_batch(step, range(0, 4), vocab), synthetic_batch(step, range(4, 8), vocab)]
+            alone.train_step(concat(halves))
         for (name, a), (_, b) in zip(alone.model.named_parameters(), trainer.model.named_parameters(), strict=True):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name}: sharded != whole-batch training")
         print("replicas identical and equal to whole-batch training", flush=True)

@@ -1,0 +1,74 @@
+import pytest
+
+from agentrl.env import make, register, registered_ids
+from agentrl.env.check import check_env
+from agentrl.env.host import EnvHost
+from envs.guess_number.env import GuessNumberEnv, parse_guess
+
+
+def test_parse_guess_takes_the_first_integer():
+    assert parse_guess("I say 7, maybe 8") == 7
+    assert parse_guess("10") == 10
+    assert parse_guess("no idea") is None
+
+
+def test_binary_search_always_wins_and_feedback_narrows_the_range():
+    for seed in range(30):
+        env = GuessNumberEnv(low=1, high=10, max_guesses=4)
+        obs, info = env.reset(seed=seed)
+        lo, hi = 1, 10
+        for _ in range(4):
+            guess = (lo + hi) // 2
+            obs, reward, terminated, _truncated, info = env.step(f"{guess}")
+            if info["success"]:
+                break
+            lo, hi = env.possible
+            assert f"between {lo} and {hi}" in obs
+        assert info["success"] and reward == 1.0 and terminated
+
+
+def test_out_of_guesses_terminates_without_reward():
+    env = GuessNumberEnv(low=1, high=10, max_guesses=2, valid_reward=0.1)
+    _, info = env.reset(seed=0)
+    wrong = 1 if info["secret"] != 1 else 2
+    _, reward, terminated, _, _ = env.step(str(wrong))
+    assert reward == pytest.approx(0.1) and not terminated
+    _, reward, terminated, _, info = env.step("no number")
+    assert reward == 0.0 and terminated and not info["success"]
+
+
+def test_seeding_is_reproducible():
+    assert GuessNumberEnv().reset(seed=5) == GuessNumberEnv().reset(seed=5)
+
+
+def test_registry_by_id_path_and_registration():
+    assert "guess_number" in registered_ids()
+    assert isinstance(make("guess_number", high=20), GuessNumberEnv)
+    assert isinstance(make("envs.guess_number:GuessNumberEnv"), GuessNumberEnv)
+    register("my-guess", GuessNumberEnv)
+    assert isinstance(make("my-guess"), GuessNumberEnv)
+
+
+def test_unknown_id_lists_known_ids():
+    with pytest.raises(KeyError, match=r"unknown env id 'nope'; known ids: .*guess_number"):
+        make("nope")
+
+
+def test_check_env_passes_guess_number_and_flags_a_broken_env():
+    assert check_env("guess_number", {}) == []
+
+    class Broken(GuessNumberEnv):
+        def step(self, action):
+            return 42, 0.0, False, False, {}
+
+    register("broken-test", Broken)
+    problems = check_env("broken-test", {})
+    assert any("observation must be str" in p for p in problems)
+
+
+def test_host_contains_exceptions_and_counts_them():
+    host = EnvHost("guess_number", {})
+    assert host.handle("step", "never-reset", "5").ok is False
+    assert host.failures == 1
+    assert host.handle("reset", "a", 0, None).ok
+    assert host.handle("step", "a", "5").ok
