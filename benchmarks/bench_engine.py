@@ -9,6 +9,12 @@ left-padded batch and (b) one `TorchEngine.generate` per prompt awaited together
 no stop ids, so both produce exactly N tokens per row. Every repeat times both, in
 alternating order; the table reports median tokens/s of each and their ratio
 (engine / generate). Both apply the same top-k/top-p (top_k=50 is generate's default).
+
+`--workload ragged` gives each row its own budget of N/8..N new tokens, as turns of
+agent episodes have: `generate` stops each row at its budget through a per-row stopping
+criterion (finished rows are padded but still computed until the longest is done), the
+engine drops a row from the batch when it is done. Only the tokens each row was asked
+for count, for both.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from agentrl.models.tiny import build_tiny_model
 from agentrl.rollout.engine import SamplingParams
@@ -49,6 +55,7 @@ def parse_args():
     parser.add_argument("--top-k", type=int, default=50, help="applied by both (50 is generate's default)")
     parser.add_argument("--top-p", type=float, default=1.0, help="applied by both")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")
+    parser.add_argument("--workload", default="fixed,ragged", help="fixed: N tokens per row; ragged: N/8..N per row")
     return parser.parse_args()
 
 
@@ -65,37 +72,65 @@ def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch
     return input_ids, attention_mask
 
 
+class RowBudgets(StoppingCriteria):
+    """Per-row stop: row i is done once it has generated budgets[i] tokens."""
+
+    def __init__(self, prompt_width: int, budgets: list[int]):
+        self.prompt_width = prompt_width
+        self.budgets = torch.tensor(budgets)
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return (input_ids.shape[1] - self.prompt_width) >= self.budgets
+
+
+def row_budgets(batch_size: int, args) -> list[int]:
+    if args.current_workload == "fixed":
+        return [args.new_tokens] * batch_size
+    generator = torch.Generator().manual_seed(batch_size)
+    low = max(1, args.new_tokens // 8)
+    return torch.randint(low, args.new_tokens + 1, (batch_size,), generator=generator).tolist()
+
+
 def time_hf_generate(model, prompts, pad_id: int, args) -> float:
     input_ids, attention_mask = left_pad(prompts, pad_id)
+    budgets = row_budgets(len(prompts), args)
+    stopping = StoppingCriteriaList([RowBudgets(input_ids.shape[1], budgets)])
     start = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             do_sample=True,
-            max_new_tokens=args.new_tokens,
-            min_new_tokens=args.new_tokens,
+            max_new_tokens=max(budgets),
+            min_new_tokens=min(budgets),
+            stopping_criteria=stopping,
             temperature=1.0,
             top_k=args.top_k,
             top_p=args.top_p,
             pad_token_id=pad_id,
         )
     elapsed = time.perf_counter() - start
-    assert out.shape[1] - input_ids.shape[1] == args.new_tokens
+    assert out.shape[1] - input_ids.shape[1] == max(budgets)
     return elapsed
 
 
+def sampling(budget: int, args) -> SamplingParams:
+    return SamplingParams(max_new_tokens=budget, temperature=1.0, top_k=args.top_k, top_p=args.top_p)
+
+
 def time_engine(engine, loop, prompts, args) -> float:
-    sampling = SamplingParams(max_new_tokens=args.new_tokens, temperature=1.0, top_k=args.top_k, top_p=args.top_p)
+    budgets = row_budgets(len(prompts), args)
 
     async def run_all():
-        return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+        return await asyncio.gather(
+            *(engine.generate(p, sampling(budget, args)) for p, budget in zip(prompts, budgets, strict=True))
+        )
 
     batches_before = engine.stats["batches"]
     start = time.perf_counter()
     outputs = loop.run_until_complete(run_all())
     elapsed = time.perf_counter() - start
-    assert all(len(o.output_ids) == args.new_tokens for o in outputs)
+    assert [len(o.output_ids) for o in outputs] == budgets
     assert engine.stats["batches"] == batches_before + 1, "the engine should serve the prompts as one batch"
     return elapsed
 
@@ -120,9 +155,12 @@ def main():
         f"params={params / 1e6:.2f}M dtype={model.dtype}; threads={torch.get_num_threads()}; "
         f"new_tokens={args.new_tokens} top_k={args.top_k} top_p={args.top_p}; median of {args.repeats} repeats"
     )
-    print(f"{'batch':>5} | {'generate tok/s':>14} | {'engine tok/s':>12} | {'ratio':>5}")
-    print(f"{'-' * 5}-+-{'-' * 14}-+-{'-' * 12}-+-{'-' * 5}")
-    for batch_size in map(int, args.batch_sizes.split(",")):
+    print(f"{'workload':>8} | {'batch':>5} | {'generate tok/s':>14} | {'engine tok/s':>12} | {'ratio':>5}")
+    print(f"{'-' * 8}-+-{'-' * 5}-+-{'-' * 14}-+-{'-' * 12}-+-{'-' * 5}")
+    for workload, batch_size in (
+        (w, b) for w in args.workload.split(",") for b in map(int, args.batch_sizes.split(","))
+    ):
+        args.current_workload = workload
         prompts = make_prompts(tokenizer, batch_size)
         time_hf_generate(model, prompts, pad_id, args)  # warm-up
         time_engine(engine, loop, prompts, args)
@@ -135,10 +173,11 @@ def main():
             else:
                 engine_times.append(time_engine(engine, loop, prompts, args))
                 hf_times.append(time_hf_generate(model, prompts, pad_id, args))
-        tokens = batch_size * args.new_tokens
+        tokens = sum(row_budgets(batch_size, args))
         hf_rate = tokens / statistics.median(hf_times)
         engine_rate = tokens / statistics.median(engine_times)
-        print(f"{batch_size:>5} | {hf_rate:>14.0f} | {engine_rate:>12.0f} | {engine_rate / hf_rate:>5.2f}", flush=True)
+        ratio = engine_rate / hf_rate
+        print(f"{workload:>8} | {batch_size:>5} | {hf_rate:>14.0f} | {engine_rate:>12.0f} | {ratio:>5.2f}", flush=True)
     loop.close()
     engine.shutdown()
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -136,7 +137,7 @@ def _filter_top_k_top_p(probs: torch.Tensor, rows: _RowSampling) -> torch.Tensor
     if rows.any_top_p:
         sorted_probs = probs.sort(dim=-1, descending=True).values
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        kept = torch.minimum((mass_before <= rows.top_p[:, None]).sum(dim=-1), rows.top_k)
+        kept = torch.minimum((mass_before <= rows.top_p[:, None]).sum(dim=-1), rows.top_k).clamp_min_(1)
     else:
         sorted_probs = probs.topk(rows.largest_top_k, dim=-1).values
         kept = rows.top_k.clamp_max(rows.largest_top_k)
@@ -179,11 +180,13 @@ class TorchEngine(Engine):
         self.max_batch_size = int(max_batch_size)
         first_param = next(model.parameters())
         self.device = first_param.device
-        self.vocab_size = model.get_output_embeddings().weight.shape[0]
+        output_head = model.get_output_embeddings()
+        self.vocab_size = output_head.weight.shape[0] if output_head is not None else model.config.vocab_size
         self.generator = _seeded_generator(seed, self.device)
         self.weight_version = -1
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "largest_batch": 0}
         self._keeps_last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
+        self._takes_ready_masks = _takes_ready_made_sdpa_masks(model)
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = weakref.WeakKeyDictionary()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
         self._model_lock = threading.Lock()  # a batch and a weight update never overlap
@@ -303,6 +306,7 @@ class TorchEngine(Engine):
     def _run_batch(
         self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int
     ) -> list[GenerateOutput]:
+        started = time.perf_counter()
         with self._model_lock, torch.inference_mode():
             self.stats["batches"] += 1  # counted when the batch starts
             self.stats["requests"] += len(prompts)
@@ -311,6 +315,7 @@ class TorchEngine(Engine):
             tokens, logprobs, lengths, reasons = self._decode_batch(prompts, params, abort_epoch)
             version = self.weight_version
         self.stats["generated_tokens"] += sum(lengths)
+        self.busy_seconds += time.perf_counter() - started
         return [
             GenerateOutput(
                 output_ids=tokens[row, :n].copy(),
@@ -330,8 +335,7 @@ class TorchEngine(Engine):
         input_ids, prompt_mask = self._left_pad(prompts)
         prompt_width = input_ids.shape[1]
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min_(0)
-        # Generated tokens are never padding, so the mask for every step is known upfront.
-        attention_mask = torch.cat([prompt_mask, prompt_mask.new_ones(batch_size, longest_output)], dim=1)
+        decode_mask = self._decode_mask(prompt_mask, longest_output)
         rows = _RowSampling(params, self.vocab_size, self.device)
 
         cache = DynamicCache(config=self.model.config)
@@ -355,14 +359,14 @@ class TorchEngine(Engine):
                 if keep.numel() == 0:
                     break
                 cache.batch_select_indices(keep)
-                attention_mask = attention_mask[keep]
+                decode_mask = decode_mask[keep] if decode_mask is not None else None
                 next_positions = next_positions[keep]
                 rows.select(keep)
                 tokens = tokens[keep]
 
-            logits = self._last_logits(
-                tokens[:, None], attention_mask[:, : prompt_width + step + 1], next_positions, cache
-            )
+            # A contiguous mask keeps SDPA on its fast path; one small copy serves every layer.
+            step_mask = decode_mask[..., : prompt_width + step + 1].contiguous() if decode_mask is not None else None
+            logits = self._last_logits(tokens[:, None], step_mask, next_positions, cache)
             next_positions += 1
 
         return outputs.tokens.cpu().numpy(), outputs.logprobs.cpu().numpy(), outputs.lengths, outputs.reasons
@@ -376,10 +380,29 @@ class TorchEngine(Engine):
             mask[row, width - len(prompt) :] = 1
         return torch.from_numpy(input_ids).to(self.device), torch.from_numpy(mask).to(self.device)
 
+    def _decode_mask(self, prompt_mask: torch.Tensor, longest_output: int) -> torch.Tensor | None:
+        """The attention mask over prompt and output, sliced to the cache length at each decode step.
+
+        None when no prompt is padded. Generated tokens are never padding, so the mask
+        for every step is known upfront; where the model accepts ready-made SDPA masks it
+        is built once here instead of once per step inside the model.
+        """
+        if bool(prompt_mask.all()):
+            return None
+        output_mask = prompt_mask.new_ones(prompt_mask.shape[0], longest_output)
+        mask = torch.cat([prompt_mask, output_mask], dim=1)
+        return mask.bool()[:, None, None, :] if self._takes_ready_masks else mask
+
     def _last_logits(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor, cache: DynamicCache
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        cache: DynamicCache,
     ) -> torch.Tensor:
         extra = {"logits_to_keep": 1} if self._keeps_last_logits_only else {}
+        if attention_mask is not None and attention_mask.ndim == 4:
+            attention_mask = {"full_attention": attention_mask}
         out = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -389,3 +412,20 @@ class TorchEngine(Engine):
             **extra,
         )
         return out.logits[:, -1, :]
+
+
+def _takes_ready_made_sdpa_masks(model) -> bool:
+    """Whether `model` accepts {"full_attention": 4D bool mask} in place of a 2D mask.
+
+    Hugging Face models that support compiled generation take the per-layer-type masks
+    ready-made (as `generate` passes them with a static cache); with SDPA and only
+    full-attention layers that mapping is a single boolean mask.
+    """
+    config = model.config
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return (
+        bool(getattr(model, "_can_compile_fullgraph", False))
+        and getattr(config, "_attn_implementation", None) == "sdpa"
+        and layer_types == {"full_attention"}
+        and not getattr(config, "is_encoder_decoder", False)
+    )

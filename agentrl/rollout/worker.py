@@ -85,8 +85,11 @@ async def _gather(coroutines):
 def shard_for_trainers(episodes: list[Episode], trainers: int) -> list[list[Episode]]:
     """Split whole groups evenly over trainer ranks (groups are contiguous)."""
     groups = sorted({e.group for e in episodes})
-    per_trainer = np.array_split(np.array(groups), trainers)
-    return [[e for e in episodes if e.group in set(chunk.tolist())] for chunk in per_trainer]
+    owner = {group: index for index, chunk in enumerate(np.array_split(groups, trainers)) for group in chunk.tolist()}
+    shards: list[list[Episode]] = [[] for _ in range(trainers)]
+    for episode in episodes:
+        shards[owner[episode.group]].append(episode)
+    return shards
 
 
 def run(config, layout, start_step: int, env_client, weight_sync) -> None:

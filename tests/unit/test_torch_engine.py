@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.models.tiny import build_tiny_model
 from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.torch_engine import TorchEngine
+from agentrl.rollout.torch_engine import TorchEngine, _RowSampling, _sample
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -76,6 +76,7 @@ def full_forward_logprobs(model, prompt, output_ids, temperature):
 def test_logprobs_match_a_full_forward_pass(engine, model, prompts, temperature):
     outputs = generate_all(engine, prompts, SamplingParams(max_new_tokens=12, temperature=temperature))
     assert engine.stats["batches"] == 1
+    assert engine._takes_ready_masks  # SDPA: decode steps use the engine's ready-made masks
     worst = 0.0
     for prompt, out in zip(prompts, outputs, strict=True):
         assert out.output_ids.dtype == np.int64 and out.logprobs.dtype == np.float32
@@ -84,6 +85,17 @@ def test_logprobs_match_a_full_forward_pass(engine, model, prompts, temperature)
         worst = max(worst, float(np.abs(out.logprobs - expected).max()))
     print(f"max |engine logprob - full forward logprob| at T={temperature}: {worst:.2e}")
     assert worst < 1e-4
+
+
+def test_eager_attention_gets_plain_2d_masks(model_dir, tokenizer, prompts):
+    eager = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    engine = TorchEngine(eager, pad_token_id=tokenizer.pad_token_id)
+    assert not engine._takes_ready_masks
+    outputs = generate_all(engine, prompts, SamplingParams(max_new_tokens=8, temperature=0.7))
+    engine.shutdown()
+    for prompt, out in zip(prompts, outputs, strict=True):
+        expected = full_forward_logprobs(eager, prompt, out.output_ids, 0.7)
+        np.testing.assert_allclose(out.logprobs, expected, atol=1e-4)
 
 
 def test_greedy_matches_hf_generate(engine, model, tokenizer, prompts):
@@ -175,6 +187,20 @@ def test_top_p_keeps_only_the_nucleus(engine, model, prompts):
         np.testing.assert_array_equal(out.output_ids, g.output_ids)
         expected = full_forward_logprobs(model, prompt, out.output_ids, 0.8)
         np.testing.assert_allclose(out.logprobs, expected, atol=1e-4)
+
+
+def test_sampled_tokens_follow_the_filtered_distribution():
+    """Many rows with the same logits: token frequencies match softmax(logits / T) cut to the top k."""
+    rows, temperature, top_k = 40_000, 0.8, 3
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0]).repeat(rows, 1)
+    settings = _RowSampling([SamplingParams(1, temperature=temperature, top_k=top_k)] * rows, 6, torch.device("cpu"))
+    tokens, logprobs = _sample(logits, settings, torch.Generator().manual_seed(0))
+    full = torch.softmax(logits[0] / temperature, dim=-1)
+    expected = torch.zeros(6)
+    expected[:top_k] = full[:top_k] / full[:top_k].sum()
+    observed = torch.bincount(tokens, minlength=6).float() / rows
+    assert (observed - expected).abs().max() < 0.01, (observed, expected)
+    torch.testing.assert_close(logprobs, full.log()[tokens])
 
 
 def test_sampling_is_reproducible(model, tokenizer, prompts):
