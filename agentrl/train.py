@@ -122,7 +122,7 @@ def _logger(config: Config, start_step: int):
 
 def run_single_process(config: Config, layout: Layout, start_step: int) -> None:
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
-    from agentrl.rollout.worker import RolloutWorker
+    from agentrl.rollout.worker import RolloutWorker, sample_texts
     from agentrl.trainer.loop import train_loop
     from agentrl.trajectory import pack
     from agentrl.weights import InProcessWeightCopy
@@ -134,10 +134,7 @@ def run_single_process(config: Config, layout: Layout, start_step: int) -> None:
 
     def collect(step: int):
         episodes, stats = worker.collect(step)
-        samples = []
-        if config.logging.sample_every and step % config.logging.sample_every == 0:
-            samples = [e.text for e in episodes[: config.logging.num_samples]]
-        return pack(episodes), stats, samples
+        return pack(episodes), stats, sample_texts(config, step, episodes)
 
     logger = _logger(config, start_step)
     train_loop(config, trainer, tokenizer, collect, sync.send, start_step, layout.role_comm, logger)

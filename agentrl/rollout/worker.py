@@ -102,7 +102,7 @@ def run(config, layout, start_step: int, env_client, weight_sync) -> None:
         for trainer_index, (trainer_rank, shard) in enumerate(
             zip(layout.trainer_ranks, shard_for_trainers(episodes, len(layout.trainer_ranks)), strict=True)
         ):
-            samples = _samples(config, step, shard) if trainer_index == 0 and index == 0 else []
+            samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
             message = {"batch": pack(shard), "stats": stats, "samples": samples}
             transport.send(layout.world, message, trainer_rank, Tag.TRAJECTORIES)
         if step + 1 < config.steps:
@@ -110,7 +110,8 @@ def run(config, layout, start_step: int, env_client, weight_sync) -> None:
     env_client.shutdown()
 
 
-def _samples(config, step: int, episodes: list[Episode]) -> list[str]:
+def sample_texts(config, step: int, episodes: list[Episode]) -> list[str]:
+    """A few whole episodes as text for TensorBoard, every `logging.sample_every` steps."""
     every = config.logging.sample_every
     if not every or step % every:
         return []

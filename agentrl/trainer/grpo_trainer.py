@@ -71,7 +71,7 @@ class GRPOTrainer:
         flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads]))
         offset = 0
         for param, grad in zip(self.params, grads, strict=True):
-            param.grad = flat[offset : offset + grad.numel()].view_as(param).clone()
+            param.grad = flat[offset : offset + grad.numel()].view_as(param)
             offset += grad.numel()
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
