@@ -46,10 +46,13 @@ def cmd_train(args) -> int:
     config = load_config(args.config, args.overrides)
 
     def run():
+        from agentrl import preempt
+
+        preempt.install()  # before the slow imports: a stop signal from now on is a graceful stop
         from agentrl.train import train
 
-        train(config)
-        return 0
+        done = train(config)
+        return 0 if done == config.steps else preempt.EXIT_STOPPED
 
     try:
         return abort_on_exception(run)()
@@ -82,11 +85,15 @@ def cmd_envs(args) -> int:
 def cmd_check_env(args) -> int:
     import yaml
 
-    from agentrl.env.check import check_env
+    from agentrl.env.check import check_env, time_random_episodes
 
-    problems = check_env(args.env_id, yaml.safe_load(args.kwargs) or {})
+    kwargs = yaml.safe_load(args.kwargs) or {}
+    problems = check_env(args.env_id, kwargs)
     for problem in problems:
         print(f"FAIL {problem}")
+    if not problems:
+        steps, seconds = time_random_episodes(args.env_id, kwargs)
+        print(f"5 random episodes: {steps} steps in {seconds * 1e3:.1f} ms ({seconds / steps * 1e3:.3f} ms/step)")
     print(f"{args.env_id}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0
 

@@ -127,7 +127,11 @@ class RuntimeConfig(Section):
         0, ge=0, description="torch threads per rank; 0 = cores on the node / ranks on the node."
     )
     weight_bucket_mb: float = Field(64.0, gt=0, description="Size of one weight-broadcast bucket in MiB.")
-    env_step_timeout_s: float = Field(60.0, gt=0, description="Seconds a rollout rank waits for an env reply.")
+    env_step_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error.",
+    )
 
 
 class Config(Section):

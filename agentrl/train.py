@@ -8,20 +8,23 @@ from pathlib import Path
 
 import numpy as np
 
-from agentrl import transport
+from agentrl import preempt, transport
 from agentrl.config import Config, ConfigError, save_config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.env.registry import make
 from agentrl.layout import Layout, Role, format_plan, plan
+from agentrl.rollout.chat import tools_as_text
 from agentrl.trainer import checkpoint
 
 
-def train(config: Config) -> None:
+def train(config: Config) -> int:
+    """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal)."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     layout = Layout(config.layout)
+    preempt.install()
     if layout.rank == 0:
         prepare_run_dir(config, layout)
     transport.barrier(layout.world)
@@ -29,15 +32,20 @@ def train(config: Config) -> None:
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
 
+    done = None
     if layout.single_process:
-        run_single_process(config, layout, start_step)
+        done = run_single_process(config, layout, start_step)
     elif layout.role is Role.TRAINER:
-        run_trainer(config, layout, start_step)
+        done = run_trainer(config, layout, start_step)
     elif layout.role is Role.ROLLOUT:
         run_rollout(config, layout, start_step)
     else:
         run_env(config, layout)
     transport.barrier(layout.world)
+    done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
+    if done < config.steps and layout.rank == 0:
+        print(preempt.stopped_message(done), flush=True)
+    return done
 
 
 def prepare_run_dir(config: Config, layout: Layout) -> None:
@@ -61,6 +69,8 @@ def resume_step(config: Config) -> int:
     found = checkpoint.latest(config.run_dir) if config.resume else None
     if config.resume and found is None:
         print(f"agentrl: resume=true but {config.run_dir} has no checkpoint; starting at step 0", flush=True)
+    if found:
+        print(f"agentrl: resuming from {found[1]} at step {found[0]}", flush=True)
     return found[0] if found else 0
 
 
@@ -80,7 +90,13 @@ def env_texts(config: Config, episodes: int = 64) -> list[str]:
                 break
     if config.env.system_prompt:
         texts.append(config.env.system_prompt)
+    if getattr(env, "tools", None):
+        texts.append(tools_as_text(env.tools))
     return texts
+
+
+def env_host(config: Config) -> EnvHost:
+    return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
 
 
 def set_threads(config: Config, layout: Layout) -> None:
@@ -120,7 +136,7 @@ def _logger(config: Config, start_step: int):
     return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress)
 
 
-def run_single_process(config: Config, layout: Layout, start_step: int) -> None:
+def run_single_process(config: Config, layout: Layout, start_step: int) -> int:
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
     from agentrl.rollout.worker import RolloutWorker, sample_texts
     from agentrl.trainer.loop import train_loop
@@ -128,7 +144,7 @@ def run_single_process(config: Config, layout: Layout, start_step: int) -> None:
     from agentrl.weights import InProcessWeightCopy
 
     trainer, tokenizer = _make_trainer(config, layout, start_step)
-    worker = RolloutWorker(config, LocalEnvClient(EnvHost(config.env.id, config.env.kwargs)), 0, 1, layout.device)
+    worker = RolloutWorker(config, LocalEnvClient(env_host(config)), 0, 1, layout.device)
     sync = InProcessWeightCopy(worker.engine)
     sync.send(trainer.named_weights(), start_step)
 
@@ -137,25 +153,28 @@ def run_single_process(config: Config, layout: Layout, start_step: int) -> None:
         return pack(episodes), stats, sample_texts(config, step, episodes)
 
     logger = _logger(config, start_step)
-    train_loop(config, trainer, tokenizer, collect, sync.send, start_step, layout.role_comm, logger)
+    done = train_loop(config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger)
     logger.close()
+    return done
 
 
-def run_trainer(config: Config, layout: Layout, start_step: int) -> None:
+def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
     from agentrl.trainer.loop import receive_from_rollouts, train_loop
     from agentrl.trainer.model import init_trainer_group
     from agentrl.weights import MPIWeightBroadcast
 
     group = init_trainer_group(layout.role_comm, layout.device)
     trainer, tokenizer = _make_trainer(config, layout, start_step, group)
-    publish = None
+    weights = None
     if layout.is_trainer_leader:
-        publish = MPIWeightBroadcast(layout.weight_comm, config.runtime.weight_bucket_mb).send
-        publish(trainer.named_weights(), start_step)
+        weights = MPIWeightBroadcast(layout.weight_comm, config.runtime.weight_bucket_mb)
+        weights.send(trainer.named_weights(), start_step)
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
-    train_loop(config, trainer, tokenizer, receive_from_rollouts(layout), publish, start_step, layout.role_comm, logger)
+    collect = receive_from_rollouts(layout)
+    done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger)
     if logger is not None:
         logger.close()
+    return done
 
 
 def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
@@ -164,7 +183,7 @@ def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
 
     env_rank = layout.env_rank_for(layout.rank)
     if env_rank is None:
-        env_client = LocalEnvClient(EnvHost(config.env.id, config.env.kwargs))
+        env_client = LocalEnvClient(env_host(config))
     else:
         env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
     sync = MPIWeightBroadcast(layout.weight_comm, config.runtime.weight_bucket_mb)
@@ -174,4 +193,4 @@ def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
 def run_env(config: Config, layout: Layout) -> None:
     from agentrl.env.server import serve
 
-    serve(layout.world, EnvHost(config.env.id, config.env.kwargs), layout.rollout_ranks_served_by(layout.rank))
+    serve(layout.world, env_host(config), layout.rollout_ranks_served_by(layout.rank))

@@ -71,6 +71,11 @@ def send(comm, obj, dest: int, tag: Tag) -> None:
     wait_until(lambda: request.test()[0], what=f"send to rank {dest} (tag {tag.name})")  # test() -> (flag, obj)
 
 
+def wait_for_message(comm, source: int, tag: Tag, timeout_s: float | None = None) -> None:
+    """Return once a message from `source` with `tag` can be received, without receiving it."""
+    wait_until(lambda: comm.Iprobe(source=source, tag=int(tag)), timeout_s, f"a {tag.name} message")
+
+
 def try_recv(comm, source: int, tag: Tag):
     """(found, obj, source): a waiting message, or (False, None, None)."""
     from mpi4py import MPI

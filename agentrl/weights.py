@@ -3,7 +3,8 @@
 A sync is: a small header (version, tensor manifest, bucket boundaries), then one
 broadcast per bucket of raw bytes. Bytes, not a numeric dtype, so bf16 travels as is.
 `WeightSync` is the transport interface: the CPU path broadcasts over MPI; a GPU path
-(NCCL broadcast, CUDA IPC) implements the same two methods.
+(NCCL broadcast, CUDA IPC) implements the same three methods. A header with `stop` set
+and no buckets tells the rollout ranks to stop instead (see agentrl/preempt.py).
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ class WeightSync(abc.ABC):
         """Trainer leader: publish these weights as `version`."""
 
     @abc.abstractmethod
-    def receive(self, engine) -> int:
-        """Rollout rank: load the next published weights into `engine`; returns the version."""
+    def stop(self) -> None:
+        """Trainer leader: tell the receivers no more weights will come (their `receive` returns None)."""
+
+    @abc.abstractmethod
+    def receive(self, engine) -> int | None:
+        """Rollout rank: load the next published weights into `engine`; the version, or None when told to stop."""
 
 
 def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
@@ -54,13 +59,19 @@ class MPIWeightBroadcast(WeightSync):
         manifest = [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named_tensors]
         sizes = [t.numel() * t.element_size() for _, t in named_tensors]
         buckets = plan_buckets(sizes, self.bucket_bytes)
-        transport.bcast_object(self.comm, {"version": version, "manifest": manifest, "buckets": buckets}, root=0)
+        header = {"stop": False, "version": version, "manifest": manifest, "buckets": buckets}
+        transport.bcast_object(self.comm, header, root=0)
         for start, end in buckets:
             flat = torch.cat([_as_bytes(t) for _, t in named_tensors[start:end]])
             transport.bcast_array(self.comm, flat.numpy(), root=0)
 
-    def receive(self, engine) -> int:
+    def stop(self) -> None:
+        transport.bcast_object(self.comm, {"stop": True}, root=0)
+
+    def receive(self, engine) -> int | None:
         header = transport.bcast_object(self.comm, None, root=0)
+        if header["stop"]:
+            return None
         manifest = header["manifest"]
         received = []
         for start, end in header["buckets"]:
@@ -86,5 +97,8 @@ class InProcessWeightCopy(WeightSync):
     def send(self, named_tensors, version: int) -> None:
         self.engine.load_weights(named_tensors, version)
 
-    def receive(self, engine) -> int:
+    def stop(self) -> None:
+        """Nothing to tell: the rollout worker runs in this process."""
+
+    def receive(self, engine) -> int | None:
         return engine.weight_version

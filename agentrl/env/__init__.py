@@ -1,4 +1,5 @@
 from agentrl.env.api import TextEnv
 from agentrl.env.registry import make, register, registered_ids
+from agentrl.env.tools import Tool, ToolEnv, tool
 
-__all__ = ["TextEnv", "make", "register", "registered_ids"]
+__all__ = ["TextEnv", "Tool", "ToolEnv", "make", "register", "registered_ids", "tool"]

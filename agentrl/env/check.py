@@ -1,10 +1,18 @@
-"""`agentrl check-env`: does an environment follow the API? Returns a list of problems."""
+"""`agentrl check-env`: does an environment follow the API? Returns a list of problems.
+
+Tool envs also get their tool schemas checked, and random actions then include
+random tool calls built from those schemas.
+"""
 
 from __future__ import annotations
 
+import json
 import random
+import time
 
 from agentrl.env.registry import make
+
+RANDOM_ARGUMENTS = {"string": "1 + 2", "integer": 3, "number": 1.5, "boolean": True, "array": [], "object": {}}
 
 
 def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50) -> list[str]:
@@ -13,9 +21,11 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
         env = make(env_id, **kwargs)
     except Exception as error:  # report, do not crash: this is a checker
         return [f"constructing {env_id}: {type(error).__name__}: {error}"]
+    tools = getattr(env, "tools", None) or []
+    problems += check_tools(tools)
     first = env.reset(seed=123)
     if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], str) and isinstance(first[1], dict)):
-        return [f"reset() must return (str, dict), got {first!r:.80}"]
+        return [*problems, f"reset() must return (str, dict), got {first!r:.80}"]
     again = make(env_id, **kwargs).reset(seed=123)
     if again[0] != first[0]:
         problems.append("reset(seed=123) twice gave different observations: seed the env via super().reset(seed=seed)")
@@ -23,7 +33,7 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
     for episode in range(episodes):
         env.reset(seed=episode)
         for _ in range(max_steps):
-            out = env.step(str(rng.randint(0, 20)))
+            out = env.step(random_action(rng, tools if not problems else []))
             if not (isinstance(out, tuple) and len(out) == 5):
                 problems.append(f"step() must return (obs, reward, terminated, truncated, info), got {out!r:.80}")
                 return problems
@@ -39,3 +49,54 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
         else:
             problems.append(f"episode {episode} did not end within {max_steps} random steps")
     return problems
+
+
+def check_tools(tools) -> list[str]:
+    """Tool specs must be {"type": "function", "function": {name, description, parameters}} with unique names."""
+    if not isinstance(tools, list):
+        return [f"env.tools must be a list of tool specs, got {type(tools).__name__}"]
+    problems, names = [], set()
+    for index, spec in enumerate(tools):
+        function = spec.get("function") if isinstance(spec, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            problems.append(f'tool {index} must look like {{"type": "function", "function": {{"name": ...}}}}')
+            continue
+        name = function["name"]
+        if name in names:
+            problems.append(f"tool name {name!r} is used twice; tool names must be unique")
+        names.add(name)
+        parameters = function.get("parameters")
+        if not (isinstance(parameters, dict) and parameters.get("type") == "object"):
+            problems.append(f'tool {name!r}: parameters must be a JSON-schema object {{"type": "object", ...}}')
+        elif not isinstance(parameters.get("properties", {}), dict):
+            problems.append(f"tool {name!r}: parameters.properties must map argument names to schemas")
+        elif any(arg not in parameters.get("properties", {}) for arg in parameters.get("required", [])):
+            problems.append(f"tool {name!r}: every name in parameters.required must be in parameters.properties")
+    return problems
+
+
+def random_action(rng: random.Random, tools: list[dict]) -> str:
+    """A number (a final answer) or, for tool envs half the time, a tool call with schema-typed arguments."""
+    if not tools or rng.random() < 0.5:
+        return str(rng.randint(0, 20))
+    function = rng.choice(tools)["function"]
+    properties = function["parameters"].get("properties", {})
+    arguments = {name: RANDOM_ARGUMENTS.get(spec.get("type"), "x") for name, spec in properties.items()}
+    return f"<tool_call>{json.dumps({'name': function['name'], 'arguments': arguments})}</tool_call>"
+
+
+def time_random_episodes(env_id: str, kwargs: dict, episodes: int = 5, max_steps: int = 50) -> tuple[int, float]:
+    """(steps, seconds) for a few short random episodes, reset and close included."""
+    rng = random.Random(1)
+    steps, started = 0, time.perf_counter()
+    for episode in range(episodes):
+        env = make(env_id, **kwargs)
+        env.reset(seed=episode)
+        tools = getattr(env, "tools", None) or []
+        for _ in range(max_steps):
+            steps += 1
+            _, _, terminated, truncated, _ = env.step(random_action(rng, tools))
+            if terminated or truncated:
+                break
+        env.close()
+    return steps, time.perf_counter() - started

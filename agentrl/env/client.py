@@ -36,7 +36,10 @@ class MPIEnvClient:
     """
 
     def __init__(self, comm, server: int, timeout_s: float):
-        self.comm, self.server, self.timeout_s = comm, server, timeout_s
+        self.comm, self.server = comm, server
+        # The env rank ends any call that outlives `timeout_s` and replies; it may first be
+        # serving another rollout rank's batch, so wait longer before declaring it lost.
+        self.timeout_s = 2 * timeout_s + 30
         self.pending: list[tuple[tuple, asyncio.Future]] = []
         self.in_flight: deque[list[asyncio.Future]] = deque()
         self.receiver: asyncio.Task | None = None

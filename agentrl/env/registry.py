@@ -40,7 +40,7 @@ def resolve(env_id: str) -> Callable:
     )
 
 
-def make(env_id: str, **kwargs):
+def make(env_id: str, /, **kwargs):
     return resolve(env_id)(**kwargs)
 
 
@@ -57,3 +57,4 @@ def _load(path: str) -> Callable:
 
 
 register("guess_number", "envs.guess_number:GuessNumberEnv")
+register("calculator", "envs.calculator:CalculatorEnv")

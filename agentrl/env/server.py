@@ -19,6 +19,6 @@ def serve(comm, host: EnvHost, clients: list[int]) -> dict:
             open_clients.discard(client)
             continue
         requests += len(batch)
-        results = [host.handle(op, (client, key), *args) for op, key, *args in batch]
+        results = host.handle_batch([(op, (client, key), *args) for op, key, *args in batch])
         transport.send(comm, results, client, Tag.ENV_REPLY)
-    return {"requests": requests, "failures": host.failures, "open_envs": len(host.envs)}
+    return {"requests": requests, **host.counts()}

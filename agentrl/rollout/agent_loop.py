@@ -47,9 +47,9 @@ async def run_episode(
     timers.env += time.perf_counter() - started
     if not result.ok:
         return _failed(episode, result.error)
-    observation, _ = result.value
+    observation, _, tools = result.value
     episode.text = observation
-    episode.extend(chat.prompt_ids(observation), mask=0)
+    episode.extend(chat.prompt_ids(observation, tools), mask=0)
     episode.prompt_len = len(episode.tokens)
     versions = set()
 

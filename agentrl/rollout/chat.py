@@ -4,11 +4,21 @@ The prompt is tokenized once through the chat template. After that, generated to
 appended exactly as the engine produced them, and each observation contributes only the
 template's text *between* the end of the assistant turn and the next generation prompt,
 found by rendering the template with and without the new message.
+
+Tools (JSON-schema function specs from the env's reset) go to the template's `tools=`
+argument. A template that ignores tools (like the tiny test model's) gets a plain-text
+tool list appended to the system message instead, so small models still see them.
 """
 
 from __future__ import annotations
 
+import json
+
 PLACEHOLDER = "\u2591agentrl\u2591"
+PROBE_TOOL = {
+    "type": "function",
+    "function": {"name": "agentrl_probe_tool", "description": "", "parameters": {"type": "object", "properties": {}}},
+}
 
 
 class ChatFormat:
@@ -22,15 +32,25 @@ class ChatFormat:
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.stop_ids = (self.eos_id,)
         self._observation_template = self._split_observation_template()
+        probe = [{"role": "user", "content": "u"}]
+        self.template_renders_tools = PROBE_TOOL["function"]["name"] in self._render(probe, True, [PROBE_TOOL])
 
-    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
+    def _render(self, messages: list[dict], generation_prompt: bool, tools: list[dict] | None = None) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
-    def _head(self) -> list[dict]:
-        return [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+    def _head(self, tools_text: str = "") -> list[dict]:
+        system = "\n\n".join(part for part in (self.system_prompt, tools_text) if part)
+        return [{"role": "system", "content": system}] if system else []
 
-    def prompt_ids(self, first_observation: str) -> list[int]:
-        text = self._render([*self._head(), {"role": "user", "content": first_observation}], True)
+    def prompt_ids(self, first_observation: str, tools: list[dict] | None = None) -> list[int]:
+        """The first prompt: system message, tools and the env's first observation, with the generation prompt."""
+        if tools and not self.template_renders_tools:
+            messages = [*self._head(tools_as_text(tools)), {"role": "user", "content": first_observation}]
+            text = self._render(messages, True)
+        else:
+            text = self._render([*self._head(), {"role": "user", "content": first_observation}], True, tools)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _split_observation_template(self) -> tuple[str, str]:
@@ -59,3 +79,15 @@ class ChatFormat:
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def tools_as_text(tools: list[dict]) -> str:
+    """A plain-text tool list and the call format, for chat templates that do not render tools."""
+    lines = ["You can call these tools:"]
+    for spec in tools:
+        function = spec.get("function", spec)
+        lines.append(f"- {function['name']}: {function.get('description', '')}")
+        lines.append(f"  parameters: {json.dumps(function.get('parameters', {}), separators=(',', ':'))}")
+    lines.append('To call a tool, write <tool_call>{"name": <tool name>, "arguments": <JSON object>}</tool_call>.')
+    lines.append("Without a tool call, your reply is your final answer.")
+    return "\n".join(lines)

@@ -93,7 +93,7 @@ def shard_for_trainers(episodes: list[Episode], trainers: int) -> list[list[Epis
 
 
 def run(config, layout, start_step: int, env_client, weight_sync) -> None:
-    """The rollout rank's loop."""
+    """The rollout rank's loop; ends early when the trainer leader sends stop instead of weights."""
     index = layout.rollout_ranks.index(layout.rank)
     worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device)
     weight_sync.receive(worker.engine)
@@ -105,8 +105,8 @@ def run(config, layout, start_step: int, env_client, weight_sync) -> None:
             samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
             message = {"batch": pack(shard), "stats": stats, "samples": samples}
             transport.send(layout.world, message, trainer_rank, Tag.TRAJECTORIES)
-        if step + 1 < config.steps:
-            weight_sync.receive(worker.engine)
+        if step + 1 < config.steps and weight_sync.receive(worker.engine) is None:
+            break
     env_client.shutdown()
 
 

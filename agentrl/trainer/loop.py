@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from agentrl import transport
+from agentrl import preempt, transport
 from agentrl.trainer import checkpoint
 from agentrl.trajectory import FINISH_REASONS, concat
 from agentrl.transport import Tag
@@ -56,16 +56,27 @@ def episode_metrics(totals: np.ndarray) -> dict[str, float]:
 
 def receive_from_rollouts(layout) -> Callable[[int], tuple[dict, dict, list[str]]]:
     def collect(step: int):
-        messages = [transport.recv(layout.world, rank, Tag.TRAJECTORIES)[0] for rank in layout.rollout_ranks]
+        messages, transfer = [], 0.0
+        for rank in layout.rollout_ranks:
+            transport.wait_for_message(layout.world, rank, Tag.TRAJECTORIES)
+            started = time.perf_counter()
+            messages.append(transport.recv(layout.world, rank, Tag.TRAJECTORIES)[0])
+            transfer += time.perf_counter() - started
         stats = {key: max(m["stats"][key] for m in messages) for key in messages[0]["stats"]}
+        stats["time/transfer"] = transfer
         samples = [text for m in messages for text in m["samples"]]
         return concat([m["batch"] for m in messages]), stats, samples
 
     return collect
 
 
-def train_loop(config, trainer, tokenizer, collect, publish, start_step: int, role_comm, logger) -> None:
-    """`collect(step) -> (batch, rollout stats, sample texts)`; `publish(weights, version)` or None."""
+def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, role_comm, logger) -> int:
+    """`collect(step) -> (batch, rollout stats, sample texts)`; `weights`: the WeightSync to publish on, or None.
+
+    Returns the number of steps done: `config.steps`, or fewer when a stop signal ended the run early
+    (a checkpoint for them is written and the rollout ranks are told to stop).
+    """
+    done = start_step
     for step in range(start_step, config.steps):
         started = time.perf_counter()
         batch, stats, samples = collect(step)
@@ -74,12 +85,15 @@ def train_loop(config, trainer, tokenizer, collect, publish, start_step: int, ro
         metrics = trainer.train_step(batch)
         trained = time.perf_counter()
 
-        if publish is not None and step + 1 < config.steps:
-            publish(trainer.named_weights(), step + 1)
+        done = step + 1
+        stopping = done < config.steps and preempt.agreed(role_comm)
+        if weights is not None and stopping:
+            weights.stop()
+        elif weights is not None and done < config.steps:
+            weights.send(trainer.named_weights(), done)
         synced = time.perf_counter()
 
-        done = step + 1
-        if (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps:
+        if (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping:
             if logger is not None:
                 checkpoint.save(
                     config.run_dir,
@@ -93,17 +107,19 @@ def train_loop(config, trainer, tokenizer, collect, publish, start_step: int, ro
             transport.barrier(role_comm)
 
         totals = transport.allreduce_sum(role_comm, episode_sums(batch, step))
-        if logger is None:
-            continue
-        metrics.update(episode_metrics(totals))
-        metrics.update(stats)
-        step_time = time.perf_counter() - started
-        metrics["time/wait_rollout"] = received - started
-        metrics["time/train"] = trained - received
-        metrics["time/weight_sync"] = synced - trained
-        metrics["time/step"] = step_time
-        metrics["perf/tokens_per_s"] = totals[1 + EPISODE_SUMS.index("tokens")] / step_time
-        metrics["perf/generated_tokens_per_s"] = totals[1 + EPISODE_SUMS.index("response_tokens")] / step_time
-        logger.log(step, metrics)
-        if samples:
-            logger.samples(step, samples)
+        if logger is not None:
+            metrics.update(episode_metrics(totals))
+            metrics.update(stats)
+            step_time = time.perf_counter() - started
+            metrics["time/wait_rollout"] = received - started
+            metrics["time/train"] = trained - received
+            metrics["time/weight_sync"] = synced - trained
+            metrics["time/step"] = step_time
+            metrics["perf/tokens_per_s"] = totals[1 + EPISODE_SUMS.index("tokens")] / step_time
+            metrics["perf/generated_tokens_per_s"] = totals[1 + EPISODE_SUMS.index("response_tokens")] / step_time
+            logger.log(step, metrics)
+            if samples:
+                logger.samples(step, samples)
+        if stopping:
+            break
+    return done

@@ -43,10 +43,15 @@ def test_resume_continues_at_the_right_step(tmp_path, tiny_model_dir):
     assert not (run / "checkpoints" / "step_000001").exists()  # keep=2
 
 
-def test_two_trainer_ranks(tmp_path, tiny_model_dir):
-    overrides = small_run(tmp_path, tiny_model_dir, **{"layout.trainer": 2, "layout.rollout": 1, "layout.env": 1})
-    assert_ok(train(4, overrides))
-    assert len(scalars(tmp_path / "run")["train/loss"]) == 3
+def test_two_trainer_ranks_with_kl_and_micro_batches(tmp_path, tiny_model_dir):
+    layout = {"layout.trainer": 2, "layout.rollout": 1, "layout.env": 1}
+    algorithm = {"trainer.kl_coef": 0.05, "trainer.micro_batch_size": 3, "trainer.updates_per_step": 2}
+    assert_ok(train(4, small_run(tmp_path, tiny_model_dir, **layout, **algorithm)))
+    logged = scalars(tmp_path / "run")
+    assert len(logged["train/loss"]) == 3
+    assert all(v >= 0 for _, v in logged["train/kl"])
+    assert logged["train/kl"][-1][1] > 0  # the policy moved away from the reference
+    assert all(v >= 0 for _, v in logged["time/transfer"])
 
 
 def test_failing_rank_aborts_the_job(tmp_path, tiny_model_dir):

@@ -30,3 +30,67 @@ def test_plan_multi_node():
     assert [r.node for r in rows] == [0] * 8 + [1] * 8
     assert [r.gpu for r in rows] == list(range(8)) * 2
     assert rows[8].role is Role.ROLLOUT and rows[8].role_rank == 0
+
+
+def test_plan_four_nodes_of_eight_gpus_with_a_cpu_env_tail():
+    # 4 x 8 GPUs: 16 trainers on nodes 0-1, 14 rollout ranks on nodes 2-3, 2 env ranks last on node 3.
+    rows = plan(LayoutConfig(trainer=16, rollout=14, env=2), 32, ranks_per_node=8, gpus_per_node=8)
+    assert [r.role for r in rows] == [Role.TRAINER] * 16 + [Role.ROLLOUT] * 14 + [Role.ENV] * 2
+    assert [r.node for r in rows] == [n for n in range(4) for _ in range(8)]
+    assert [r.role_rank for r in rows if r.role is Role.ROLLOUT] == list(range(14))
+    assert [r.gpu for r in rows] == list(range(8)) * 3 + [0, 1, 2, 3, 4, 5, None, None]
+    gpus_in_use = {(r.node, r.gpu) for r in rows if r.gpu is not None}
+    assert len(gpus_in_use) == 30  # no two ranks share a GPU
+
+
+def test_plan_more_ranks_than_gpus_on_a_node_wraps_around():
+    rows = plan(LayoutConfig(trainer=2, rollout=4, env=2), 8, ranks_per_node=8, gpus_per_node=4)
+    assert [r.gpu for r in rows] == [0, 1, 2, 3, 0, 1, None, None]
+
+
+class FakeComm:
+    """Enough of an MPI communicator for `Layout` in one process: rank `rank` of `size`, all on one node.
+
+    Records the colors passed to Split, so a test can see which communicators this rank joined.
+    """
+
+    def __init__(self, rank: int, size: int, uses_gpu: list[bool]):
+        self.rank, self.size, self.uses_gpu = rank, size, uses_gpu
+        self.split_colors: list[int] = []
+
+    def Get_rank(self):
+        return self.rank
+
+    def Get_size(self):
+        return self.size
+
+    def Split(self, color, key):
+        self.split_colors.append(color)
+        return self
+
+    def Split_type(self, split_type, key):
+        return self
+
+    def allgather(self, value):
+        return self.uses_gpu
+
+    def Free(self):
+        pass
+
+
+def test_weight_group_is_the_trainer_leader_and_every_rollout_rank():
+    from mpi4py import MPI
+
+    from agentrl.layout import Layout
+
+    config = LayoutConfig(trainer=2, rollout=3, env=1)
+    uses_gpu = [True] * 5 + [False]
+    in_weight_group, gpus = [], []
+    for rank in range(6):
+        comm = FakeComm(rank, 6, uses_gpu)
+        layout = Layout(config, comm=comm, gpus_per_node=8)
+        _role_color, weight_color = comm.split_colors
+        in_weight_group.append(weight_color != MPI.UNDEFINED)
+        gpus.append(layout.gpu)
+    assert in_weight_group == [True, False, True, True, True, False]
+    assert gpus == [0, 1, 2, 3, 4, None]

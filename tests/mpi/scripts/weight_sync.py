@@ -1,5 +1,5 @@
 """mpirun -n 3: rank 0 (trainer leader) broadcasts changed weights in many small buckets;
-both rollout engines end up with the same tensors and the new version."""
+both rollout engines end up with the same tensors and the new version; then stop reaches both."""
 
 import sys
 
@@ -23,11 +23,13 @@ def main():
                 p.add_(torch.randn_like(p))
         for version in (1, 2):
             sync.send([(n, p.detach()) for n, p in model.named_parameters()], version)
+        sync.stop()
         expected = torch.cat([p.reshape(-1) for p in model.parameters()])
     else:
         engine = TorchEngine(model, pad_token_id=0)
         versions = [sync.receive(engine), sync.receive(engine)]
         assert versions == [1, 2] and engine.weight_version == 2, versions
+        assert sync.receive(engine) is None and engine.weight_version == 2, "stop must leave the weights alone"
         expected = None
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     reference = transport.bcast_object(world, expected.detach().numpy() if expected is not None else None)

@@ -1,0 +1,36 @@
+"""Env plugins that misbehave on purpose, for fault-injection tests (`tests.fault_envs:FaultyEnv`)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from envs.guess_number.env import GuessNumberEnv
+
+
+class FaultyEnv(GuessNumberEnv):
+    """guess_number whose first step raises, hangs forever or kills its process when `seed % every == 0`."""
+
+    def __init__(self, fault: str = "raise", every: int = 3, **kwargs):
+        super().__init__(**kwargs)
+        if fault not in ("raise", "hang", "exit"):
+            raise ValueError(f"fault must be 'raise', 'hang' or 'exit', got {fault!r}")
+        self.fault, self.every, self.seed = fault, every, None
+
+    def reset(self, *, seed=None, options=None):
+        self.seed = seed
+        return super().reset(seed=seed, options=options)
+
+    def step(self, action):
+        if self.seed is not None and self.seed % self.every == 0 and self.guesses == 0:
+            if self.fault == "raise":
+                raise RuntimeError(f"injected fault for seed {self.seed}")
+            if self.fault == "exit":
+                os._exit(3)  # only ever run inside a SubprocessEnv
+            while True:  # hang: only the host's timeout gets this episode back
+                time.sleep(3600)
+        return super().step(action)
+
+
+def fails(seed: int, every: int) -> bool:
+    return seed % every == 0

@@ -1,0 +1,61 @@
+"""A signal mid-run: mpirun forwards SIGUSR1, the ranks stop at a step boundary with a checkpoint, resume finishes."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from agentrl.preempt import EXIT_STOPPED
+from agentrl.trainer import checkpoint
+from tests.conftest import ROOT, mpirun_command
+from tests.mpi.helpers import assert_ok, scalars, small_run, train
+
+pytestmark = pytest.mark.mpi
+
+STEPS = 20
+
+
+def start_training(overrides: list[str]) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
+    config = str(ROOT / "launch" / "configs" / "quickstart.yaml")
+    command = [*mpirun_command(3), sys.executable, "-m", "agentrl.cli", "train", config, *overrides]
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+
+
+def wait_for(condition, timeout_s: float, process: subprocess.Popen) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process.poll() is not None or time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            detail = f"exit {process.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
+            raise AssertionError(f"no checkpoint appeared in time; {detail}")
+        time.sleep(0.2)
+
+
+def test_sigusr1_checkpoints_and_resume_finishes(tmp_path, tiny_model_dir):
+    run = tmp_path / "run"
+    layout = {"layout.trainer": 1, "layout.rollout": 1, "layout.env": 1, "checkpoint.every": 3}
+    process = start_training(small_run(tmp_path, tiny_model_dir, steps=STEPS, **layout))
+    wait_for(lambda: checkpoint.latest(run) is not None, 120, process)  # past step 3: the handlers are installed
+    process.send_signal(signal.SIGUSR1)  # to mpirun only: the launcher forwards it to every rank
+    try:
+        out, err = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stderr = process.communicate()[1]
+        raise AssertionError(f"the job did not stop within 60 s of SIGUSR1:\n{stderr[-4000:]}") from None
+    assert process.returncode == EXIT_STOPPED, f"exit {process.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
+    stopped_at = checkpoint.latest(run)[0]
+    assert 3 <= stopped_at < STEPS
+    assert f"stopped by signal at step {stopped_at}, checkpoint written" in out
+    assert sorted(s for s, _ in scalars(run)["episode/count"]) == list(range(stopped_at))
+
+    assert_ok(train(3, small_run(tmp_path, tiny_model_dir, steps=STEPS, resume="true", **layout)))
+    assert sorted(s for s, _ in scalars(run)["episode/count"]) == list(range(STEPS))  # none lost or repeated
+    assert checkpoint.latest(run)[0] == STEPS
