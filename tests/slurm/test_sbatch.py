@@ -120,7 +120,9 @@ def test_requeued_job_resumes_without_losing_a_step(slurm_cluster, tmp_path, tin
         slurm_cluster.run("scontrol", "requeue", job)
     assert_completed(slurm_cluster, job, tmp_path, steps, restarts=1)
     log = job_log(tmp_path, job)
-    assert re.search(r"stopped by signal at step \d+, checkpoint written", log), log[-6000:]
+    stopped = re.search(r"stopped by signal at step (\d+), checkpoint written", log)
+    assert stopped, log[-6000:]
+    print(f"\n{how}: job {job} stopped at step {stopped.group(1)}, requeued, resumed and finished step {steps}")
     assert job_field(slurm_cluster, job, "Restarts") == "1"
     assert "restart 1" in log
     assert (tmp_path / "run" / "config.yaml").read_text() == config_before
