@@ -114,19 +114,14 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def _weights_path(config: Config, start_step: int) -> str:
-    found = checkpoint.latest(config.run_dir) if start_step else None
-    return str(found[1]) if found else config.model.path
-
-
 def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
     from agentrl.trainer.grpo_trainer import GRPOTrainer
     from agentrl.trainer.model import load_tokenizer
 
-    trainer = GRPOTrainer(config, _weights_path(config, start_step), layout.device, group)
-    if start_step:
-        found = checkpoint.latest(config.run_dir)
-        checkpoint.load_state(found[1], trainer.optimizer, trainer.scheduler)
+    resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
+    trainer = GRPOTrainer(config, str(resumed_from or config.model.path), layout.device, group)
+    if resumed_from is not None:
+        checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler)
     return trainer, load_tokenizer(config.model.path)
 
 

@@ -23,6 +23,10 @@ def checkpoint_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / "checkpoints"
 
 
+def step_path(run_dir: str | Path, step: int) -> Path:
+    return checkpoint_dir(run_dir) / f"step_{step:06d}"
+
+
 def latest(run_dir: str | Path) -> tuple[int, Path] | None:
     """(step, path) of the newest complete checkpoint, or None."""
     root = checkpoint_dir(run_dir)
@@ -37,8 +41,8 @@ def latest(run_dir: str | Path) -> tuple[int, Path] | None:
 def save(run_dir, step: int, model, tokenizer, optimizer, scheduler, keep: int) -> Path:
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step_{step:06d}"
-    tmp = root / f"step_{step:06d}.tmp"
+    final = step_path(run_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
