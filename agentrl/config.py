@@ -30,6 +30,9 @@ class LayoutConfig(Section):
     env: int = Field(
         0, ge=0, description="Ranks that host environments; 0 runs each rollout rank's environments in-process."
     )
+    colocate: bool = Field(
+        False, description="Rollout ranks share the trainer ranks' GPUs (rollout rank i on trainer rank i's GPU)."
+    )
 
     @property
     def world_size(self) -> int:
@@ -62,6 +65,13 @@ class EnvConfig(Section):
     id: str = Field("guess_number", description="Registered env id or `module:Class`.")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments for the env constructor.")
     system_prompt: str | None = Field(None, description="Optional system message placed before the first observation.")
+    reward_fn: str | None = Field(
+        None,
+        description="`module:function` scoring a finished episode (see docs/environments.md); None: the env's reward.",
+    )
+    reward_mode: Literal["replace", "add"] = Field(
+        "replace", description="`replace` the env's summed reward with reward_fn's, or `add` reward_fn's to it."
+    )
 
 
 class RolloutConfig(Section):
@@ -79,6 +89,13 @@ class RolloutConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     top_k: int = Field(-1, ge=-1, description="Top-k filter; -1 disables it.")
     max_batch_size: int = Field(256, ge=1, description="Most sequences the torch engine decodes at once.")
+    tp_size: int = Field(1, ge=1, description="SGLang: tensor-parallel GPUs per engine (one engine per rollout rank).")
+    mem_fraction_static: float = Field(
+        0.8, gt=0, lt=1, description="SGLang: GPU memory fraction for weights and KV cache (lower it when colocated)."
+    )
+    sglang_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="SGLang: extra keyword arguments for `sglang.Engine`."
+    )
 
 
 class TrainerConfig(Section):
@@ -103,6 +120,13 @@ class TrainerConfig(Section):
         1, ge=1, description="Optimizer steps per batch (mini-batches); >1 is off-policy PPO."
     )
     seed: int = Field(0, description="Seed of trainer-side randomness.")
+    fsdp: bool = Field(
+        False, description="Shard parameters, gradients and optimizer state across trainer ranks with FSDP2."
+    )
+    mixed_precision: Literal["none", "bf16"] = Field(
+        "none", description="`bf16`: compute in bfloat16 over float32 master weights (FSDP2 on GPU)."
+    )
+    activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward.")
 
 
 class CheckpointConfig(Section):
@@ -127,6 +151,11 @@ class RuntimeConfig(Section):
         0, ge=0, description="torch threads per rank; 0 = cores on the node / ranks on the node."
     )
     weight_bucket_mb: float = Field(64.0, gt=0, description="Size of one weight-broadcast bucket in MiB.")
+    weight_sync: Literal["auto", "mpi", "nccl", "cuda_ipc"] = Field(
+        "auto",
+        description="Weights to rollout ranks: `mpi` (CPU), `nccl` (broadcast), `cuda_ipc` (colocated, same GPU); "
+        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else mpi.",
+    )
     env_step_timeout_s: float = Field(
         60.0,
         gt=0,

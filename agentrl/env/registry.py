@@ -58,3 +58,10 @@ def _load(path: str) -> Callable:
 
 register("guess_number", "envs.guess_number:GuessNumberEnv")
 register("calculator", "envs.calculator:CalculatorEnv")
+register("python_tool", "envs.python_tool:PythonToolEnv")
+register("search_qa", "envs.search_qa:SearchQAEnv")
+register("toy_text", "envs.toy_text:ToyTextEnv")
+register("frozen_lake", "envs.toy_text:FrozenLakeEnv")
+register("taxi", "envs.toy_text:TaxiEnv")
+register("cliff_walking", "envs.toy_text:CliffWalkingEnv")
+register("blackjack", "envs.toy_text:BlackjackEnv")
