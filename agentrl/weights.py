@@ -10,6 +10,7 @@ and no buckets tells the rollout ranks to stop instead (see agentrl/preempt.py).
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -42,6 +43,15 @@ def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
     if start < len(sizes):
         buckets.append((start, len(sizes)))
     return buckets
+
+
+def full_tensors(named_tensors) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, whole tensor) one at a time; a sharded DTensor (FSDP2) is gathered only when its turn comes.
+
+    Gathering is a collective: every trainer rank must walk the same list in the same order.
+    """
+    for name, tensor in named_tensors:
+        yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
