@@ -20,6 +20,8 @@ class Episode:
     reward: float = 0.0
     success: bool = False
     turns: int = 0
+    tool_calls: int = 0
+    tool_errors: int = 0
     finish: str = "max_turns"
     weight_version: int = -1
     error: str | None = None
@@ -44,6 +46,8 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "reward": np.array([e.reward for e in episodes], dtype=np.float32),
         "success": np.array([e.success for e in episodes], dtype=np.bool_),
         "turns": np.array([e.turns for e in episodes], dtype=np.int32),
+        "tool_calls": np.array([e.tool_calls for e in episodes], dtype=np.int32),
+        "tool_errors": np.array([e.tool_errors for e in episodes], dtype=np.int32),
         "prompt_len": np.array([e.prompt_len for e in episodes], dtype=np.int32),
         "weight_version": np.array([e.weight_version for e in episodes], dtype=np.int64),
         "finish": np.array([FINISH_REASONS.index(e.finish) for e in episodes], dtype=np.int8),

@@ -45,10 +45,25 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
             if not isinstance(info, dict):
                 problems.append(f"step() info must be a dict, got {type(info).__name__}")
             if terminated or truncated:
+                problems += check_step_after_end(env, rng, tools)
                 break
         else:
             problems.append(f"episode {episode} did not end within {max_steps} random steps")
-    return problems
+    return sorted(set(problems), key=problems.index)
+
+
+def check_step_after_end(env, rng: random.Random, tools: list[dict]) -> list[str]:
+    """After terminated/truncated, step() must raise (asking for reset()) or report the episode as over again."""
+    try:
+        out = env.step(random_action(rng, tools))
+    except Exception:  # the expected answer: an error telling the caller to reset
+        return []
+    if isinstance(out, tuple) and len(out) == 5 and (out[2] or out[3]):
+        return []
+    return [
+        "step() after the episode ended went on as if the episode were running; "
+        "raise RuntimeError('episode is over; call reset()') there (Gymnasium leaves it undefined; agentrl checks it)"
+    ]
 
 
 def check_tools(tools) -> list[str]:

@@ -27,12 +27,12 @@ def resolve(env_id: str) -> Callable:
     """The constructor behind `env_id`, imported lazily."""
     if env_id in _registry:
         target = _registry[env_id]
-        return _load(target) if isinstance(target, str) else target
+        return load_callable(target) if isinstance(target, str) else target
     installed = _entry_points()
     if env_id in installed:
         return installed[env_id].load()
     if ":" in env_id:
-        return _load(env_id)
+        return load_callable(env_id)
     known = ", ".join(registered_ids()) or "none"
     raise KeyError(
         f"unknown env id {env_id!r}; known ids: {known}. Use one of them, a 'module:Class' path, "
@@ -44,16 +44,19 @@ def make(env_id: str, /, **kwargs):
     return resolve(env_id)(**kwargs)
 
 
-def _load(path: str) -> Callable:
-    module_name, _, attr = path.partition(":")
+def load_callable(path: str, what: str = "env") -> Callable:
+    """The object at `"module:attribute"`; errors name `what` the path was given for."""
+    module_name, sep, attr = path.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{what} {path!r} must look like 'package.module:name'")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise ImportError(f"cannot import env module {module_name!r} (from {path!r}): {error}") from error
+        raise ImportError(f"cannot import module {module_name!r} for {what} {path!r}: {error}") from error
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise AttributeError(f"module {module_name!r} has no attribute {attr!r} (from env path {path!r})") from None
+        raise AttributeError(f"module {module_name!r} has no attribute {attr!r} ({what} {path!r})") from None
 
 
 register("guess_number", "envs.guess_number:GuessNumberEnv")

@@ -9,10 +9,12 @@ with their logprobs); template and observation tokens enter with loss mask 0.
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass
 
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import Engine, SamplingParams
+from agentrl.rollout.reward_fn import RewardFunction
 from agentrl.trajectory import Episode
 
 
@@ -40,6 +42,7 @@ async def run_episode(
     episode: Episode,
     key,
     timers: LoopTimers | None = None,
+    reward_fn: RewardFunction | None = None,
 ) -> Episode:
     timers = timers or LoopTimers()
     started = time.perf_counter()
@@ -47,7 +50,8 @@ async def run_episode(
     timers.env += time.perf_counter() - started
     if not result.ok:
         return _failed(episode, result.error)
-    observation, _, tools = result.value
+    observation, reset_info, tools = result.value
+    task, transcript, info = observation, [], {}
     episode.text = observation
     episode.extend(chat.prompt_ids(observation, tools), mask=0)
     episode.prompt_len = len(episode.tokens)
@@ -77,7 +81,10 @@ async def run_episode(
         observation, reward, terminated, truncated, info = result.value
         episode.reward += reward
         episode.success = episode.success or bool(info.get("success", False))
+        episode.tool_calls += int(info.get("tool_calls", 0))
+        episode.tool_errors += int(info.get("tool_errors", 0))
         episode.text += f"\n>>> {action}\n{observation}"
+        transcript.append((action, observation))
         if terminated or truncated:
             episode.finish = "terminated" if terminated else "truncated"
             break
@@ -91,6 +98,23 @@ async def run_episode(
 
     await env.call("close", key)
     episode.weight_version = min(versions) if versions else -1
+    if reward_fn is not None:
+        try:
+            score = reward_fn(
+                completion=transcript[-1][0] if transcript else "",
+                task=task,
+                answer=reset_info.get("answer") if isinstance(reset_info, dict) else None,
+                transcript=transcript,
+                env_reward=episode.reward,
+                info=info,
+                reset_info=reset_info,
+                finish=episode.finish,
+            )
+        except Exception:  # user code: the episode fails, the run goes on (counted in episode/failed)
+            return _failed(episode, f"reward_fn {reward_fn.path} raised:\n{traceback.format_exc(limit=-3)}")
+        episode.reward = reward_fn.combine(episode.reward, score)
+        if score.success is not None:
+            episode.success = score.success
     return episode
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 
 import numpy as np
@@ -11,6 +12,7 @@ from agentrl import transport
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.reward_fn import RewardFunction
 from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trajectory import Episode, pack
 from agentrl.transport import Tag
@@ -54,6 +56,9 @@ class RolloutWorker:
             stop_token_ids=self.chat.stop_ids,
         )
         self.limits = EpisodeLimits(rc.max_turns, rc.max_new_tokens, rc.max_episode_tokens)
+        env_config = config.env
+        self.reward_fn = RewardFunction(env_config.reward_fn, env_config.reward_mode) if env_config.reward_fn else None
+        self.errors_seen: set[str] = set()
         self.tasks = rc.tasks_per_step // rollout_count
         self.first_task = rollout_index * self.tasks
         self.loop = asyncio.new_event_loop()
@@ -69,13 +74,34 @@ class RolloutWorker:
         busy_before = self.engine.busy_seconds
         started = time.perf_counter()
         runs = [
-            run_episode(self.engine, self.env, self.chat, self.sampling, self.limits, e, (step, i), timers)
+            run_episode(
+                self.engine, self.env, self.chat, self.sampling, self.limits, e, (step, i), timers, self.reward_fn
+            )
             for i, e in enumerate(episodes)
         ]
         self.loop.run_until_complete(_gather(runs))
+        self.report_errors(step, episodes)
         wall = time.perf_counter() - started
         generate = self.engine.busy_seconds - busy_before
         return episodes, {"time/rollout": wall, "time/generate": generate, "time/env": max(0.0, wall - generate)}
+
+    def report_errors(self, step: int, episodes: list[Episode]) -> None:
+        """Print each new kind of episode error once (in full), so failures are seen, not just counted."""
+        failed = [e for e in episodes if e.error]
+        new = {}
+        for episode in failed:
+            headline = episode.error.splitlines()[0]
+            if headline not in self.errors_seen:
+                new.setdefault(headline, episode.error)
+        for headline, error in new.items():
+            self.errors_seen.add(headline)
+            count = sum(e.error.splitlines()[0] == headline for e in failed)
+            print(
+                f"agentrl: step {step}: {count} episode(s) failed (counted in episode/failed; "
+                f"later repeats of this error are only counted):\n{error}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 async def _gather(coroutines):

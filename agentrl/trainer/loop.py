@@ -16,7 +16,17 @@ from agentrl.trainer import checkpoint
 from agentrl.trajectory import FINISH_REASONS, concat
 from agentrl.transport import Tag
 
-EPISODE_SUMS = ("reward", "success", "turns", "tokens", "response_tokens", "failed", "weight_lag")
+EPISODE_SUMS = (
+    "reward",
+    "success",
+    "turns",
+    "tokens",
+    "response_tokens",
+    "failed",
+    "weight_lag",
+    "tool_calls",
+    "tool_errors",
+)
 
 
 def episode_sums(batch: dict[str, np.ndarray], version: int) -> np.ndarray:
@@ -32,6 +42,8 @@ def episode_sums(batch: dict[str, np.ndarray], version: int) -> np.ndarray:
         np.sum(response),
         finish_counts[FINISH_REASONS.index("error")],
         (version - batch["weight_version"]).sum(),
+        batch["tool_calls"].sum(),
+        batch["tool_errors"].sum(),
     ]
     return np.array([len(lengths), *values, *finish_counts], dtype=np.float64)
 
@@ -48,6 +60,9 @@ def episode_metrics(totals: np.ndarray) -> dict[str, float]:
         "episode/response_tokens_mean": sums["response_tokens"] / count,
         "episode/failed": sums["failed"],
         "episode/weight_lag_mean": sums["weight_lag"] / count,
+        "episode/tool_calls_mean": sums["tool_calls"] / count,
+        "episode/tool_errors_mean": sums["tool_errors"] / count,
+        "episode/tool_error_rate": sums["tool_errors"] / max(sums["tool_calls"], 1.0),
     }
     for reason, n in zip(FINISH_REASONS, totals[1 + len(EPISODE_SUMS) :], strict=True):
         metrics[f"episode/finish_{reason}"] = n / count

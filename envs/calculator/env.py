@@ -43,6 +43,7 @@ class CalculatorEnv(ToolEnv):
         self.max_value, self.max_steps = max_value, max_steps
         self.target: float | None = None
         self.steps = 0
+        self.over = False
 
     @tool
     def calculator(self, expression: str) -> str:
@@ -67,15 +68,19 @@ class CalculatorEnv(ToolEnv):
         fields = {"a": a, "b": b, "c": c}
         self.target = evaluate(expression.format(**fields))
         self.steps = 0
+        self.over = False
         return text.format(**fields), {"answer": format_number(self.target)}
 
     def step(self, action):
         if self.target is None:
             raise RuntimeError("step() called before reset()")
+        if self.over:
+            raise RuntimeError("step() after the episode ended; call reset() to start a new one")
         self.steps += 1
         obs, reward, terminated, truncated, info = super().step(action)
         if not terminated and self.steps >= self.max_steps:
             truncated = True
+        self.over = terminated or truncated
         return obs, reward, terminated, truncated, info
 
     def answer(self, text):

@@ -41,15 +41,19 @@ class GuessNumberEnv(TextEnv):
         self.secret = int(self.np_random.integers(self.low, self.high + 1))
         self.guesses = 0
         self.possible = (self.low, self.high)
+        self.over = False
         prompt = f"Guess the number between {self.low} and {self.high}. You have {self.max_guesses} guesses."
         return prompt, {"secret": self.secret}
 
     def step(self, action):
         if self.secret is None:
             raise RuntimeError("step() called before reset()")
+        if self.over:
+            raise RuntimeError("step() after the episode ended; call reset() to start a new one")
         self.guesses += 1
         guess = parse_guess(action)
         out_of_guesses = self.guesses >= self.max_guesses
+        self.over = out_of_guesses or guess == self.secret
         if guess == self.secret:
             return "correct", 1.0, True, False, {"success": True, "guesses": self.guesses}
         lo, hi = self.possible
