@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import string
 from typing import ClassVar
 
 import gymnasium as gym
@@ -18,11 +19,24 @@ from gymnasium import spaces
 MAX_TEXT = 100_000
 
 
+class FreeText(spaces.Text):
+    """Any string up to `max_length` characters (Gymnasium's Text only holds its charset); samples printable text."""
+
+    def __init__(self, max_length: int = MAX_TEXT, seed=None):
+        super().__init__(max_length=max_length, charset=string.printable, seed=seed)
+
+    def contains(self, x) -> bool:
+        return isinstance(x, str) and len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"FreeText(max_length={self.max_length})"
+
+
 class TextEnv(gym.Env):
     """Base class for text environments; subclasses implement `reset` (calling super().reset(seed=seed)) and `step`."""
 
     metadata: ClassVar[dict] = {"render_modes": []}
 
     def __init__(self):
-        self.observation_space = spaces.Text(max_length=MAX_TEXT)
-        self.action_space = spaces.Text(max_length=MAX_TEXT)
+        self.observation_space = FreeText()
+        self.action_space = FreeText()

@@ -10,6 +10,8 @@ import json
 import random
 import time
 
+import gymnasium as gym
+
 from agentrl.env.registry import make
 
 RANDOM_ARGUMENTS = {"string": "1 + 2", "integer": 3, "number": 1.5, "boolean": True, "array": [], "object": {}}
@@ -23,9 +25,11 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
         return [f"constructing {env_id}: {type(error).__name__}: {error}"]
     tools = getattr(env, "tools", None) or []
     problems += check_tools(tools)
+    problems += check_spaces(env)
     first = env.reset(seed=123)
     if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], str) and isinstance(first[1], dict)):
         return [*problems, f"reset() must return (str, dict), got {first!r:.80}"]
+    problems += check_observation(env, first[0], "reset")
     again = make(env_id, **kwargs).reset(seed=123)
     if again[0] != first[0]:
         problems.append("reset(seed=123) twice gave different observations: seed the env via super().reset(seed=seed)")
@@ -40,6 +44,8 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
             obs, reward, terminated, truncated, info = out
             if not isinstance(obs, str):
                 problems.append(f"step() observation must be str, got {type(obs).__name__}")
+            else:
+                problems += check_observation(env, obs, "step")
             if not isinstance(reward, int | float):
                 problems.append(f"step() reward must be a number, got {type(reward).__name__}")
             if not isinstance(info, dict):
@@ -50,6 +56,28 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
         else:
             problems.append(f"episode {episode} did not end within {max_steps} random steps")
     return sorted(set(problems), key=problems.index)
+
+
+def check_spaces(env) -> list[str]:
+    """observation_space and action_space: Gymnasium spaces that hold text (agentrl.env.api.FreeText does)."""
+    problems = []
+    for name in ("observation_space", "action_space"):
+        space = getattr(env, name, None)
+        if not isinstance(space, gym.spaces.Space):
+            problems.append(f"env.{name} must be a gymnasium space; subclass agentrl.env.TextEnv, which sets FreeText")
+        elif not isinstance(space.sample(), str):
+            problems.append(f"env.{name} must be a text space (samples are str), got {space!r}")
+    return problems
+
+
+def check_observation(env, obs: str, where: str) -> list[str]:
+    space = getattr(env, "observation_space", None)
+    if isinstance(space, gym.spaces.Space) and not space.contains(obs):
+        return [
+            f"{where}() observation {obs[:40]!r} is not in env.observation_space {space!r} "
+            "(gymnasium's Text only holds its charset: use agentrl.env.api.FreeText)"
+        ]
+    return []
 
 
 def check_step_after_end(env, rng: random.Random, tools: list[dict]) -> list[str]:

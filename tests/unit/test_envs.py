@@ -72,3 +72,28 @@ def test_host_contains_exceptions_and_counts_them():
     assert host.failures == 1
     assert host.handle("reset", "a", 0, None).ok
     assert host.handle("step", "a", "5").ok
+
+
+class CharsetSpace(GuessNumberEnv):
+    """Declares gymnasium's default Text space, which holds letters and digits only."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        import gymnasium as gym
+
+        self.observation_space = gym.spaces.Text(max_length=100)
+
+
+class NoSpaces(GuessNumberEnv):
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.action_space = None
+
+
+def test_check_env_checks_spaces_and_that_observations_fit_them():
+    problems = check_env("tests.unit.test_envs:CharsetSpace", {})
+    assert any("is not in env.observation_space" in p and "FreeText" in p for p in problems)
+    problems = check_env("tests.unit.test_envs:NoSpaces", {})
+    assert any("env.action_space must be a gymnasium space" in p for p in problems)
+    env = GuessNumberEnv()
+    assert env.observation_space.contains(env.reset(seed=0)[0]) and isinstance(env.action_space.sample(), str)
