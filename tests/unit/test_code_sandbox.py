@@ -1,0 +1,346 @@
+"""The code sandbox: normal runs, and hostile snippets that must be contained and reported.
+
+Each hostile case runs on every available backend; `HOSTILE_CASES` and `problems` are also
+what benchmarks/bench_sandbox.py runs, so its table checks containment the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from agentrl.env import code_sandbox
+from agentrl.env.code_sandbox import CodeResult, SandboxLimits, SandboxUnavailable, available_backends, run_python
+from tests.apt import ensure
+
+HOSTILE_LIMITS = SandboxLimits(cpu_seconds=2, wall_seconds=5, memory_mb=128, max_processes=32, max_file_mb=1)
+# A run may end this long after wall_seconds: the kill, reaping and reading the pipes.
+KILL_SLACK_SECONDS = 3.0
+
+
+@dataclass
+class Host:
+    """What a hostile snippet aims at: a secret file, a folder, a listening socket, the host's pid and env."""
+
+    folder: Path
+    secret: str = field(default_factory=lambda: f"secret-{uuid.uuid4().hex}")
+    process_name: str = field(default_factory=lambda: f"sbx{uuid.uuid4().hex[:12]}")
+    listener: socket.socket | None = None
+
+    def __post_init__(self):
+        self.secret_file.write_text(self.secret)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.setblocking(False)
+
+    @property
+    def secret_file(self) -> Path:
+        return self.folder / "secret.txt"
+
+    @property
+    def outside_file(self) -> Path:
+        return self.folder / "written-from-sandbox.txt"
+
+    @property
+    def port(self) -> int:
+        return self.listener.getsockname()[1]
+
+    def fields(self) -> dict[str, object]:
+        return {
+            "secret_file": str(self.secret_file),
+            "outside_file": str(self.outside_file),
+            "port": self.port,
+            "host_pid": os.getpid(),
+            "process_name": self.process_name,
+        }
+
+    def someone_connected(self) -> bool:
+        try:
+            connection, _ = self.listener.accept()
+        except BlockingIOError:
+            return False
+        connection.close()
+        return True
+
+    def sandbox_processes(self) -> list[int]:
+        """Pids of live processes named `process_name` (the fork bomb names itself so).
+
+        Zombies do not count: killed orphans wait for the machine's init to reap them.
+        """
+        pids = []
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                try:
+                    name = Path(entry.path, "comm").read_text().strip()
+                    state = Path(entry.path, "stat").read_text().rsplit(") ", 1)[1][0]
+                except OSError:
+                    continue
+                if name == self.process_name and state != "Z":
+                    pids.append(int(entry.name))
+        return pids
+
+    def close(self):
+        self.listener.close()
+
+
+@dataclass(frozen=True)
+class HostileCase:
+    name: str
+    code: str
+    """Formatted with Host.fields()."""
+    check: Callable[[CodeResult, Host], list[str]] = lambda result, host: []
+    """Extra problems beyond the common ones (no error reported, secret leaked, too slow)."""
+    needs_other_uid: bool = False
+    """Only contained when the code runs as another user (bwrap, or rlimit started as root)."""
+    needs_network_isolation: bool = False
+
+
+def _no_outside_file(result: CodeResult, host: Host) -> list[str]:
+    return [f"{host.outside_file} was created"] if host.outside_file.exists() else []
+
+
+def _no_connection(result: CodeResult, host: Host) -> list[str]:
+    return ["the listener on 127.0.0.1 accepted a connection"] if host.someone_connected() else []
+
+
+def _no_leftover_processes(result: CodeResult, host: Host) -> list[str]:
+    deadline = time.monotonic() + 2.0
+    while (left := host.sandbox_processes()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [f"{len(left)} processes named {host.process_name} outlived the run"] if left else []
+
+
+def _says(*words: str) -> Callable[[CodeResult, Host], list[str]]:
+    def check(result: CodeResult, host: Host) -> list[str]:
+        seen = (result.error or "") + result.as_observation()
+        return [] if any(word in seen for word in words) else [f"the result names none of {words}: {result.error!r}"]
+
+    return check
+
+
+HOSTILE_CASES = [
+    HostileCase("read host file", "print(open({secret_file!r}).read())", needs_other_uid=True),
+    HostileCase("read /etc/shadow", "print(open('/etc/shadow').read())"),
+    HostileCase("write outside", "open({outside_file!r}, 'w').write('pwned')", _no_outside_file, needs_other_uid=True),
+    HostileCase(
+        "connect to host socket",
+        "import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2)",
+        _no_connection,
+        needs_network_isolation=True,
+    ),
+    HostileCase(
+        "connect to internet",
+        "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=2)",
+        needs_network_isolation=True,
+    ),
+    HostileCase(
+        "fork bomb",
+        "import ctypes, os\n"
+        "ctypes.CDLL(None).prctl(15, {process_name!r}.encode(), 0, 0, 0)\n"
+        "while True:\n"
+        "    try:\n"
+        "        os.fork()\n"
+        "    except OSError:\n"
+        "        pass\n",
+        _no_leftover_processes,
+    ),
+    HostileCase("memory bomb (4 GB)", "b = bytearray(4 * 1024**3)\nprint(len(b))", _says("memory", "MemoryError")),
+    HostileCase(
+        "memory bomb (growing list)",
+        "chunks = []\nwhile True:\n    chunks.append(bytearray(2**20))",
+        _says("memory", "MemoryError", "SIGKILL"),
+    ),
+    HostileCase("infinite loop", "while True:\n    pass", _says("CPU", "timeout")),
+    HostileCase("kill parent", "import os\nos.kill(os.getppid(), 9)", needs_other_uid=True),
+    HostileCase("kill host process", "import os\nos.kill({host_pid}, 9)", needs_other_uid=True),
+    HostileCase("env secrets", "import os\nprint(dict(os.environ))\nraise SystemExit(1)"),
+    HostileCase("/proc/1/environ", "print(open('/proc/1/environ').read())"),
+    HostileCase("host /proc environ", "print(open('/proc/{host_pid}/environ').read())", needs_other_uid=True),
+    HostileCase("huge file", "open('big', 'wb').write(b'x' * (64 * 2**20))", _says("file size", "File too large")),
+]
+
+
+def why_not_applicable(case: HostileCase, backend: str) -> str | None:
+    """Why `case` is outside what `backend` promises on this machine (docs/sandbox.md), or None."""
+    if backend != "rlimit":
+        return None
+    if case.needs_other_uid and os.geteuid() != 0:
+        return "the rlimit backend runs code as the caller's own user when not started as root"
+    if case.needs_network_isolation and not code_sandbox._rlimit_isolates_network():
+        return "the rlimit backend cannot create a network namespace on this machine"
+    return None
+
+
+def problems(case: HostileCase, result: CodeResult, host: Host, limits: SandboxLimits) -> list[str]:
+    """Everything that shows `case` was not contained, or not reported; empty when it was."""
+    found = []
+    if result.error is None:
+        found.append("the run was not reported as a failure")
+    if host.secret in result.stdout + result.stderr:
+        found.append("the output contains the host's secret")
+    if result.seconds > limits.wall_seconds + KILL_SLACK_SECONDS:
+        found.append(f"the run took {result.seconds:.1f} s, past the wall limit {limits.wall_seconds} s")
+    return found + case.check(result, host)
+
+
+@pytest.fixture(params=["bwrap", "rlimit"])
+def backend(request) -> str:
+    if request.param == "bwrap":
+        reason = ensure(("bubblewrap",), lambda: shutil.which("bwrap") is not None)
+        if reason is not None:
+            pytest.skip(reason)
+    if request.param not in available_backends():
+        pytest.skip(f"backend {request.param} cannot run here: {code_sandbox._unavailable_reason(request.param)}")
+    return request.param
+
+
+@pytest.fixture
+def host(tmp_path, monkeypatch):
+    outside = tmp_path / "host"
+    outside.mkdir()
+    host = Host(outside)
+    monkeypatch.setenv("AGENTRL_TEST_SECRET", host.secret)
+    yield host
+    host.close()
+
+
+@pytest.mark.parametrize("case", HOSTILE_CASES, ids=[case.name for case in HOSTILE_CASES])
+def test_hostile_code_is_contained_and_reported(case, backend, host):
+    reason = why_not_applicable(case, backend)
+    if reason is not None:
+        pytest.skip(reason)
+    result = run_python(case.code.format(**host.fields()), HOSTILE_LIMITS, backend=backend)
+    assert result.backend == backend
+    assert problems(case, result, host, HOSTILE_LIMITS) == [], result
+
+
+def test_print_and_unicode(backend):
+    result = run_python("print('héllo ✓ 你好', 6 * 7)", backend=backend)
+    assert (result.stdout, result.error, result.returncode) == ("héllo ✓ 你好 42\n", None, 0)
+    assert result.as_observation() == "héllo ✓ 你好 42"
+
+
+def test_exception_comes_back_as_traceback(backend):
+    result = run_python("def f():\n    return {}['missing']\nprint('before')\nf()", backend=backend)
+    assert result.returncode == 1
+    assert "KeyError: 'missing'" in result.error
+    assert "Traceback" in result.stderr and "line 2, in f" in result.stderr
+    assert result.as_observation().startswith("before\nTraceback")
+
+
+def test_exit_code_is_reported(backend):
+    result = run_python("import sys\nsys.exit(3)", backend=backend)
+    assert (result.returncode, result.error) == (3, "exit code 3")
+    assert "[error: exit code 3]" in result.as_observation()
+
+
+def test_output_is_truncated_and_says_so(backend):
+    limits = SandboxLimits(max_output_bytes=100)
+    result = run_python("print('a' * 5000)\nimport sys\nsys.stderr.write('b' * 300)", limits, backend=backend)
+    assert result.stdout.startswith("a" * 100 + "\n[output truncated: 4901 more bytes")
+    assert result.stderr.startswith("b" * 100 + "\n[output truncated: 200 more bytes")
+    assert result.error is None
+
+
+def test_files_are_put_in_the_working_folder(backend):
+    files = {"data.txt": "3\n4\n", "sub/dir/notes.md": "ünïcode"}
+    code = "import os\nprint(sum(map(int, open('data.txt'))), open('sub/dir/notes.md').read(), os.listdir('.'))"
+    result = run_python(code, backend=backend, files=files)
+    assert result.error is None, result
+    numbers, text, listing = result.stdout.split(" ", 2)
+    assert (numbers, text) == ("7", "ünïcode")
+    assert sorted(eval(listing)) == ["data.txt", "sub"]
+
+
+def test_working_folder_is_private_and_deleted(backend):
+    first = run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd())", backend=backend)
+    second = run_python("import os\nprint(os.listdir('.'))", backend=backend)
+    assert first.error is None and second.stdout == "[]\n"
+    if backend == "rlimit":
+        assert not Path(first.stdout.strip()).exists()
+
+
+def test_environment_is_clean(backend, monkeypatch):
+    monkeypatch.setenv("PMI_RANK", "3")
+    result = run_python("import os\nprint(sorted(os.environ))", backend=backend)
+    names = set(eval(result.stdout))
+    assert names <= {"PATH", "HOME", "LANG", "TMPDIR", "PWD", code_sandbox.RUN_MARKER_VARIABLE}
+    assert "PMI_RANK" not in names
+
+
+def test_input_sees_end_of_file(backend):
+    result = run_python("input()", backend=backend)
+    assert "EOFError" in result.error
+
+
+def test_bad_file_names_are_refused():
+    for name in ("/etc/passwd", "../up.txt", "a/../../b"):
+        with pytest.raises(ValueError, match="relative path"):
+            run_python("pass", files={name: "x"})
+
+
+def test_unknown_or_unavailable_backend_names_the_fix(monkeypatch):
+    with pytest.raises(ValueError, match="use one of bwrap, rlimit"):
+        run_python("pass", backend="docker")
+    code_sandbox._unavailable_reason.cache_clear()
+    monkeypatch.setattr(code_sandbox.shutil, "which", lambda name: None)
+    try:
+        with pytest.raises(SandboxUnavailable, match="apt install bubblewrap"):
+            run_python("pass", backend="bwrap")
+    finally:
+        code_sandbox._unavailable_reason.cache_clear()
+
+
+def test_limits_must_be_positive():
+    with pytest.raises(ValueError, match="memory_mb must be > 0"):
+        SandboxLimits(memory_mb=0)
+
+
+def test_process_limit_stops_fork(backend):
+    code = (
+        "import os, time\nn = 0\ntry:\n    while True:\n        if os.fork() == 0:\n"
+        "            time.sleep(2)\n            os._exit(0)\n        n += 1\nexcept OSError as error:\n"
+        "    print(n, error.errno)\n"
+    )
+    result = run_python(code, SandboxLimits(max_processes=10, wall_seconds=8), backend=backend)
+    forked, errno_value = map(int, result.stdout.split())
+    assert 1 <= forked < 10 and errno_value == 11, result
+
+
+def test_signal_deaths_read_the_same_on_every_backend(backend):
+    result = run_python("import os\nprint('before')\nos.kill(os.getpid(), 11)", backend=backend)
+    assert (result.returncode, result.error) == (-11, "killed by signal 11 (SIGSEGV)")
+    assert result.as_observation() == "before\n[error: killed by signal 11 (SIGSEGV)]"
+
+
+def test_cpu_limit_ends_a_busy_loop_before_the_wall_limit(backend):
+    result = run_python("while True:\n    pass", SandboxLimits(cpu_seconds=1, wall_seconds=60), backend=backend)
+    assert not result.timed_out and result.error.startswith("CPU time limit"), result
+    assert result.returncode == -24  # SIGXCPU
+
+
+def test_auto_falls_back_to_rlimit_with_one_warning(monkeypatch, caplog):
+    if "rlimit" not in available_backends():
+        pytest.skip(f"rlimit cannot run here: {code_sandbox._unavailable_reason('rlimit')}")
+    real_reason = code_sandbox._unavailable_reason
+    monkeypatch.setattr(
+        code_sandbox, "_unavailable_reason", lambda name: "bwrap missing" if name == "bwrap" else real_reason(name)
+    )
+    code_sandbox._warn_rlimit_once.cache_clear()
+    results = [run_python("print(1)") for _ in range(2)]
+    assert [result.backend for result in results] == ["rlimit", "rlimit"]
+    warnings = [record.getMessage() for record in caplog.records if "bubblewrap is not usable" in record.getMessage()]
+    assert len(warnings) == 1 and "apt install bubblewrap" in warnings[0]
+
+
+def test_auto_prefers_bwrap():
+    if "bwrap" not in available_backends():
+        pytest.skip(f"bwrap cannot run here: {code_sandbox._unavailable_reason('bwrap')}")
+    assert run_python("print(1)").backend == "bwrap"
