@@ -1,0 +1,88 @@
+"""Word problems solved with a `python` tool that runs the model's code in the sandbox.
+
+The model may run code any number of times (up to `max_steps` turns); each run's output
+(or its traceback, or the reason it was stopped) comes back as the tool response. A turn
+without a tool call is the final answer: reward 1 when it matches the problem's answer.
+A snippet that fails (exception, non-zero exit, timeout, memory limit) counts in
+`info["tool_errors"]` like any other failed tool call.
+"""
+
+from __future__ import annotations
+
+from agentrl.env.code_sandbox import SandboxLimits, available_backends, run_python
+from agentrl.env.tools import ToolEnv, tool
+from envs.python_tool.grading import is_correct
+from envs.python_tool.problems import Problem, check_difficulty, check_families, generate
+
+
+class CodeFailed(Exception):
+    """The model's code did not run to a clean exit; the message is what the model reads."""
+
+
+class PythonToolEnv(ToolEnv):
+    def __init__(
+        self,
+        difficulty: int = 1,
+        families: list[str] | None = None,
+        max_steps: int = 4,
+        cpu_seconds: float = 5.0,
+        wall_seconds: float = 10.0,
+        memory_mb: int = 512,
+        sandbox_backend: str = "auto",
+    ):
+        super().__init__()
+        if max_steps < 1:
+            raise ValueError(f"python_tool needs max_steps >= 1, got {max_steps}")
+        check_families(families)
+        check_difficulty(difficulty)
+        backends = available_backends()
+        if not backends:
+            raise ValueError(
+                "no code sandbox backend works on this machine: install bubblewrap (`apt install bubblewrap`); "
+                "agentrl/env/code_sandbox.py says what each backend needs"
+            )
+        if sandbox_backend != "auto" and sandbox_backend not in backends:
+            raise ValueError(
+                f"sandbox_backend={sandbox_backend!r} is not available here; use 'auto' or one of {', '.join(backends)}"
+            )
+        self.difficulty, self.families, self.max_steps = difficulty, families, max_steps
+        self.limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
+        self.sandbox_backend = sandbox_backend
+        self.problem: Problem | None = None
+        self.steps = 0
+        self.ended = False
+
+    @tool
+    def python(self, code: str) -> str:
+        """Run a Python 3 program and return what it prints. Use print() to see results.
+
+        Args:
+            code: the program, for example "print(sum(range(10)))"
+        """
+        result = run_python(code, limits=self.limits, backend=self.sandbox_backend)
+        if result.error is not None:  # an exception, a non-zero exit, or a limit hit
+            raise CodeFailed(result.as_observation())
+        return result.as_observation()
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.problem = generate(self.np_random, self.difficulty, self.families)
+        self.steps, self.ended = 0, False
+        return self.problem.text, {"answer": self.problem.answer, "family": self.problem.family}
+
+    def step(self, action):
+        if self.problem is None:
+            raise RuntimeError("step() called before reset(); call reset() to start an episode")
+        if self.ended:
+            raise RuntimeError("step() called after the episode ended; call reset() to start a new one")
+        self.steps += 1
+        obs, reward, terminated, truncated, info = super().step(action)
+        if not terminated and self.steps >= self.max_steps:
+            truncated = True
+            info["success"] = False
+        self.ended = terminated or truncated
+        return obs, reward, terminated, truncated, info
+
+    def answer(self, text):
+        success = is_correct(self.problem, text)
+        return ("correct" if success else "wrong"), float(success), True, False, {"success": success}

@@ -1,0 +1,32 @@
+"""Grade a final answer: the last number in it (within the problem's tolerance), or its last words for text answers."""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal
+
+from envs.python_tool.problems import Problem
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}\b)")
+NOT_A_WORD_CHARACTER = re.compile(r"[^a-z0-9]+")
+
+
+def last_number(text: str) -> Decimal | None:
+    """The last number written in `text` ("1,234.5" reads as 1234.5), exactly; None when there is none."""
+    numbers = NUMBER.findall(THOUSANDS_SEPARATOR.sub("", text))
+    return Decimal(numbers[-1]) if numbers else None
+
+
+def normalise(text: str) -> str:
+    """Lowercase words separated by single spaces, punctuation dropped."""
+    return NOT_A_WORD_CHARACTER.sub(" ", text.lower()).strip()
+
+
+def is_correct(problem: Problem, text: str) -> bool:
+    """Whether `text`, a final answer, answers `problem`."""
+    if problem.kind == "text":
+        said = normalise(text)
+        return said == problem.answer or said.endswith(" " + problem.answer)
+    guess = last_number(text)
+    return guess is not None and abs(guess - Decimal(problem.answer)) <= Decimal(str(problem.tolerance))
