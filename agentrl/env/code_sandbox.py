@@ -126,7 +126,7 @@ def run_python(
     `files` maps relative paths to text written into the working folder before the run.
     `backend` is "bwrap", "rlimit" or "auto" (bwrap if it works here, else rlimit).
     """
-    return _execute(code, limits, _choose_backend(backend), files or {})
+    return _execute(code, limits, choose_backend(backend), files or {})
 
 
 def _execute(code: str, limits: SandboxLimits, backend: str, files: dict[str, str]) -> CodeResult:
@@ -150,7 +150,8 @@ def _execute(code: str, limits: SandboxLimits, backend: str, files: dict[str, st
                 _kill_marked_processes(env[RUN_MARKER_VARIABLE])
 
 
-def _choose_backend(backend: str) -> str:
+def choose_backend(backend: str = "auto") -> str:
+    """The backend `run_python(backend=...)` will use; SandboxUnavailable (naming the fix) when it cannot run here."""
     if backend == "auto":
         if _unavailable_reason("bwrap") is None:
             return "bwrap"

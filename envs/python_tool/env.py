@@ -9,7 +9,7 @@ A snippet that fails (exception, non-zero exit, timeout, memory limit) counts in
 
 from __future__ import annotations
 
-from agentrl.env.code_sandbox import SandboxLimits, available_backends, run_python
+from agentrl.env.code_sandbox import SandboxLimits, choose_backend, run_python
 from agentrl.env.tools import ToolEnv, tool
 from envs.python_tool.grading import is_correct
 from envs.python_tool.problems import Problem, check_difficulty, check_families, generate
@@ -35,16 +35,7 @@ class PythonToolEnv(ToolEnv):
             raise ValueError(f"python_tool needs max_steps >= 1, got {max_steps}")
         check_families(families)
         check_difficulty(difficulty)
-        backends = available_backends()
-        if not backends:
-            raise ValueError(
-                "no code sandbox backend works on this machine: install bubblewrap (`apt install bubblewrap`); "
-                "agentrl/env/code_sandbox.py says what each backend needs"
-            )
-        if sandbox_backend != "auto" and sandbox_backend not in backends:
-            raise ValueError(
-                f"sandbox_backend={sandbox_backend!r} is not available here; use 'auto' or one of {', '.join(backends)}"
-            )
+        choose_backend(sandbox_backend)  # fail now, naming the fix, rather than in every tool call
         self.difficulty, self.families, self.max_steps = difficulty, families, max_steps
         self.limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
         self.sandbox_backend = sandbox_backend

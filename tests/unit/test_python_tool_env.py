@@ -152,7 +152,7 @@ def test_bad_constructor_arguments_say_what_to_use():
         PythonToolEnv(families=["nope"])
     with pytest.raises(ValueError, match="difficulty must be from 1 to 3"):
         PythonToolEnv(difficulty=7)
-    with pytest.raises(ValueError, match="is not available here"):
+    with pytest.raises(ValueError, match="unknown sandbox backend 'no-such-backend'; use one of bwrap, rlimit"):
         PythonToolEnv(sandbox_backend="no-such-backend")
 
 
