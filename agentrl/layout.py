@@ -35,20 +35,45 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
     return [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
 
 
-def bind_gpus(roles: list[Role], nodes: list[int], gpus_per_node: int) -> list[int | None]:
-    """GPU index per rank: node-local order among trainer and rollout ranks, modulo the node's GPUs."""
+def bind_gpus(roles: list[Role], nodes: list[int], gpus_per_node: int, colocate: bool = False) -> list[int | None]:
+    """GPU index per rank: node-local order among trainer and rollout ranks, modulo the node's GPUs.
+
+    Colocated, only trainers count: rollout rank i takes the GPU of trainer rank i,
+    which must be on the same node.
+    """
     if gpus_per_node <= 0:
         return [None] * len(roles)
+    owners = (Role.TRAINER,) if colocate else GPU_ROLES
     seen_on_node: dict[int, int] = {}
     gpus: list[int | None] = []
     for role, node in zip(roles, nodes, strict=True):
-        if role not in GPU_ROLES:
+        if role not in owners:
             gpus.append(None)
             continue
         local = seen_on_node.get(node, 0)
         seen_on_node[node] = local + 1
         gpus.append(local % gpus_per_node)
+    if colocate:
+        _share_trainer_gpus(roles, nodes, gpus)
     return gpus
+
+
+def _share_trainer_gpus(roles: list[Role], nodes: list[int], gpus: list[int | None]) -> None:
+    trainers = [rank for rank, role in enumerate(roles) if role is Role.TRAINER]
+    rollouts = [rank for rank, role in enumerate(roles) if role is Role.ROLLOUT]
+    if len(rollouts) > len(trainers):
+        raise ConfigError(
+            f"layout.colocate puts rollout rank i on trainer rank i's GPU, but layout.rollout={len(rollouts)} > "
+            f"layout.trainer={len(trainers)}; set layout.rollout <= layout.trainer or layout.colocate=false"
+        )
+    for trainer, rollout in zip(trainers, rollouts, strict=False):
+        if nodes[trainer] != nodes[rollout]:
+            raise ConfigError(
+                f"layout.colocate: rollout rank {rollout} runs on node {nodes[rollout]} but its trainer rank "
+                f"{trainer} on node {nodes[trainer]}; place each trainer and its rollout rank on one node "
+                "(e.g. 2 x trainers-per-node ranks per node) or set layout.colocate=false"
+            )
+        gpus[rollout] = gpus[trainer]
 
 
 @dataclass(frozen=True)
@@ -65,7 +90,7 @@ def plan(layout: LayoutConfig, world_size: int, ranks_per_node: int | None = Non
     roles = assign_roles(layout, world_size)
     per_node = ranks_per_node or world_size
     nodes = [rank // per_node for rank in range(world_size)]
-    gpus = bind_gpus(roles, nodes, gpus_per_node)
+    gpus = bind_gpus(roles, nodes, gpus_per_node, layout.colocate and world_size > 1)
     counters: dict[Role, int] = {}
     rows = []
     for rank, (role, node, gpu) in enumerate(zip(roles, nodes, gpus, strict=True)):
@@ -111,6 +136,10 @@ class Layout:
             gpus_per_node = _visible_gpus()
         local_gpu_index = sum(gpu_roles[: self.node_rank])
         self.gpu = local_gpu_index % gpus_per_node if gpus_per_node and self.role in GPU_ROLES else None
+        if layout.colocate and not self.single_process:
+            hosts = self.world.allgather(MPI.Get_processor_name())
+            nodes = [hosts.index(host) for host in hosts]
+            self.gpu = bind_gpus(self.roles, nodes, gpus_per_node, colocate=True)[self.rank]
 
     @property
     def is_trainer_leader(self) -> bool:

@@ -121,7 +121,7 @@ def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
     resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
     trainer = GRPOTrainer(config, str(resumed_from or config.model.path), layout.device, group)
     if resumed_from is not None:
-        checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler)
+        checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler, trainer.model)
     return trainer, load_tokenizer(config.model.path)
 
 
@@ -156,14 +156,15 @@ def run_single_process(config: Config, layout: Layout, start_step: int) -> int:
 def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
     from agentrl.trainer.loop import receive_from_rollouts, train_loop
     from agentrl.trainer.model import init_trainer_group
-    from agentrl.weights import MPIWeightBroadcast
+    from agentrl.weights import GatherOnly
+    from agentrl.weights_gpu import make_weight_sync
 
     group = init_trainer_group(layout.role_comm, layout.device)
     trainer, tokenizer = _make_trainer(config, layout, start_step, group)
-    weights = None
+    weights = GatherOnly()  # other trainer ranks join the leader's gathers of sharded (FSDP) weights
     if layout.is_trainer_leader:
-        weights = MPIWeightBroadcast(layout.weight_comm, config.runtime.weight_bucket_mb)
-        weights.send(trainer.named_weights(), start_step)
+        weights = make_weight_sync(config, layout)
+    weights.send(trainer.named_weights(), start_step)
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
     collect = receive_from_rollouts(layout)
     done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger)
@@ -174,14 +175,14 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
 
 def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
     from agentrl.rollout import worker
-    from agentrl.weights import MPIWeightBroadcast
+    from agentrl.weights_gpu import make_weight_sync
 
     env_rank = layout.env_rank_for(layout.rank)
     if env_rank is None:
         env_client = LocalEnvClient(env_host(config))
     else:
         env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
-    sync = MPIWeightBroadcast(layout.weight_comm, config.runtime.weight_bucket_mb)
+    sync = make_weight_sync(config, layout)  # a process-group sync connects at its first receive
     worker.run(config, layout, start_step, env_client, sync)
 
 

@@ -54,8 +54,8 @@ def full_tensors(named_tensors) -> Iterator[tuple[str, torch.Tensor]]:
         yield name, tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
-def _as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.detach().contiguous().view(-1).view(torch.uint8).cpu()
+def _flat_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().contiguous().view(-1).view(torch.uint8)
 
 
 class MPIWeightBroadcast(WeightSync):
@@ -66,14 +66,23 @@ class MPIWeightBroadcast(WeightSync):
         self.bucket_bytes = int(bucket_mb * 2**20)
 
     def send(self, named_tensors, version: int) -> None:
+        """Gather (FSDP) and broadcast one bucket at a time: the extra memory is one bucket plus one tensor."""
+        named_tensors = list(named_tensors)
         manifest = [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named_tensors]
         sizes = [t.numel() * t.element_size() for _, t in named_tensors]
         buckets = plan_buckets(sizes, self.bucket_bytes)
         header = {"stop": False, "version": version, "manifest": manifest, "buckets": buckets}
         transport.bcast_object(self.comm, header, root=0)
+        if not buckets:
+            return
+        staging = torch.empty(max(sum(sizes[start:end]) for start, end in buckets), dtype=torch.uint8)
         for start, end in buckets:
-            flat = torch.cat([_as_bytes(t) for _, t in named_tensors[start:end]])
-            transport.bcast_array(self.comm, flat.numpy(), root=0)
+            filled = 0
+            for (_, tensor), size in zip(full_tensors(named_tensors[start:end]), sizes[start:end], strict=True):
+                staging[filled : filled + size].copy_(_flat_bytes(tensor))
+                filled += size
+                del tensor  # a gathered tensor is freed before the next one is gathered
+            transport.bcast_array(self.comm, staging[:filled].numpy(), root=0)
 
     def stop(self) -> None:
         transport.bcast_object(self.comm, {"stop": True}, root=0)
@@ -96,6 +105,24 @@ class MPIWeightBroadcast(WeightSync):
                 offset += size
         engine.load_weights(received, header["version"])
         return header["version"]
+
+
+class GatherOnly(WeightSync):
+    """Non-leader trainer ranks under FSDP: join each parameter's gather in the leader's order, send nothing.
+
+    Gathering a DTensor is a collective over the trainer group, so while the leader walks
+    its buckets every other trainer rank must walk the same tensors in the same order.
+    """
+
+    def send(self, named_tensors, version: int) -> None:
+        for _name, _tensor in full_tensors(named_tensors):
+            pass  # the gathered copy is dropped at once
+
+    def stop(self) -> None:
+        """Nothing to tell: the leader tells the rollout ranks."""
+
+    def receive(self, engine) -> int | None:
+        raise RuntimeError("GatherOnly is for trainer ranks, which never receive weights; rollout ranks need a sync")
 
 
 class InProcessWeightCopy(WeightSync):

@@ -1,6 +1,6 @@
 """Print search_qa's retrieval numbers: build times, search latency and recall of the first gold passage.
 
-    python benchmarks/bench_search_qa.py [--num-documents 300] [--seed 0] [--queries 1000]
+python benchmarks/bench_search_qa.py [--num-documents 300] [--seed 0] [--queries 1000]
 """
 
 from __future__ import annotations

@@ -62,3 +62,43 @@ class Engine(abc.ABC):
 
     def shutdown(self) -> None:  # noqa: B027
         """Release the engine's resources."""
+
+    # ---- optional: GPU weight sync (agentrl/weights_gpu.py) and colocation --------------
+
+    weight_group_size: int = 1  # processes this engine adds to a weight broadcast group
+
+    @property
+    def event_loop(self):
+        """The asyncio loop `generate` must be awaited on, or None when any loop will do."""
+        return None
+
+    def join_weight_group(
+        self, address: str, port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        """Join the trainer's broadcast group as ranks rank_offset .. rank_offset + weight_group_size - 1."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot receive weights over a process group; use runtime.weight_sync=mpi"
+        )
+
+    def begin_weight_update(self) -> None:  # noqa: B027
+        """A bucketed update starts: the buckets that follow together replace every weight."""
+
+    def receive_weight_bucket(self, specs: list[tuple[str, tuple[int, ...], str]], group_name: str) -> None:
+        """Receive one flat bucket (tensors `specs`: name, shape, dtype) broadcast from group rank 0, and load it."""
+        raise NotImplementedError(
+            f"{type(self).__name__} cannot receive weights over a process group; use runtime.weight_sync=mpi"
+        )
+
+    def load_weight_bucket(self, named_tensors: list) -> None:
+        """Load some of the weights (one bucket of an update begun with begin_weight_update)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights bucket by bucket")
+
+    def end_weight_update(self, version: int) -> None:
+        """Every bucket has arrived: finish the update and set the version."""
+        raise NotImplementedError(f"{type(self).__name__} cannot load weights bucket by bucket")
+
+    def sleep(self) -> None:  # noqa: B027
+        """Colocated: give the GPU memory back while the trainer trains (a no-op where nothing is held)."""
+
+    def wake(self) -> None:  # noqa: B027
+        """Colocated: take the GPU memory back before loading weights and generating."""

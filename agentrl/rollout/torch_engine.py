@@ -301,6 +301,56 @@ class TorchEngine(Engine):
                 targets[name].copy_(torch.as_tensor(tensor))
             self.weight_version = version
 
+    # ---- weights bucket by bucket: a process group or CUDA IPC (agentrl/weights_gpu.py) --
+
+    def join_weight_group(
+        self, address: str, port: int, rank_offset: int, world_size: int, group_name: str, backend: str
+    ) -> None:
+        from agentrl.weights_gpu import init_weight_group
+
+        groups = vars(self).setdefault("_weight_groups", {})
+        groups[group_name] = init_weight_group(backend, address, port, world_size, rank_offset, group_name)
+
+    def begin_weight_update(self) -> None:
+        self._names_updated: set[str] = set()
+
+    def receive_weight_bucket(self, specs: list[tuple[str, tuple[int, ...], str]], group_name: str) -> None:
+        import torch.distributed
+
+        from agentrl.weights_gpu import spec_nbytes, unflatten_bucket
+
+        groups = vars(self).get("_weight_groups", {})
+        if group_name not in groups:
+            raise RuntimeError(f"weight group {group_name!r} not joined; call join_weight_group first")
+        flat = torch.empty(sum(map(spec_nbytes, specs)), dtype=torch.uint8, device=self.device)
+        torch.distributed.broadcast(flat, group=groups[group_name], group_src=0)
+        self.load_weight_bucket(unflatten_bucket(flat, specs))
+
+    def load_weight_bucket(self, named_tensors: list) -> None:
+        if not hasattr(self, "_names_updated"):
+            raise RuntimeError("load_weight_bucket outside an update; call begin_weight_update first")
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets.update(self.model.named_buffers(remove_duplicate=False))
+        for name, tensor in named_tensors:
+            if name not in targets:
+                raise ValueError(f"weight bucket names {name!r}, which the rollout model does not have")
+            if tuple(tensor.shape) != tuple(targets[name].shape):
+                raise ValueError(f"{name}: got {tuple(tensor.shape)}, model has {tuple(targets[name].shape)}")
+        with self._model_lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                targets[name].copy_(tensor)
+                self._names_updated.add(name)
+
+    def end_weight_update(self, version: int) -> None:
+        updated = self.__dict__.pop("_names_updated", None)
+        if updated is None:
+            raise RuntimeError("end_weight_update without begin_weight_update")
+        given = {id(param) for name, param in self.model.named_parameters(remove_duplicate=False) if name in updated}
+        missing = [name for name, param in self.model.named_parameters() if id(param) not in given]
+        if missing:
+            raise ValueError(f"weight update left parameters unchanged: {', '.join(missing)}")
+        self.weight_version = version
+
     # ---- batched generation (worker thread) -----------------------------------------
 
     def _run_batch(

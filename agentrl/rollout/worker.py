@@ -28,7 +28,11 @@ def make_engine(config, device: str, seed: int):
         return TorchEngine(
             model, pad_token_id=tokenizer.pad_token_id, max_batch_size=config.rollout.max_batch_size, seed=seed
         )
-    raise NotImplementedError(f"rollout.backend={backend!r} is not available in this build; use rollout.backend=torch")
+    if backend == "sglang":
+        from agentrl.rollout.sglang_engine import SGLangEngine
+
+        return SGLangEngine.from_config(config, device, seed)
+    raise ValueError(f"unknown rollout.backend={backend!r}; use torch or sglang")
 
 
 def task_seed(seed: int, step: int, task: int) -> int:
@@ -61,7 +65,7 @@ class RolloutWorker:
         self.errors_seen: set[str] = set()
         self.tasks = rc.tasks_per_step // rollout_count
         self.first_task = rollout_index * self.tasks
-        self.loop = asyncio.new_event_loop()
+        self.loop = self.engine.event_loop or asyncio.new_event_loop()  # SGLang serves requests on its own loop
 
     def collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         """All episodes of this rank's tasks for `step`, grouped by task; plus timing stats."""

@@ -1,8 +1,10 @@
 """One GRPO training step on this trainer rank's shard of the batch.
 
-Gradients are summed over trainer ranks by hand (one flattened all-reduce), and the
-loss is divided by the token count of the whole global mini-batch, so every rank holds
-identical weights after every step.
+The loss is divided by the token count of the whole global mini-batch and gradients are
+summed over trainer ranks: by hand (one flattened all-reduce) when every rank holds the
+whole model, or by FSDP2's reduce-scatter when `trainer.fsdp` shards it (see
+agentrl/trainer/parallel.py). Either way every rank ends each step with the weights one
+rank would have after training on the whole batch.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import numpy as np
 import torch
 
 from agentrl.algorithms.grpo import clipped_policy_loss, entropy, group_advantages, kl_k3, token_logprobs
+from agentrl.config import ConfigError
+from agentrl.trainer import parallel
 from agentrl.trainer.model import load_causal_lm
 from agentrl.trajectory import FINISH_REASONS, num_episodes
 
@@ -39,12 +43,17 @@ class GRPOTrainer:
         self.cfg = config.trainer
         self.device = device
         self.group = group  # torch.distributed group of trainer ranks, None when alone
-        self.model = load_causal_lm(weights_path, config.model.dtype, device)
+        if self.cfg.fsdp and group is None:
+            raise ConfigError(
+                "trainer.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one trainer rank there is "
+                "nothing to shard: set trainer.fsdp=false (trainer.mixed_precision=bf16 then uses autocast)"
+            )
+        self.sharded = self.cfg.fsdp
+        self.model = self._load(weights_path)
         self.model.train()
         self.reference = None
         if self.cfg.kl_coef > 0:
-            self.reference = load_causal_lm(config.model.path, config.model.dtype, device).eval()
-            self.reference.requires_grad_(False)
+            self.reference = self._load(config.model.path, reference=True).eval()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params, lr=self.cfg.lr, betas=tuple(self.cfg.betas), weight_decay=self.cfg.weight_decay
@@ -54,18 +63,38 @@ class GRPOTrainer:
             self.optimizer, lr_lambda(self.cfg.lr_schedule, self.cfg.warmup_steps, total, self.cfg.min_lr_ratio)
         )
 
+    def _load(self, path: str, reference: bool = False):
+        """The policy (or the frozen KL reference), checkpointed and sharded as the config asks.
+
+        With mixed_precision=bf16 the weights stay float32 (master weights) whatever model.dtype
+        says; model.dtype then only sets the rollout engine's dtype.
+        """
+        dtype = "float32" if self.cfg.mixed_precision == "bf16" else self.config.model.dtype
+        model = load_causal_lm(path, dtype, self.device)
+        if reference:
+            model.requires_grad_(False)
+        elif self.cfg.activation_checkpointing:
+            parallel.enable_activation_checkpointing(model)
+        if self.sharded:
+            parallel.shard(model, self.group, self.device, self.cfg.mixed_precision)
+        return model
+
     def named_weights(self):
+        """(name, tensor) in a fixed order; DTensor shards under FSDP (weights.full_tensors gathers them)."""
         return [(name, p.detach()) for name, p in self.model.named_parameters()]
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over trainer ranks, returned on the tensor's own device (NCCL reduces only GPU tensors)."""
         if self.group is not None:
             import torch.distributed as dist
 
-            dist.all_reduce(tensor, group=self.group)
+            on_device = tensor.to(self.device)
+            dist.all_reduce(on_device, group=self.group)
+            tensor = on_device.to(tensor.device)
         return tensor
 
     def _sync_gradients(self) -> None:
-        if self.group is None:
+        if self.group is None or self.sharded:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads]))
@@ -82,15 +111,20 @@ class GRPOTrainer:
         sums: dict[str, float] = {}
         grad_norms = []
         for minibatch in np.array_split(np.arange(n), self.cfg.updates_per_step):
+            micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / self.cfg.micro_batch_size))
             tokens = float(sum(_trained_tokens(batch, i) for i in minibatch))
             global_tokens = self._allreduce(torch.tensor([tokens], dtype=torch.float64)).item()
             self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, len(minibatch), self.cfg.micro_batch_size):
+            starts = range(0, len(minibatch), self.cfg.micro_batch_size)
+            for start in starts:
                 micro = minibatch[start : start + self.cfg.micro_batch_size]
                 for key, value in self._micro_step(batch, micro, advantages, max(global_tokens, 1.0)).items():
                     sums[key] = sums.get(key, 0.0) + value
+            for _ in range(micro_steps - len(starts)):
+                self._idle_micro_step()
             self._sync_gradients()
-            grad_norms.append(float(torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)))
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.cfg.max_grad_norm)
+            grad_norms.append(parallel.scalar(norm))
             self.optimizer.step()
             self.scheduler.step()
         totals = self._allreduce(torch.tensor(list(sums.values()), dtype=torch.float64)).tolist()
@@ -102,6 +136,29 @@ class GRPOTrainer:
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         metrics["train/adv_abs_mean"] = float(np.abs(advantages[valid]).mean()) if valid.any() else 0.0
         return metrics
+
+    def _agreed_micro_steps(self, mine: int) -> int:
+        """Sharded: forward/backward passes are collectives, so every rank runs the most any rank needs."""
+        if not self.sharded:
+            return mine
+        import torch.distributed as dist
+
+        most = torch.tensor([mine], dtype=torch.int64, device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
+        return int(most.item())
+
+    def _idle_micro_step(self) -> None:
+        """A forward/backward on one token with zero loss: joins FSDP's gathers and reductions, adds no gradient."""
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with self._compute():
+            logits = self.model(input_ids=ids, use_cache=False).logits
+            if self.reference is not None:
+                with torch.no_grad():
+                    self.reference(input_ids=ids, use_cache=False)
+        (logits.float().sum() * 0.0).backward()
+
+    def _compute(self):
+        return parallel.compute_context(self.device, self.cfg.mixed_precision, self.sharded)
 
     def _micro_step(self, batch, episodes, advantages, global_tokens: float) -> dict[str, float]:
         offsets = batch["offsets"]
@@ -123,7 +180,8 @@ class GRPOTrainer:
         mask, old_logp, adv = mask[:, 1:].to(self.device), old_logp[:, 1:].to(self.device), adv.to(self.device)
         temperature = self.config.rollout.temperature
 
-        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        with self._compute():
+            logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
         targets = ids[:, 1:]
         logp = token_logprobs(logits, targets, temperature)
         loss_sum, clipped = clipped_policy_loss(
@@ -131,8 +189,10 @@ class GRPOTrainer:
         )
         stats = {"loss_sum": 0.0, "tokens": float(mask.sum())}
         if self.reference is not None:
-            with torch.no_grad():
-                ref_logits = self.reference(input_ids=ids, attention_mask=attention).logits[:, :-1]
+            with torch.no_grad(), self._compute():
+                ref_logits = (
+                    self.reference(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+                )
                 ref_logp = token_logprobs(ref_logits, targets, temperature)
             kl_sum = (kl_k3(logp, ref_logp) * mask).sum()
             loss_sum = loss_sum + self.cfg.kl_coef * kl_sum

@@ -109,16 +109,16 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
         synced = time.perf_counter()
 
         if (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping:
-            if logger is not None:
-                checkpoint.save(
-                    config.run_dir,
-                    done,
-                    trainer.model,
-                    tokenizer,
-                    trainer.optimizer,
-                    trainer.scheduler,
-                    config.checkpoint.keep,
-                )
+            checkpoint.save(  # every trainer rank: gathering a sharded (FSDP) model is a collective
+                config.run_dir,
+                done,
+                trainer.model,
+                tokenizer,
+                trainer.optimizer,
+                trainer.scheduler,
+                config.checkpoint.keep,
+                leader=logger is not None,
+            )
             transport.barrier(role_comm)
 
         totals = transport.allreduce_sum(role_comm, episode_sums(batch, step))

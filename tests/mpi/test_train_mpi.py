@@ -26,7 +26,7 @@ def test_end_to_end_four_ranks(tmp_path, tiny_model_dir):
         assert key in logged, key
     assert (run / "checkpoints" / "step_000003" / "model.safetensors").is_file()
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    assert saved["layout"] == {"trainer": 1, "rollout": 2, "env": 1}
+    assert saved["layout"] == {"trainer": 1, "rollout": 2, "env": 1, "colocate": False}
 
 
 def test_resume_continues_at_the_right_step(tmp_path, tiny_model_dir):
@@ -61,7 +61,7 @@ def test_failing_rank_aborts_the_job(tmp_path, tiny_model_dir):
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "uncaught exception, aborting the job" in result.stderr
-    assert "rollout.backend='sglang'" in result.stderr
+    assert "rollout.backend=sglang needs SGLang: pip install 'agentrl[sglang]'" in result.stderr
     assert elapsed < 60
 
 

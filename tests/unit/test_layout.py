@@ -94,3 +94,41 @@ def test_weight_group_is_the_trainer_leader_and_every_rollout_rank():
         gpus.append(layout.gpu)
     assert in_weight_group == [True, False, True, True, True, False]
     assert gpus == [0, 1, 2, 3, 4, None]
+
+
+def test_colocate_puts_rollout_rank_i_on_trainer_rank_is_gpu():
+    rows = plan(LayoutConfig(trainer=4, rollout=4, env=1, colocate=True), 9, ranks_per_node=9, gpus_per_node=4)
+    assert [r.gpu for r in rows] == [0, 1, 2, 3, 0, 1, 2, 3, None]
+    rows = plan(LayoutConfig(trainer=2, rollout=1, env=0, colocate=True), 3, gpus_per_node=8)
+    assert [r.gpu for r in rows] == [0, 1, 0]
+
+
+def test_colocate_refuses_more_rollout_than_trainer_ranks():
+    with pytest.raises(ConfigError, match=r"layout.rollout=3 > layout.trainer=2"):
+        plan(LayoutConfig(trainer=2, rollout=3, env=0, colocate=True), 5, gpus_per_node=8)
+
+
+def test_colocate_refuses_a_rollout_rank_on_another_node_than_its_trainer():
+    with pytest.raises(ConfigError, match=r"rollout rank 2 runs on node 1 but its trainer rank 0 on node 0"):
+        plan(LayoutConfig(trainer=2, rollout=2, env=0, colocate=True), 4, ranks_per_node=2, gpus_per_node=2)
+
+
+def test_colocate_without_gpus_binds_nothing():
+    rows = plan(LayoutConfig(trainer=1, rollout=1, env=0, colocate=True), 2, gpus_per_node=0)
+    assert [r.gpu for r in rows] == [None, None]
+
+
+class OneHostComm(FakeComm):
+    """FakeComm whose host-name allgather answers one host for every rank."""
+
+    def allgather(self, value):
+        return [value] * self.size if isinstance(value, str) else self.uses_gpu
+
+
+def test_layout_object_colocates_each_rollout_rank_with_its_trainer():
+    from agentrl.layout import Layout
+
+    config = LayoutConfig(trainer=2, rollout=2, env=1, colocate=True)
+    uses_gpu = [True] * 4 + [False]
+    gpus = [Layout(config, comm=OneHostComm(rank, 5, uses_gpu), gpus_per_node=4).gpu for rank in range(5)]
+    assert gpus == [0, 1, 0, 1, None]

@@ -1,0 +1,299 @@
+"""GPU weight sync: a torch.distributed broadcast group (NCCL, or gloo on CPU) and CUDA IPC.
+
+Both implement `agentrl.weights.WeightSync` and keep its versioned header: a small
+object over MPI (version, manifest, bucket boundaries, stop flag) precedes the data.
+
+- `DistributedWeightBroadcast`: one process group holds the trainer leader (rank 0)
+  and every engine worker (a torch engine brings 1, an SGLang engine its TP workers).
+  It is built the way SGLang's `init_custom_process_group` builds its group (TCPStore
+  rendezvous, PrefixStore(group_name), `_new_process_group_helper`), so SGLang's
+  workers and our sender meet on the same store keys. Each bucket travels as one
+  flat uint8 tensor: the tensors' bytes back to back, SGLang's "flattened_bucket".
+- `CUDAIPCWeightSync`: trainer and rollout share a GPU (layout.colocate). Per bucket
+  the trainer flattens on its GPU and pickles a CUDA IPC handle over MPI; the rollout
+  rank maps the same memory, loads it, and acknowledges so the trainer can free it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+import socket
+
+import numpy as np
+import torch
+
+from agentrl import transport
+from agentrl.config import ConfigError
+from agentrl.weights import MPIWeightBroadcast, WeightSync, full_tensors, plan_buckets
+
+GROUP_NAME = "agentrl_weights"
+GROUP_TIMEOUT = datetime.timedelta(minutes=10)
+
+TensorSpec = tuple[str, tuple[int, ...], str]  # name, shape, dtype name ("bfloat16")
+
+
+def tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
+    return name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")
+
+
+def spec_nbytes(spec: TensorSpec) -> int:
+    _, shape, dtype = spec
+    return int(np.prod(shape, dtype=np.int64)) * getattr(torch, dtype).itemsize
+
+
+def check_alignment(specs: list[TensorSpec]) -> None:
+    """Every tensor must start at a multiple of its item size inside the flat bucket (SGLang checks this too)."""
+    offset = 0
+    for spec in specs:
+        itemsize = getattr(torch, spec[2]).itemsize
+        if offset % itemsize:
+            raise ValueError(
+                f"tensor {spec[0]} ({spec[2]}) would start at byte {offset} of its bucket, not a multiple of "
+                f"{itemsize}; give every weight one dtype (model.dtype) or order wider dtypes first"
+            )
+        offset += spec_nbytes(spec)
+
+
+def flatten_bucket(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """The tensors' bytes back to back in one contiguous uint8 tensor, on the tensors' device."""
+    return torch.cat([t.detach().contiguous().reshape(-1).view(torch.uint8) for t in tensors])
+
+
+def unflatten_bucket(flat: torch.Tensor, specs: list[TensorSpec]) -> list[tuple[str, torch.Tensor]]:
+    """(name, tensor) views into `flat`, the inverse of `flatten_bucket`."""
+    expected = sum(spec_nbytes(spec) for spec in specs)
+    if flat.numel() != expected:
+        raise ValueError(f"bucket holds {flat.numel()} bytes but its manifest describes {expected}")
+    views, offset = [], 0
+    for spec in specs:
+        name, shape, dtype = spec
+        size = spec_nbytes(spec)
+        views.append((name, flat[offset : offset + size].view(getattr(torch, dtype)).view(shape)))
+        offset += size
+    return views
+
+
+def make_header(specs: list[TensorSpec], version: int, bucket_bytes: int) -> dict:
+    buckets = plan_buckets([spec_nbytes(spec) for spec in specs], bucket_bytes)
+    for start, end in buckets:
+        check_alignment(specs[start:end])
+    return {"stop": False, "version": version, "manifest": specs, "buckets": buckets}
+
+
+STOP_HEADER = {"stop": True}
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def this_host_address() -> str:
+    """An address of this node the other nodes can reach (what the hostname resolves to)."""
+    hostname = socket.gethostname()
+    try:
+        return socket.gethostbyname(hostname)
+    except OSError as error:
+        raise RuntimeError(
+            f"cannot resolve this node's hostname {hostname!r} for the weight-sync rendezvous ({error}); "
+            "fix /etc/hosts or DNS, or use runtime.weight_sync=mpi"
+        ) from error
+
+
+def init_weight_group(backend: str, address: str, port: int, world_size: int, rank: int, group_name: str):
+    """A process group outside the default one, created exactly as SGLang's workers create theirs.
+
+    The same store prefixes on both sides are what lets our sender and SGLang's TP
+    workers rendezvous; this mirrors sglang.srt.utils.common.init_custom_process_group.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    store, rank, world_size = next(c10d.rendezvous(f"tcp://{address}:{port}", rank, world_size, timeout=GROUP_TIMEOUT))
+    store.set_timeout(GROUP_TIMEOUT)
+    store = c10d.PrefixStore(group_name, store)
+    group, _ = c10d._new_process_group_helper(
+        world_size, rank, [], c10d.Backend(backend), store, group_name=group_name, timeout=GROUP_TIMEOUT
+    )
+    c10d._world.pg_group_ranks[group] = {member: member for member in range(world_size)}
+    return group
+
+
+def group_offsets(members: list[int]) -> tuple[list[int], int]:
+    """Each weight-comm rank's first rank in the process group (an exclusive scan), and the group size."""
+    offsets = np.concatenate([[0], np.cumsum(members)[:-1]]).astype(int).tolist()
+    return offsets, int(sum(members))
+
+
+class DistributedWeightBroadcast(WeightSync):
+    """Bucketed torch.distributed broadcast from the trainer leader to every engine worker.
+
+    Every rank of `weight_comm` constructs one: the trainer leader (rank 0 there) with
+    `engine=None` connects at once; a rollout rank connects then if given its engine,
+    else at its first `receive` (the trainer waits for it over MPI meanwhile).
+    """
+
+    def __init__(self, weight_comm, bucket_mb: float, backend: str = "nccl", device="cpu", engine=None):
+        if backend not in ("nccl", "gloo"):
+            raise ValueError(f"backend must be 'nccl' or 'gloo', not {backend!r}")
+        self.comm = weight_comm
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.backend = backend
+        self.device = torch.device(device)
+        self.is_sender = weight_comm.Get_rank() == 0
+        self.group = None
+        if self.is_sender and engine is not None:
+            raise ValueError("the trainer leader (weight_comm rank 0) sends weights and passes engine=None")
+        if self.is_sender or engine is not None:
+            self._connect(engine)
+
+    def _connect(self, engine) -> None:
+        """The group's rendezvous, collective over weight_comm (a rollout rank may defer it to its first receive)."""
+        members = np.zeros(self.comm.Get_size(), dtype=np.int64)
+        members[self.comm.Get_rank()] = 1 if self.is_sender else engine.weight_group_size
+        offsets, world_size = group_offsets(transport.allreduce_sum(self.comm, members).tolist())
+        address = transport.bcast_object(self.comm, (this_host_address(), free_port()) if self.is_sender else None)
+        if self.is_sender:
+            self.group = init_weight_group(self.backend, *address, world_size, 0, GROUP_NAME)
+        else:
+            engine.join_weight_group(*address, offsets[self.comm.Get_rank()], world_size, GROUP_NAME, self.backend)
+            self.group = GROUP_NAME  # the engine holds the group itself
+        transport.barrier(self.comm)
+
+    def send(self, named_tensors, version: int) -> None:
+        named_tensors = list(named_tensors)
+        specs = [tensor_spec(name, tensor) for name, tensor in named_tensors]
+        header = make_header(specs, version, self.bucket_bytes)
+        transport.bcast_object(self.comm, header, root=0)
+        in_flight = None
+        for start, end in header["buckets"]:
+            flat = flatten_bucket([t.to(self.device) for _, t in full_tensors(named_tensors[start:end])])
+            work = torch.distributed.broadcast(flat, group=self.group, group_src=0, async_op=True)
+            if in_flight is not None:
+                in_flight[0].wait()  # the previous bucket overlapped with flattening this one
+            in_flight = (work, flat)  # holding `flat` keeps its memory from reuse until the broadcast is done
+        if in_flight is not None:
+            in_flight[0].wait()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        transport.barrier(self.comm)  # every engine has loaded this version
+
+    def stop(self) -> None:
+        transport.bcast_object(self.comm, STOP_HEADER, root=0)
+
+    def receive(self, engine) -> int | None:
+        if self.group is None:
+            self._connect(engine)
+        header = transport.bcast_object(self.comm, None, root=0)
+        if header["stop"]:
+            return None
+        manifest = header["manifest"]
+        engine.begin_weight_update()
+        for start, end in header["buckets"]:
+            engine.receive_weight_bucket(manifest[start:end], GROUP_NAME)
+        engine.end_weight_update(header["version"])
+        transport.barrier(self.comm)
+        return header["version"]
+
+
+class CUDAIPCWeightSync(WeightSync):
+    """Colocated: the trainer leader shares each flat bucket's GPU memory with the rollout ranks on its GPU.
+
+    A rollout rank calls `receive` right after shipping its episodes, so its engine
+    sleeps (releases its GPU memory) while the trainer trains, and wakes when the
+    next weights arrive.
+    """
+
+    def __init__(self, weight_comm, bucket_mb: float, device="cuda"):
+        self.comm = weight_comm
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.device = torch.device(device)
+        self.receivers = weight_comm.Get_size() - 1
+
+    def send(self, named_tensors, version: int) -> None:
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        named_tensors = list(named_tensors)
+        specs = [tensor_spec(name, tensor) for name, tensor in named_tensors]
+        header = make_header(specs, version, self.bucket_bytes)
+        transport.bcast_object(self.comm, header, root=0)
+        for start, end in header["buckets"]:
+            flat = flatten_bucket([t.to(self.device) for _, t in full_tensors(named_tensors[start:end])])
+            torch.cuda.current_stream(self.device).synchronize()  # the receiver reads on another process's stream
+            transport.bcast_object(self.comm, pickle.dumps(reduce_tensor(flat)), root=0)
+            self._wait_for_acks()
+            del flat
+        transport.barrier(self.comm)
+
+    def _wait_for_acks(self) -> None:
+        acks = transport.allreduce_sum(self.comm, np.zeros(1, dtype=np.int64))
+        if int(acks[0]) != self.receivers:
+            raise RuntimeError(f"{self.receivers - int(acks[0])} rollout ranks failed to load a CUDA IPC weight bucket")
+
+    def stop(self) -> None:
+        transport.bcast_object(self.comm, STOP_HEADER, root=0)
+
+    def receive(self, engine) -> int | None:
+        engine.sleep()
+        header = transport.bcast_object(self.comm, None, root=0)
+        if header["stop"]:
+            return None
+        manifest = header["manifest"]
+        engine.wake()
+        engine.begin_weight_update()
+        for start, end in header["buckets"]:
+            rebuild, args = pickle.loads(transport.bcast_object(self.comm, None, root=0))
+            flat = rebuild(*args)
+            engine.load_weight_bucket(unflatten_bucket(flat, manifest[start:end]))
+            torch.cuda.synchronize(flat.device)
+            del flat
+            transport.allreduce_sum(self.comm, np.ones(1, dtype=np.int64))
+        engine.end_weight_update(header["version"])
+        transport.barrier(self.comm)
+        return header["version"]
+
+
+def resolve_weight_sync(choice: str, colocate: bool, on_gpu: bool, rollout_ranks: int) -> str:
+    """`runtime.weight_sync` after `auto`; ConfigError for a choice that cannot work here."""
+    if choice == "auto":
+        if colocate and on_gpu:
+            # NCCL refuses two ranks of one group on one GPU; more than one colocated pair goes over MPI for now.
+            return "cuda_ipc" if rollout_ranks == 1 else "mpi"
+        return "nccl" if on_gpu else "mpi"
+    if choice == "nccl" and not on_gpu:
+        raise ConfigError(
+            "runtime.weight_sync=nccl needs CUDA on the trainer and rollout ranks; this job has none. "
+            "Use runtime.weight_sync=mpi (or auto) on CPU"
+        )
+    if choice == "nccl" and colocate:
+        raise ConfigError(
+            "runtime.weight_sync=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "
+            "NCCL needs one GPU per group member. Use runtime.weight_sync=cuda_ipc (one rollout rank) or mpi"
+        )
+    if choice == "cuda_ipc":
+        if not colocate:
+            raise ConfigError(
+                "runtime.weight_sync=cuda_ipc needs trainer and rollout on the same GPU: set layout.colocate=true, "
+                "or use runtime.weight_sync=nccl"
+            )
+        if not on_gpu:
+            raise ConfigError("runtime.weight_sync=cuda_ipc needs CUDA; use runtime.weight_sync=mpi on CPU")
+        if rollout_ranks != 1:
+            raise ConfigError(
+                f"runtime.weight_sync=cuda_ipc shares the trainer leader's GPU with one rollout rank, but "
+                f"layout.rollout={rollout_ranks}; set layout.rollout=1 or use runtime.weight_sync=nccl"
+            )
+    return choice
+
+
+def make_weight_sync(config, layout, engine=None) -> WeightSync:
+    """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine)."""
+    on_gpu = layout.device.startswith("cuda")
+    choice = resolve_weight_sync(config.runtime.weight_sync, config.layout.colocate, on_gpu, len(layout.rollout_ranks))
+    bucket_mb = config.runtime.weight_bucket_mb
+    if choice == "mpi":
+        return MPIWeightBroadcast(layout.weight_comm, bucket_mb)
+    if choice == "nccl":
+        return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, "nccl", layout.device, engine)
+    return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device)
