@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
 
     sub.add_parser("config-doc", help="print the config reference as markdown")
 
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow options such as --np
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
     except ConfigError as error:
@@ -64,10 +68,10 @@ def cmd_train(args) -> int:
 
 def cmd_layout(args) -> int:
     from agentrl.config import load_config
-    from agentrl.layout import format_plan, plan
+    from agentrl.layout import engine_gpus, format_plan, plan
 
     config = load_config(args.config, args.overrides)
-    rows = plan(config.layout, args.np, args.ranks_per_node, args.gpus_per_node)
+    rows = plan(config.layout, args.np, args.ranks_per_node, args.gpus_per_node, engine_gpus(config))
     print(format_plan(rows, single_process=args.np == 1))
     if args.np == 1:
         print("world size 1: every role runs in this one process")

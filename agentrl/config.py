@@ -224,7 +224,8 @@ def format_validation_error(error: ValidationError, source: str) -> str:
             message = "unknown field; check the spelling against `agentrl config-doc`"
         elif item["type"] == "missing":
             message = "required field is missing; add it to the YAML or pass it as key=value"
-        got = f" (got {item['input']!r})" if item["type"] not in ("missing", "extra_forbidden") else ""
+        whole_config = not item["loc"]  # a cross-field check: its message already names the values
+        got = "" if whole_config or item["type"] in ("missing", "extra_forbidden") else f" (got {item['input']!r})"
         lines.append(f"  {field}: {message}{got}")
     return "\n".join(lines)
 

@@ -35,14 +35,31 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
     return [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
 
 
-def bind_gpus(roles: list[Role], nodes: list[int], gpus_per_node: int, colocate: bool = False) -> list[int | None]:
+def engine_gpus(config) -> int:
+    """GPUs one rollout engine uses: SGLang's tensor-parallel size; the torch engine uses one."""
+    return config.rollout.tp_size if config.rollout.backend == "sglang" else 1
+
+
+def bind_gpus(
+    roles: list[Role], nodes: list[int], gpus_per_node: int, colocate: bool = False, rollout_gpus: int = 1
+) -> list[int | None]:
     """GPU index per rank: node-local order among trainer and rollout ranks, modulo the node's GPUs.
 
-    Colocated, only trainers count: rollout rank i takes the GPU of trainer rank i,
-    which must be on the same node.
+    A rollout rank takes `rollout_gpus` consecutive GPUs (SGLang's tensor parallelism)
+    and gets the first. Colocated, only trainers count: rollout rank i takes the GPU of
+    trainer rank i, which must be on the same node.
     """
     if gpus_per_node <= 0:
         return [None] * len(roles)
+    if colocate and rollout_gpus > 1:
+        raise ConfigError(
+            f"layout.colocate shares one trainer GPU per rollout rank, but rollout.tp_size={rollout_gpus}; "
+            "set rollout.tp_size=1 or layout.colocate=false"
+        )
+    if rollout_gpus > gpus_per_node:
+        raise ConfigError(
+            f"rollout.tp_size={rollout_gpus} GPUs per engine, but nodes have {gpus_per_node}; lower rollout.tp_size"
+        )
     owners = (Role.TRAINER,) if colocate else GPU_ROLES
     seen_on_node: dict[int, int] = {}
     gpus: list[int | None] = []
@@ -50,9 +67,12 @@ def bind_gpus(roles: list[Role], nodes: list[int], gpus_per_node: int, colocate:
         if role not in owners:
             gpus.append(None)
             continue
-        local = seen_on_node.get(node, 0)
-        seen_on_node[node] = local + 1
-        gpus.append(local % gpus_per_node)
+        width = rollout_gpus if role is Role.ROLLOUT else 1
+        local = seen_on_node.get(node, 0) % gpus_per_node
+        if local + width > gpus_per_node:
+            local = 0  # an engine's GPUs never wrap around the node's last GPU
+        seen_on_node[node] = local + width
+        gpus.append(local)
     if colocate:
         _share_trainer_gpus(roles, nodes, gpus)
     return gpus
@@ -85,12 +105,18 @@ class RankPlan:
     gpu: int | None
 
 
-def plan(layout: LayoutConfig, world_size: int, ranks_per_node: int | None = None, gpus_per_node: int = 0):
+def plan(
+    layout: LayoutConfig,
+    world_size: int,
+    ranks_per_node: int | None = None,
+    gpus_per_node: int = 0,
+    rollout_gpus: int = 1,
+):
     """The whole job's placement, as `agentrl layout` prints it (no MPI needed)."""
     roles = assign_roles(layout, world_size)
     per_node = ranks_per_node or world_size
     nodes = [rank // per_node for rank in range(world_size)]
-    gpus = bind_gpus(roles, nodes, gpus_per_node, layout.colocate and world_size > 1)
+    gpus = bind_gpus(roles, nodes, gpus_per_node, layout.colocate and world_size > 1, rollout_gpus)
     counters: dict[Role, int] = {}
     rows = []
     for rank, (role, node, gpu) in enumerate(zip(roles, nodes, gpus, strict=True)):
@@ -111,7 +137,7 @@ def format_plan(rows: list[RankPlan], single_process: bool = False) -> str:
 class Layout:
     """This process's view of the job: its role, the role communicators, its device."""
 
-    def __init__(self, layout: LayoutConfig, comm=None, gpus_per_node: int | None = None):
+    def __init__(self, layout: LayoutConfig, comm=None, gpus_per_node: int | None = None, rollout_gpus: int = 1):
         from mpi4py import MPI
 
         self.world = comm if comm is not None else MPI.COMM_WORLD
@@ -130,16 +156,13 @@ class Layout:
         self.weight_comm = self.world.Split(color=0 if in_weight_group else MPI.UNDEFINED, key=self.rank)
         node_comm = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
         self.node_rank, self.node_size = node_comm.Get_rank(), node_comm.Get_size()
-        gpu_roles = node_comm.allgather(self.role in GPU_ROLES)
         node_comm.Free()
         if gpus_per_node is None:
             gpus_per_node = _visible_gpus()
-        local_gpu_index = sum(gpu_roles[: self.node_rank])
-        self.gpu = local_gpu_index % gpus_per_node if gpus_per_node and self.role in GPU_ROLES else None
-        if layout.colocate and not self.single_process:
-            hosts = self.world.allgather(MPI.Get_processor_name())
-            nodes = [hosts.index(host) for host in hosts]
-            self.gpu = bind_gpus(self.roles, nodes, gpus_per_node, colocate=True)[self.rank]
+        hosts = self.world.allgather(MPI.Get_processor_name())
+        nodes = [hosts.index(host) for host in hosts]
+        colocate = layout.colocate and not self.single_process
+        self.gpu = bind_gpus(self.roles, nodes, gpus_per_node, colocate, rollout_gpus)[self.rank]
 
     @property
     def is_trainer_leader(self) -> bool:

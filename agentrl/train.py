@@ -13,7 +13,7 @@ from agentrl.config import Config, ConfigError, save_config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.env.registry import make
-from agentrl.layout import Layout, Role, format_plan, plan
+from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
 from agentrl.trainer import checkpoint
 
@@ -23,7 +23,7 @@ def train(config: Config) -> int:
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
-    layout = Layout(config.layout)
+    layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
     preempt.install()
     if layout.rank == 0:
         prepare_run_dir(config, layout)
@@ -62,7 +62,8 @@ def prepare_run_dir(config: Config, layout: Layout) -> None:
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
-    print(format_plan(plan(config.layout, layout.size), layout.single_process), flush=True)
+    rows = plan(config.layout, layout.size, rollout_gpus=engine_gpus(config))
+    print(format_plan(rows, layout.single_process), flush=True)
 
 
 def resume_step(config: Config) -> int:

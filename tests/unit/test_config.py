@@ -55,3 +55,13 @@ def test_reference_lists_every_section_field():
     text = config_reference()
     for name in ("rollout.group_size", "trainer.kl_coef", "layout.env", "checkpoint.every", "run_dir"):
         assert f"`{name}`" in text
+
+
+def test_readme_config_reference_is_up_to_date():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    block = readme.split("<!-- config-reference:start -->")[1].split("<!-- config-reference:end -->")[0]
+    assert block.strip() == config_reference().strip(), (
+        "README's config reference is stale: paste the output of `agentrl config-doc` between its markers"
+    )

@@ -1,3 +1,5 @@
+from pathlib import Path
+
 import pytest
 
 from agentrl.config import ConfigError, LayoutConfig
@@ -72,7 +74,7 @@ class FakeComm:
         return self
 
     def allgather(self, value):
-        return self.uses_gpu
+        return [value] * self.size  # every rank on one host
 
     def Free(self):
         pass
@@ -118,17 +120,30 @@ def test_colocate_without_gpus_binds_nothing():
     assert [r.gpu for r in rows] == [None, None]
 
 
-class OneHostComm(FakeComm):
-    """FakeComm whose host-name allgather answers one host for every rank."""
-
-    def allgather(self, value):
-        return [value] * self.size if isinstance(value, str) else self.uses_gpu
-
-
 def test_layout_object_colocates_each_rollout_rank_with_its_trainer():
     from agentrl.layout import Layout
 
     config = LayoutConfig(trainer=2, rollout=2, env=1, colocate=True)
     uses_gpu = [True] * 4 + [False]
-    gpus = [Layout(config, comm=OneHostComm(rank, 5, uses_gpu), gpus_per_node=4).gpu for rank in range(5)]
+    gpus = [Layout(config, comm=FakeComm(rank, 5, uses_gpu), gpus_per_node=4).gpu for rank in range(5)]
     assert gpus == [0, 1, 0, 1, None]
+
+
+def test_a_tensor_parallel_engine_gets_its_own_consecutive_gpus():
+    rows = plan(LayoutConfig(trainer=2, rollout=3, env=1), 6, ranks_per_node=6, gpus_per_node=8, rollout_gpus=2)
+    assert [r.gpu for r in rows] == [0, 1, 2, 4, 6, None]  # engines on GPUs 2-3, 4-5, 6-7
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=0), 3, gpus_per_node=4, rollout_gpus=2)
+    assert [r.gpu for r in rows] == [0, 1, 0]  # engine on GPUs 1-2; the next would need 3-4: it starts over at 0
+    with pytest.raises(ConfigError, match=r"rollout.tp_size=16 GPUs per engine, but nodes have 8"):
+        plan(LayoutConfig(trainer=1, rollout=1, env=0), 2, gpus_per_node=8, rollout_gpus=16)
+    with pytest.raises(ConfigError, match=r"set rollout.tp_size=1 or layout.colocate=false"):
+        plan(LayoutConfig(trainer=1, rollout=1, env=0, colocate=True), 2, gpus_per_node=8, rollout_gpus=2)
+
+
+def test_layout_command_takes_overrides_after_options(capsys):
+    from agentrl.cli import main
+
+    config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "qwen2.5-0.5b-4gpu.yaml")
+    assert main(["layout", config, "--np", "6", "--gpus-per-node", "8", "rollout.tp_size=2"]) == 0
+    devices = [line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]]
+    assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:4", "cpu", "cpu"]
