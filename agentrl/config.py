@@ -151,9 +151,10 @@ class RuntimeConfig(Section):
         0, ge=0, description="torch threads per rank; 0 = cores on the node / ranks on the node."
     )
     weight_bucket_mb: float = Field(64.0, gt=0, description="Size of one weight-broadcast bucket in MiB.")
-    weight_sync: Literal["auto", "mpi", "nccl", "cuda_ipc"] = Field(
+    weight_sync: Literal["auto", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto",
-        description="Weights to rollout ranks: `mpi` (CPU), `nccl` (broadcast), `cuda_ipc` (colocated, same GPU); "
+        description="Weights to rollout ranks: `mpi` (CPU), `nccl` (broadcast), `cuda_ipc` (colocated, same GPU), "
+        "`gloo` (the NCCL path's process-group broadcast on CPU); "
         "`auto` picks cuda_ipc when colocated, nccl on GPUs, else mpi.",
     )
     env_step_timeout_s: float = Field(

@@ -294,6 +294,6 @@ def make_weight_sync(config, layout, engine=None) -> WeightSync:
     bucket_mb = config.runtime.weight_bucket_mb
     if choice == "mpi":
         return MPIWeightBroadcast(layout.weight_comm, bucket_mb)
-    if choice == "nccl":
-        return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, "nccl", layout.device, engine)
+    if choice in ("nccl", "gloo"):
+        return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, choice, layout.device, engine)
     return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device)

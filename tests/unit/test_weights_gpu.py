@@ -82,6 +82,7 @@ def test_group_offsets_are_an_exclusive_scan_of_members():
         ("auto", True, False, 1, "mpi"),
         ("mpi", True, True, 1, "mpi"),
         ("nccl", False, True, 1, "nccl"),
+        ("gloo", False, False, 2, "gloo"),
     ],
 )
 def test_resolve_weight_sync(choice, colocate, on_gpu, rollouts, expected):
