@@ -6,12 +6,9 @@ without a tool call is its final answer: reward 1 when the last number in it is 
 
 from __future__ import annotations
 
-import re
-
 from agentrl.env.tools import ToolEnv, tool
+from agentrl.rewards import last_number
 from envs.calculator.arithmetic import evaluate, format_number
-
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 # (problem text, expression of the answer); fields a, b, c are drawn per episode
 TEMPLATES = [
@@ -28,11 +25,6 @@ TEMPLATES = [
         "{a} / {b} - {c}",
     ),
 ]
-
-
-def last_number(text: str) -> float | None:
-    numbers = NUMBER.findall(text)
-    return float(numbers[-1]) if numbers else None
 
 
 class CalculatorEnv(ToolEnv):
@@ -85,5 +77,5 @@ class CalculatorEnv(ToolEnv):
 
     def answer(self, text):
         guess = last_number(text)
-        success = guess is not None and abs(guess - self.target) < 1e-6
+        success = guess is not None and abs(float(guess) - self.target) < 1e-6
         return ("correct" if success else "wrong"), float(success), True, False, {"success": success}

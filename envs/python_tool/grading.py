@@ -5,17 +5,10 @@ from __future__ import annotations
 import re
 from decimal import Decimal
 
+from agentrl.rewards import last_number
 from envs.python_tool.problems import Problem
 
-NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
-THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}\b)")
 NOT_A_WORD_CHARACTER = re.compile(r"[^a-z0-9]+")
-
-
-def last_number(text: str) -> Decimal | None:
-    """The last number written in `text` ("1,234.5" reads as 1234.5), exactly; None when there is none."""
-    numbers = NUMBER.findall(THOUSANDS_SEPARATOR.sub("", text))
-    return Decimal(numbers[-1]) if numbers else None
 
 
 def normalise(text: str) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 from typing import Literal
 
 from agentrl.env.tools import ToolEnv, tool
-from envs.search_qa.grading import exact_match, token_f1
+from agentrl.rewards import exact_match_score as exact_match
+from agentrl.rewards import token_f1_score as token_f1
 from envs.search_qa.library import Library, load_library
 from envs.search_qa.questions import Question, expand_kinds
 

@@ -12,13 +12,15 @@ from agentrl.env.check import check_env
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.models.tiny import build_tokenizer
+from agentrl.rewards import exact_match_score as exact_match
+from agentrl.rewards import normalize
+from agentrl.rewards import token_f1_score as token_f1
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import SamplingParams
 from agentrl.trajectory import Episode
 from envs.search_qa import BM25Index, SearchQAEnv, load_library, tokenize
 from envs.search_qa.corpus import render_corpus
-from envs.search_qa.grading import exact_match, normalize, token_f1
 from envs.search_qa.questions import expand_kinds, make_questions
 from envs.search_qa.world import make_world
 from tests.unit.test_agent_loop import ScriptedEngine

@@ -1,0 +1,86 @@
+"""Answer grading shared by envs, and ready-made reward functions for `env.reward_fn`.
+
+    env:
+      id: calculator
+      reward_fn: agentrl.rewards:number_match     # or exact_match, token_f1
+
+The reward functions read the episode's last turn (`completion`) and reset info's
+`"answer"` (see agentrl/rollout/reward_fn.py for every argument they may take); an env
+without an answer scores 0. Each returns {"reward": ..., "success": ...}.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from decimal import Decimal
+
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}\b)")
+ARTICLES = re.compile(r"\b(a|an|the)\b")
+PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def last_number(text: str) -> Decimal | None:
+    """The last number written in `text` ("1,234.5" reads as 1234.5), exactly; None when there is none."""
+    numbers = NUMBER.findall(THOUSANDS_SEPARATOR.sub("", text))
+    return Decimal(numbers[-1]) if numbers else None
+
+
+def normalize(text: str) -> str:
+    """SQuAD's normalisation: lowercase, punctuation and the articles a/an/the removed, whitespace collapsed."""
+    text = ARTICLES.sub(" ", text.lower().translate(PUNCTUATION))
+    return " ".join(text.split())
+
+
+def exact_match_score(prediction: str, answers) -> bool:
+    """Whether the normalised prediction equals any normalised answer (`answers`: a string or several)."""
+    guess = normalize(prediction)
+    return any(guess == normalize(answer) for answer in _as_tuple(answers))
+
+
+def token_f1_score(prediction: str, answers) -> float:
+    """The best F1 between the prediction's words and any answer's words (0 when nothing overlaps)."""
+    guess = normalize(prediction).split()
+    best = 0.0
+    for answer in _as_tuple(answers):
+        gold = normalize(answer).split()
+        common = sum((Counter(guess) & Counter(gold)).values())
+        if common:
+            precision, recall = common / len(guess), common / len(gold)
+            best = max(best, 2 * precision * recall / (precision + recall))
+    return best
+
+
+def number_match_score(prediction: str, answer, tolerance: float = 1e-6) -> bool:
+    """Whether the last number in the prediction is within `tolerance` of the answer."""
+    guess = last_number(prediction)
+    if guess is None or answer is None:
+        return False
+    try:
+        target = Decimal(str(answer).replace(",", ""))
+    except ArithmeticError:
+        return False
+    return abs(guess - target) <= Decimal(str(tolerance))
+
+
+def exact_match(completion: str, answer) -> dict:
+    success = answer is not None and exact_match_score(completion, answer)
+    return {"reward": float(success), "success": success}
+
+
+def token_f1(completion: str, answer) -> dict:
+    """Partial credit: token F1 against the answer; success only for an exact match."""
+    if answer is None:
+        return {"reward": 0.0, "success": False}
+    return {"reward": token_f1_score(completion, answer), "success": exact_match_score(completion, answer)}
+
+
+def number_match(completion: str, answer) -> dict:
+    success = number_match_score(completion, answer)
+    return {"reward": float(success), "success": success}
+
+
+def _as_tuple(answers) -> tuple[str, ...]:
+    return (answers,) if isinstance(answers, str) else tuple(answers)
