@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 import time
 
@@ -94,18 +95,23 @@ class RolloutWorker:
         failed = [e for e in episodes if e.error]
         new = {}
         for episode in failed:
-            headline = episode.error.splitlines()[0]
+            headline = error_kind(episode.error)
             if headline not in self.errors_seen:
                 new.setdefault(headline, episode.error)
         for headline, error in new.items():
             self.errors_seen.add(headline)
-            count = sum(e.error.splitlines()[0] == headline for e in failed)
+            count = sum(error_kind(e.error) == headline for e in failed)
             print(
                 f"agentrl: step {step}: {count} episode(s) failed (counted in episode/failed; "
                 f"later repeats of this error are only counted):\n{error}",
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def error_kind(error: str) -> str:
+    """An error's first line with its numbers masked: errors that differ only in a seed or a pid are one kind."""
+    return re.sub(r"\d+", "#", error.splitlines()[0])
 
 
 async def _gather(coroutines):

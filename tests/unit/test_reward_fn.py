@@ -144,3 +144,18 @@ def test_rollout_worker_applies_the_configured_reward_fn(tiny_model_dir):
     assert [e.tokens for e in plain] == [e.tokens for e in shaped]  # same seeds, same episodes
     for a, b in zip(plain, shaped, strict=True):
         assert b.reward == pytest.approx(a.reward - 0.01 * a.turns)
+
+
+def test_each_kind_of_episode_error_is_printed_once(capsys):
+    from agentrl.rollout.worker import RolloutWorker, error_kind
+
+    assert error_kind("env step failed: RuntimeError: fault for seed 12\ntb") == error_kind(
+        "env step failed: RuntimeError: fault for seed 7\nother"
+    )
+    worker = RolloutWorker.__new__(RolloutWorker)  # report_errors needs only errors_seen
+    worker.errors_seen = set()
+    failed = [Episode(0, s, error=f"env step failed: RuntimeError: fault for seed {s}\ntraceback") for s in (3, 6)]
+    worker.report_errors(0, [*failed, Episode(0, 1)])
+    worker.report_errors(1, failed)
+    printed = capsys.readouterr().err
+    assert printed.count("episode(s) failed") == 1 and "step 0: 2 episode(s) failed" in printed
