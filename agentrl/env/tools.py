@@ -149,11 +149,19 @@ class ToolEnv(TextEnv):
     """A TextEnv whose `@tool` methods the model calls; subclasses implement `reset` and `answer`.
 
     `answer(text)` grades a turn without tool calls (the final answer) and returns the
-    step tuple `(obs, reward, terminated, truncated, info)`.
+    step tuple `(obs, reward, terminated, truncated, info)`. With `max_steps`, the episode
+    is truncated (success False) after that many turns. `step` before `reset` or after
+    the episode ended raises, asking for `reset()`. Subclasses call
+    `super().reset(seed=seed)` first in their `reset`.
     """
 
-    def __init__(self):
+    def __init__(self, max_steps: int | None = None):
         super().__init__()
+        if max_steps is not None and max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 (or None for no limit), got {max_steps}")
+        self.max_steps = max_steps
+        self.turns: int | None = None  # None until the first reset
+        self.over = False
         self._tools = {
             name: describe(member)
             for name, member in inspect.getmembers(type(self), inspect.isfunction)
@@ -161,15 +169,30 @@ class ToolEnv(TextEnv):
         }
         self.tools: list[dict] = [t.schema() for t in self._tools.values()]
 
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        self.turns, self.over = 0, False
+
     def answer(self, text: str):
         raise NotImplementedError(f"{type(self).__name__} must implement answer(text) to grade final answers")
 
     def step(self, action: str):
+        if self.turns is None:
+            raise RuntimeError("step() called before reset(); call reset() to start an episode")
+        if self.over:
+            raise RuntimeError("step() called after the episode ended; call reset() to start a new one")
+        self.turns += 1
         turn = parse_tool_calls(action)
-        if not turn.has_calls:
-            return self.answer(action)
-        observation, errors = self.run_tools(turn)
-        return observation, 0.0, False, False, {"tool_calls": len(turn.calls) + len(turn.errors), "tool_errors": errors}
+        if turn.has_calls:
+            obs, errors = self.run_tools(turn)
+            reward, terminated, truncated = 0.0, False, False
+            info = {"tool_calls": len(turn.calls) + len(turn.errors), "tool_errors": errors}
+        else:
+            obs, reward, terminated, truncated, info = self.answer(action)
+        if not (terminated or truncated) and self.max_steps is not None and self.turns >= self.max_steps:
+            truncated, info = True, {**info, "success": False}
+        self.over = terminated or truncated
+        return obs, reward, terminated, truncated, info
 
     def run_tools(self, turn: ParsedTurn) -> tuple[str, int]:
         """Each call's result or error in a <tool_response> block (parse errors first), and the error count."""

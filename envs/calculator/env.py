@@ -29,13 +29,11 @@ TEMPLATES = [
 
 class CalculatorEnv(ToolEnv):
     def __init__(self, max_value: int = 99, max_steps: int = 6):
-        super().__init__()
+        super().__init__(max_steps=max_steps)
         if max_value < 4:
             raise ValueError(f"calculator needs max_value >= 4, got {max_value}")
-        self.max_value, self.max_steps = max_value, max_steps
+        self.max_value = max_value
         self.target: float | None = None
-        self.steps = 0
-        self.over = False
 
     @tool
     def calculator(self, expression: str) -> str:
@@ -59,21 +57,7 @@ class CalculatorEnv(ToolEnv):
         c = int(rng.integers(1, min(a // b, 10) + 1)) if "/" in expression else int(rng.integers(1, 10))
         fields = {"a": a, "b": b, "c": c}
         self.target = evaluate(expression.format(**fields))
-        self.steps = 0
-        self.over = False
         return text.format(**fields), {"answer": format_number(self.target)}
-
-    def step(self, action):
-        if self.target is None:
-            raise RuntimeError("step() called before reset()")
-        if self.over:
-            raise RuntimeError("step() after the episode ended; call reset() to start a new one")
-        self.steps += 1
-        obs, reward, terminated, truncated, info = super().step(action)
-        if not terminated and self.steps >= self.max_steps:
-            truncated = True
-        self.over = terminated or truncated
-        return obs, reward, terminated, truncated, info
 
     def answer(self, text):
         guess = last_number(text)

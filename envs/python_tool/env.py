@@ -30,18 +30,14 @@ class PythonToolEnv(ToolEnv):
         memory_mb: int = 512,
         sandbox_backend: str = "auto",
     ):
-        super().__init__()
-        if max_steps < 1:
-            raise ValueError(f"python_tool needs max_steps >= 1, got {max_steps}")
+        super().__init__(max_steps=max_steps)
         check_families(families)
         check_difficulty(difficulty)
         choose_backend(sandbox_backend)  # fail now, naming the fix, rather than in every tool call
-        self.difficulty, self.families, self.max_steps = difficulty, families, max_steps
+        self.difficulty, self.families = difficulty, families
         self.limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
         self.sandbox_backend = sandbox_backend
         self.problem: Problem | None = None
-        self.steps = 0
-        self.ended = False
 
     @tool
     def python(self, code: str) -> str:
@@ -58,21 +54,7 @@ class PythonToolEnv(ToolEnv):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.problem = generate(self.np_random, self.difficulty, self.families)
-        self.steps, self.ended = 0, False
         return self.problem.text, {"answer": self.problem.answer, "family": self.problem.family}
-
-    def step(self, action):
-        if self.problem is None:
-            raise RuntimeError("step() called before reset(); call reset() to start an episode")
-        if self.ended:
-            raise RuntimeError("step() called after the episode ended; call reset() to start a new one")
-        self.steps += 1
-        obs, reward, terminated, truncated, info = super().step(action)
-        if not terminated and self.steps >= self.max_steps:
-            truncated = True
-            info["success"] = False
-        self.ended = terminated or truncated
-        return obs, reward, terminated, truncated, info
 
     def answer(self, text):
         success = is_correct(self.problem, text)

@@ -50,15 +50,13 @@ class SearchQAEnv(ToolEnv):
         k1: float = 1.2,
         b: float = 0.75,
     ):
-        super().__init__()
+        super().__init__(max_steps=max_steps)
         if split not in SPLITS:
             raise ValueError(f"search_qa split must be one of {SPLITS}, got {split!r}")
         if not 1 <= k <= MAX_K:
             raise ValueError(f"search_qa needs 1 <= k <= {MAX_K}, got k={k}")
         if snippet_chars < 20:
             raise ValueError(f"search_qa snippet_chars must be >= 20 to show useful text, got {snippet_chars}")
-        if max_steps < 1:
-            raise ValueError(f"search_qa max_steps must be >= 1, got {max_steps}")
         self.library: Library = load_library(corpus_seed, num_documents, float(k1), float(b))
         kinds = expand_kinds(question_types)
         self.questions = [q for i, q in enumerate(self.library.questions) if q.kind in kinds and in_split(i, split)]
@@ -67,10 +65,8 @@ class SearchQAEnv(ToolEnv):
                 f"search_qa has no {split} questions of types {sorted(kinds)}; add types or use split='all'"
             )
         self.k, self.snippet_chars = k, snippet_chars
-        self.max_steps, self.partial_credit = max_steps, partial_credit
+        self.partial_credit = partial_credit
         self.question: Question | None = None
-        self.steps = 0
-        self.finished = False
 
     @tool
     def search(self, query: str, k: int | None = None) -> str:
@@ -106,22 +102,7 @@ class SearchQAEnv(ToolEnv):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.question = self.questions[int(self.np_random.integers(len(self.questions)))]
-        self.steps = 0
-        self.finished = False
         return self.question.text, {"answer": self.question.answer, "kind": self.question.kind}
-
-    def step(self, action):
-        if self.question is None:
-            raise RuntimeError("step() called before reset(); call reset() to start an episode")
-        if self.finished:
-            raise RuntimeError("step() called after the episode ended; call reset() to start a new episode")
-        self.steps += 1
-        obs, reward, terminated, truncated, info = super().step(action)
-        if not terminated and self.steps >= self.max_steps:
-            truncated = True
-            info["success"] = False
-        self.finished = terminated or truncated
-        return obs, reward, terminated, truncated, info
 
     def answer(self, text):
         accepted = self.question.accepted()

@@ -132,3 +132,27 @@ def test_check_tools_flags_duplicates_and_bad_parameters():
     assert any("'add' is used twice" in p for p in problems)
     assert any("'x': parameters must be a JSON-schema object" in p for p in problems)
     assert check_env("calculator", {}) == []
+
+
+class LimitedAdder(Adder):
+    def __init__(self):
+        super().__init__(max_steps=2)
+
+
+def test_tool_env_keeps_turn_limits_and_refuses_steps_outside_an_episode():
+    env = LimitedAdder()
+    with pytest.raises(RuntimeError, match=r"before reset\(\); call reset"):
+        env.step("3")
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>'
+    for _ in range(2):  # two episodes: reset starts the turn count again
+        env.reset(seed=0)
+        _, _, terminated, truncated, info = env.step(call)
+        assert not (terminated or truncated) and info == {"tool_calls": 1, "tool_errors": 0}
+        _, _, terminated, truncated, info = env.step(call)
+        assert truncated and not terminated and info["success"] is False
+        with pytest.raises(RuntimeError, match=r"after the episode ended; call reset"):
+            env.step("3")
+    env.reset(seed=0)
+    assert env.step("3")[2]  # an answer within the limit terminates as answer() says
+    with pytest.raises(ValueError, match="max_steps must be >= 1"):
+        Adder(max_steps=0)

@@ -45,18 +45,18 @@ class WordleEnv(ToolEnv):
         show_words: bool = True,
         valid_reward: float = 0.0,
     ):
-        super().__init__()
         if max_guesses < 1:
             raise ValueError(f"wordle needs max_guesses >= 1, got {max_guesses}")
+        max_turns = 2 * max_guesses if max_turns is None else max_turns
+        if max_turns < max_guesses:
+            raise ValueError(f"wordle needs max_turns >= max_guesses ({max_guesses}), got {max_turns}")
+        super().__init__(max_steps=max_turns)  # ToolEnv truncates after max_turns turns of any kind
         self.words = check_word_list(shipped_words() if words is None else words)
         self.max_guesses = max_guesses
-        self.max_turns = 2 * max_guesses if max_turns is None else max_turns
-        if self.max_turns < max_guesses:
-            raise ValueError(f"wordle needs max_turns >= max_guesses ({max_guesses}), got {self.max_turns}")
         self.show_words, self.valid_reward = show_words, valid_reward
         self.secret: str | None = None
-        self.guesses = self.turns = 0
-        self.solved = self.over = False
+        self.guesses = 0
+        self.solved = False
 
     @tool
     def words_matching(self, pattern: str, exclude: str = "") -> str:
@@ -75,24 +75,13 @@ class WordleEnv(ToolEnv):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
         self.secret = self.words[int(self.np_random.integers(len(self.words)))]
-        self.guesses = self.turns = 0
-        self.solved = self.over = False
+        self.guesses = 0
+        self.solved = False
         prompt = f"Guess the secret {len(self.secret)}-letter word in {self.max_guesses} guesses."
         if self.show_words:
             prompt += f" It is one of: {', '.join(self.words)}."
         prompt += " After each guess: G = right place, Y = elsewhere in the word, . = not in the word."
         return prompt, {"answer": self.secret}
-
-    def step(self, action: str):
-        if self.secret is None:
-            raise RuntimeError("step() called before reset(); call reset() to start an episode")
-        if self.over:
-            raise RuntimeError("step() called after the episode ended; call reset() to start a new one")
-        self.turns += 1
-        observation, reward, terminated, truncated, info = super().step(action)
-        truncated = truncated or (not terminated and self.turns >= self.max_turns)
-        self.over = terminated or truncated
-        return observation, reward, terminated, truncated, {**info, "success": self.solved}
 
     def answer(self, text: str):
         self.guesses += 1
@@ -112,4 +101,4 @@ class WordleEnv(ToolEnv):
             observation += f"; out of guesses, the word was {self.secret}"
         else:
             observation += f"; {left} guess{'es' if left > 1 else ''} left"
-        return observation, reward, terminated, False, {"guesses": self.guesses}
+        return observation, reward, terminated, False, {"guesses": self.guesses, "success": self.solved}
