@@ -7,6 +7,8 @@ polls with exponential backoff, so an idle rank costs almost nothing.
 
 from __future__ import annotations
 
+import os
+import socket
 import sys
 import time
 import traceback
@@ -18,6 +20,8 @@ import numpy as np
 MIN_SLEEP_S = 50e-6
 MAX_SLEEP_S = 5e-3
 ABORT_GRACE_S = 1.0
+# Launcher variables a child process must not see, or it would join (or hang on) this MPI job.
+MPI_VARIABLE_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "I_MPI_")
 
 
 class Tag(IntEnum):
@@ -113,6 +117,27 @@ def bcast_object(comm, obj, root: int = 0):
     buffer = payload.copy() if is_root else np.empty(int(size[0]), dtype=np.uint8)
     bcast_array(comm, buffer, root)
     return obj if is_root else pickle.loads(buffer.tobytes())
+
+
+def rendezvous_address(comm, root: int = 0) -> tuple[str, int]:
+    """(host, free port) of the root rank, for a torch.distributed group's TCP rendezvous, known to every rank.
+
+    The host is $AGENTRL_MASTER_ADDR if set, else what the root's hostname resolves to.
+    """
+    address = None
+    if comm.Get_rank() == root:
+        hostname = socket.gethostname()
+        try:
+            host = os.environ.get("AGENTRL_MASTER_ADDR") or socket.gethostbyname(hostname)
+        except OSError as error:
+            raise RuntimeError(
+                f"cannot resolve this node's hostname {hostname!r} for a torch.distributed rendezvous ({error}); "
+                "fix /etc/hosts or DNS, or set AGENTRL_MASTER_ADDR to an address the other nodes can reach"
+            ) from error
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind(("", 0))
+            address = (host, probe.getsockname()[1])
+    return bcast_object(comm, address, root=root)
 
 
 def barrier(comm) -> None:

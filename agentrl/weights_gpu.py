@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import datetime
 import pickle
-import socket
 
 import numpy as np
 import torch
@@ -84,24 +83,6 @@ def make_header(specs: list[TensorSpec], version: int, bucket_bytes: int) -> dic
 STOP_HEADER = {"stop": True}
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return probe.getsockname()[1]
-
-
-def this_host_address() -> str:
-    """An address of this node the other nodes can reach (what the hostname resolves to)."""
-    hostname = socket.gethostname()
-    try:
-        return socket.gethostbyname(hostname)
-    except OSError as error:
-        raise RuntimeError(
-            f"cannot resolve this node's hostname {hostname!r} for the weight-sync rendezvous ({error}); "
-            "fix /etc/hosts or DNS, or use runtime.weight_sync=mpi"
-        ) from error
-
-
 def init_weight_group(backend: str, address: str, port: int, world_size: int, rank: int, group_name: str):
     """A process group outside the default one, created exactly as SGLang's workers create theirs.
 
@@ -153,7 +134,7 @@ class DistributedWeightBroadcast(WeightSync):
         members = np.zeros(self.comm.Get_size(), dtype=np.int64)
         members[self.comm.Get_rank()] = 1 if self.is_sender else engine.weight_group_size
         offsets, world_size = group_offsets(transport.allreduce_sum(self.comm, members).tolist())
-        address = transport.bcast_object(self.comm, (this_host_address(), free_port()) if self.is_sender else None)
+        address = transport.rendezvous_address(self.comm)
         if self.is_sender:
             self.group = init_weight_group(self.backend, *address, world_size, 0, GROUP_NAME)
         else:

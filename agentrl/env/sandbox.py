@@ -22,8 +22,7 @@ import sys
 import traceback
 
 from agentrl.env.api import TextEnv
-
-MPI_VARIABLE_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "I_MPI_")
+from agentrl.transport import MPI_VARIABLE_PREFIXES
 
 
 class EnvProcessDied(RuntimeError):

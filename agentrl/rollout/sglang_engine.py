@@ -31,11 +31,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentrl.rollout.engine import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.transport import MPI_VARIABLE_PREFIXES
 
 MISSING_SGLANG = (
     "rollout.backend=sglang needs SGLang: pip install 'agentrl[sglang]' on a GPU machine (SGLang is GPU-only)"
 )
-MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "I_MPI_")
 NO_MPI_FLAG = "AGENTRL_NO_MPI"  # set for SGLang's children: nothing there may initialise MPI
 
 
@@ -121,7 +121,7 @@ def environment_without_mpi():
     MPI read them at initialisation, so this rank is unaffected; a child that saw them
     would hang (MPICH) or join the job as an extra rank (Open MPI) on importing mpi4py.
     """
-    saved = {key: value for key, value in os.environ.items() if key.startswith(MPI_ENV_PREFIXES)}
+    saved = {key: value for key, value in os.environ.items() if key.startswith(MPI_VARIABLE_PREFIXES)}
     for key in saved:
         del os.environ[key]
     os.environ[NO_MPI_FLAG] = "1"

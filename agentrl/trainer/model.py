@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import socket
 from pathlib import Path
 
 import torch
@@ -55,14 +53,7 @@ def init_trainer_group(role_comm, device: str):
     size = role_comm.Get_size()
     if size == 1:
         return None
-    leader = role_comm.Get_rank() == 0
-    address = None
-    if leader:
-        host = os.environ.get("AGENTRL_MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            address = (host, probe.getsockname()[1])
-    host, port = transport.bcast_object(role_comm, address)
+    host, port = transport.rendezvous_address(role_comm)
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=role_comm.Get_rank(), world_size=size)
     return dist.group.WORLD

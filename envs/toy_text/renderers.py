@@ -27,6 +27,14 @@ def decode_taxi(state: int) -> tuple[int, int, int, int]:
     return row, col, passenger, destination
 
 
+def draw_with_player(grid: list[list[str]], state) -> str:
+    """The grid with P on the cell of a row-major `state`, and where that is."""
+    row, col = divmod(int(state), len(grid[0]))
+    grid[row][col] = "P"
+    drawn = "\n".join("".join(cells) for cells in grid)
+    return f"You are P at row {row + 1}, column {col + 1}.\n{drawn}"
+
+
 class StateNumberView:
     """Any env with Discrete observations: the state as a number, actions as numbers."""
 
@@ -58,10 +66,7 @@ class FrozenLakeView(StateNumberView):
 
     def describe(self, game: gym.Env, state) -> str:
         grid = [[cell.decode() for cell in row] for row in game.unwrapped.desc]
-        row, col = divmod(int(state), len(grid[0]))
-        grid[row][col] = "P"
-        drawn = "\n".join("".join(cells) for cells in grid)
-        return f"You are P at row {row + 1}, column {col + 1}.\n{drawn}"
+        return draw_with_player(grid, state)
 
     def legend(self, game: gym.Env) -> str:
         return "Frozen lake: walk to the goal G without falling into a hole H (F is ice, S the start)."
@@ -112,10 +117,7 @@ class CliffWalkingView(StateNumberView):
         env = game.unwrapped
         rows, cols = env.shape
         grid = [["."] * cols for _ in range(rows - 1)] + [["S"] + ["C"] * (cols - 2) + ["G"]]
-        row, col = divmod(int(state), cols)
-        grid[row][col] = "P"
-        drawn = "\n".join("".join(cells) for cells in grid)
-        return f"You are P at row {row + 1}, column {col + 1}.\n{drawn}"
+        return draw_with_player(grid, state)
 
     def legend(self, game: gym.Env) -> str:
         return "Cliff walk: walk to the goal G; stepping on the cliff C sends you back to the start S."

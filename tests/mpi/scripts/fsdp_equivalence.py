@@ -16,23 +16,11 @@ from agentrl.config import from_dict
 from agentrl.trainer import checkpoint
 from agentrl.trainer.grpo_trainer import GRPOTrainer
 from agentrl.trainer.model import init_trainer_group, load_causal_lm, load_tokenizer
-from agentrl.trajectory import Episode, concat, pack
+from agentrl.trajectory import concat
 from agentrl.weights import full_tensors
+from tests.mpi.scripts.batches import synthetic_batch
 
 GROUPS = {0: range(0, 5), 1: range(5, 8)}  # unequal: rank 1 runs fewer micro-batches and must pad with idle ones
-
-
-def synthetic_batch(step: int, groups: range, vocab: int) -> dict:
-    rng = np.random.default_rng(step)
-    episodes = []
-    for group in range(8):
-        for _ in range(4):
-            length = int(rng.integers(12, 30))
-            e = Episode(group=group, task_seed=0, reward=float(rng.random() < 0.5))
-            e.extend(rng.integers(3, vocab, size=6), mask=0)
-            e.extend(rng.integers(3, vocab, size=length - 6), mask=1, logprobs=-rng.random(length - 6) * 3)
-            episodes.append(e)
-    return pack([e for e in episodes if e.group in groups])
 
 
 def whole_batch(step: int, vocab: int) -> dict:

@@ -11,20 +11,8 @@ from agentrl import transport
 from agentrl.config import from_dict
 from agentrl.trainer.grpo_trainer import GRPOTrainer
 from agentrl.trainer.model import init_trainer_group
-from agentrl.trajectory import Episode, concat, pack
-
-
-def synthetic_batch(step: int, groups: range, vocab: int) -> dict:
-    rng = np.random.default_rng(step)
-    episodes = []
-    for group in range(8):
-        for _ in range(4):
-            length = int(rng.integers(12, 30))
-            e = Episode(group=group, task_seed=0, reward=float(rng.random() < 0.5))
-            e.extend(rng.integers(3, vocab, size=6), mask=0)
-            e.extend(rng.integers(3, vocab, size=length - 6), mask=1, logprobs=-rng.random(length - 6) * 3)
-            episodes.append(e)
-    return pack([e for e in episodes if e.group in groups])
+from agentrl.trajectory import concat
+from tests.mpi.scripts.batches import synthetic_batch
 
 
 def main():
