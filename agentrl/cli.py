@@ -1,4 +1,4 @@
-"""The `agentrl` command: train | layout | envs | check-env | config-doc."""
+"""The `agentrl` command: train | layout | envs | algorithms | check-env | config-doc."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (0: CPU)")
 
     sub.add_parser("envs", help="list registered environment ids")
+    sub.add_parser("algorithms", help="list registered RL algorithms (algorithm.name) with what each is")
 
     p = sub.add_parser("check-env", help="validate an environment")
     p.add_argument("env_id")
@@ -86,6 +87,16 @@ def cmd_envs(args) -> int:
     return 0
 
 
+def cmd_algorithms(args) -> int:
+    from agentrl.algorithms.registry import describe
+
+    rows = describe()
+    width = max(len(name) for name, _ in rows)
+    for name, summary in rows:
+        print(f"{name:<{width}}  {summary}")
+    return 0
+
+
 def cmd_check_env(args) -> int:
     import yaml
 
@@ -113,6 +124,7 @@ COMMANDS = {
     "train": cmd_train,
     "layout": cmd_layout,
     "envs": cmd_envs,
+    "algorithms": cmd_algorithms,
     "check-env": cmd_check_env,
     "config-doc": cmd_config_doc,
 }

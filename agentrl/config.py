@@ -7,11 +7,23 @@ run folder.
 
 from __future__ import annotations
 
+import types
+import typing
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializeAsAny,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 
 class ConfigError(ValueError):
@@ -74,52 +86,78 @@ class EnvConfig(Section):
     )
 
 
+class TorchEngineConfig(Section):
+    """The built-in torch engine: batched KV-cache decoding on CPU or one GPU."""
+
+    backend: Literal["torch"] = "torch"
+    max_batch_size: int = Field(256, ge=1, description="Most sequences decoded at once.")
+
+
+class SGLangEngineConfig(Section):
+    """An in-process `sglang.Engine` per rollout rank (GPU; the `agentrl[sglang]` extra)."""
+
+    backend: Literal["sglang"] = "sglang"
+    tp_size: int = Field(1, ge=1, description="Tensor-parallel GPUs per engine (one engine per rollout rank).")
+    mem_fraction_static: float = Field(
+        0.8, gt=0, lt=1, description="GPU memory fraction for weights and KV cache (lower it when colocated)."
+    )
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for `sglang.Engine`.")
+
+
+EngineConfig = Annotated[TorchEngineConfig | SGLangEngineConfig, Field(discriminator="backend")]
+
+
 class RolloutConfig(Section):
     """Generation and the multi-turn agent loop on rollout ranks."""
 
-    backend: Literal["torch", "sglang"] = Field("torch", description="Inference engine: built-in torch or SGLang.")
     tasks_per_step: int = Field(
         16, ge=1, description="Distinct tasks (env seeds) per training step, all ranks together."
     )
-    group_size: int = Field(8, ge=2, description="Episodes per task; GRPO compares episodes within a group.")
+    group_size: int = Field(8, ge=2, description="Episodes per task; group baselines compare episodes within a group.")
     max_turns: int = Field(8, ge=1, description="Assistant turns before an episode is cut off.")
     max_new_tokens: int = Field(32, ge=1, description="Tokens the model may generate in one turn.")
     max_episode_tokens: int = Field(512, ge=8, description="Token budget of a whole episode (prompt + all turns).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (the trainer divides logits by it too).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold.")
     top_k: int = Field(-1, ge=-1, description="Top-k filter; -1 disables it.")
-    max_batch_size: int = Field(256, ge=1, description="Most sequences the torch engine decodes at once.")
-    tp_size: int = Field(1, ge=1, description="SGLang: tensor-parallel GPUs per engine (one engine per rollout rank).")
-    mem_fraction_static: float = Field(
-        0.8, gt=0, lt=1, description="SGLang: GPU memory fraction for weights and KV cache (lower it when colocated)."
+    engine: EngineConfig = Field(
+        default_factory=TorchEngineConfig,
+        description="The inference engine, chosen by `backend` (torch | sglang), with that engine's own options.",
     )
-    sglang_kwargs: dict[str, Any] = Field(
-        default_factory=dict, description="SGLang: extra keyword arguments for `sglang.Engine`."
+
+
+class OptimizerConfig(Section):
+    """The policy's optimizer."""
+
+    name: Literal["adamw"] = Field("adamw", description="Optimizer (torch.optim.AdamW).")
+    lr: float = Field(1e-3, gt=0, description="Peak learning rate.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+
+
+class LRSchedulerConfig(Section):
+    """Learning rate over the run: linear warm-up, then a decay."""
+
+    decay: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps (optimizer steps).")
+    min_lr_ratio: float = Field(
+        0.1, ge=0, le=1, description="Final LR as a fraction of `optimizer.lr` (linear/cosine)."
     )
 
 
 class TrainerConfig(Section):
-    """GRPO: group-relative advantages and a PPO-clipped token-level loss."""
+    """How each batch is trained: micro-batches and optimizer steps per batch."""
 
-    lr: float = Field(1e-3, gt=0, description="Peak learning rate (AdamW).")
-    lr_schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="Decay after warm-up.")
-    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps.")
-    min_lr_ratio: float = Field(0.1, ge=0, le=1, description="Final LR as a fraction of `lr` for linear/cosine.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
-    clip_eps_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1.")
-    clip_eps_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (clip-higher).")
-    kl_coef: float = Field(
-        0.0, ge=0, description="Weight of the k3 KL penalty to a frozen reference model; 0 loads none."
-    )
-    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
-    adv_std_norm: bool = Field(True, description="Divide group-relative advantages by the group's std.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
     micro_batch_size: int = Field(16, ge=1, description="Episodes per forward/backward pass.")
     updates_per_step: int = Field(
         1, ge=1, description="Optimizer steps per batch (mini-batches); >1 is off-policy PPO."
     )
-    seed: int = Field(0, description="Seed of trainer-side randomness.")
+
+
+class ParallelismConfig(Section):
+    """How trainer ranks share the model: replicas (default) or FSDP2 shards."""
+
     fsdp: bool = Field(
         False, description="Shard parameters, gradients and optimizer state across trainer ranks with FSDP2."
     )
@@ -127,6 +165,58 @@ class TrainerConfig(Section):
         "none", description="`bf16`: compute in bfloat16 over float32 master weights (FSDP2 on GPU)."
     )
     activation_checkpointing: bool = Field(False, description="Recompute each decoder layer's activations in backward.")
+
+
+class WeightsConfig(Section):
+    """Weights from the trainer leader to the rollout engines, versioned and in buckets."""
+
+    transport: Literal["auto", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
+        "auto",
+        description="`mpi` (CPU), `nccl` (broadcast), `cuda_ipc` (colocated, same GPU), "
+        "`gloo` (the NCCL path's process-group broadcast on CPU); "
+        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else mpi.",
+    )
+    bucket_mb: float = Field(64.0, gt=0, description="Size of one broadcast bucket in MiB.")
+
+
+class AlgorithmSection(Section):
+    """Base of every algorithm's options (agentrl/algorithms/base.py); `name` picks the algorithm."""
+
+    name: str = Field("grpo", description="Registered algorithm name (`agentrl algorithms`) or `module:Class`.")
+
+
+def _default_algorithm() -> AlgorithmSection:
+    from agentrl.algorithms.grpo import GRPOOptions
+
+    return GRPOOptions()
+
+
+def algorithm_options(value: Any) -> AlgorithmSection:
+    """The `algorithm:` mapping validated by the options class of the algorithm it names."""
+    if isinstance(value, AlgorithmSection):
+        return value
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise PydanticCustomError("nested_section", "algorithm: must be a mapping such as {name: grpo}")
+    from agentrl.algorithms.registry import resolve
+
+    name = value.get("name", "grpo")
+    try:
+        options_class = resolve(str(name)).Options
+    except (KeyError, ImportError, AttributeError, TypeError, ValueError) as error:
+        message = error.args[0] if isinstance(error, KeyError) else str(error)
+        raise PydanticCustomError("nested_section", "algorithm.name: {message}", {"message": message}) from None
+    try:
+        return options_class.model_validate(value)
+    except ValidationError as error:
+        lines = format_validation_error(error, "").splitlines()[1:]
+        detail = "\n".join(f"  algorithm.{line.strip()}" for line in lines)
+        fields = ", ".join(options_class.model_fields)
+        raise PydanticCustomError(
+            "nested_section",
+            "{detail}\n  (options of algorithm {name}: {fields})",
+            {"detail": detail, "name": name, "fields": fields},
+        ) from None
 
 
 class CheckpointConfig(Section):
@@ -150,13 +240,6 @@ class RuntimeConfig(Section):
     torch_threads: int = Field(
         0, ge=0, description="torch threads per rank; 0 = cores on the node / ranks on the node."
     )
-    weight_bucket_mb: float = Field(64.0, gt=0, description="Size of one weight-broadcast bucket in MiB.")
-    weight_sync: Literal["auto", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
-        "auto",
-        description="Weights to rollout ranks: `mpi` (CPU), `nccl` (broadcast), `cuda_ipc` (colocated, same GPU), "
-        "`gloo` (the NCCL path's process-group broadcast on CPU); "
-        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else mpi.",
-    )
     env_step_timeout_s: float = Field(
         60.0,
         gt=0,
@@ -175,13 +258,28 @@ class Config(Section):
     model: ModelConfig
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: SerializeAsAny[AlgorithmSection] = Field(
+        default_factory=_default_algorithm,
+        description="The RL algorithm, chosen by `name`, with that algorithm's own options (`agentrl algorithms`).",
+    )
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr_scheduler: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
 
+    _notes: list[str] = PrivateAttr(default_factory=list)  # renamed fields found in the input, said once by rank 0
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm_options(cls, value):
+        return algorithm_options(value)
+
     @model_validator(mode="after")
-    def _check_batch_split(self) -> Config:
+    def _check_cross_fields(self) -> Config:
         shards = self.layout.rollout * self.layout.trainer
         if self.rollout.tasks_per_step % shards:
             raise ValueError(
@@ -195,7 +293,90 @@ class Config(Section):
                 f"rollout.max_new_tokens={self.rollout.max_new_tokens} must be below "
                 f"rollout.max_episode_tokens={self.rollout.max_episode_tokens}; raise the budget or lower the turn size"
             )
+        if self.parallelism.fsdp and self.layout.trainer < 2:
+            raise ValueError(
+                "parallelism.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one there is nothing "
+                "to shard: set parallelism.fsdp=false (parallelism.mixed_precision=bf16 then uses autocast)"
+            )
+        engine = self.rollout.engine
+        if self.layout.colocate and getattr(engine, "tp_size", 1) > 1:
+            raise ValueError(
+                "layout.colocate shares one trainer GPU per rollout rank, but "
+                f"rollout.engine.tp_size={engine.tp_size}; set rollout.engine.tp_size=1 or layout.colocate=false"
+            )
+        transport = self.weights.transport
+        if transport == "cuda_ipc" and not self.layout.colocate:
+            raise ValueError(
+                "weights.transport=cuda_ipc needs trainer and rollout on the same GPU: set layout.colocate=true, "
+                "or use weights.transport=nccl"
+            )
+        if transport == "cuda_ipc" and self.layout.rollout != 1:
+            raise ValueError(
+                f"weights.transport=cuda_ipc shares the trainer leader's GPU with one rollout rank, but "
+                f"layout.rollout={self.layout.rollout}; set layout.rollout=1 or use weights.transport=nccl"
+            )
+        if transport == "nccl" and self.layout.colocate:
+            raise ValueError(
+                "weights.transport=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "
+                "NCCL needs one GPU per group member. Use weights.transport=cuda_ipc (one rollout rank) or mpi"
+            )
         return self
+
+    @property
+    def notes(self) -> list[str]:
+        return self._notes
+
+
+# Fields that moved when `trainer` and `rollout` were split into one section per component:
+# old dotted path -> new dotted path (None: removed, nothing read it).
+RENAMED_FIELDS: dict[str, str | None] = {
+    "trainer.lr": "optimizer.lr",
+    "trainer.betas": "optimizer.betas",
+    "trainer.weight_decay": "optimizer.weight_decay",
+    "trainer.max_grad_norm": "optimizer.max_grad_norm",
+    "trainer.lr_schedule": "lr_scheduler.decay",
+    "trainer.warmup_steps": "lr_scheduler.warmup_steps",
+    "trainer.min_lr_ratio": "lr_scheduler.min_lr_ratio",
+    "trainer.clip_eps_low": "algorithm.clip_eps_low",
+    "trainer.clip_eps_high": "algorithm.clip_eps_high",
+    "trainer.kl_coef": "algorithm.kl_coef",
+    "trainer.entropy_coef": "algorithm.entropy_coef",
+    "trainer.adv_std_norm": "algorithm.adv_std_norm",
+    "trainer.fsdp": "parallelism.fsdp",
+    "trainer.mixed_precision": "parallelism.mixed_precision",
+    "trainer.activation_checkpointing": "parallelism.activation_checkpointing",
+    "trainer.seed": None,
+    "rollout.backend": "rollout.engine.backend",
+    "rollout.max_batch_size": "rollout.engine.max_batch_size",
+    "rollout.tp_size": "rollout.engine.tp_size",
+    "rollout.mem_fraction_static": "rollout.engine.mem_fraction_static",
+    "rollout.sglang_kwargs": "rollout.engine.kwargs",
+    "runtime.weight_sync": "weights.transport",
+    "runtime.weight_bucket_mb": "weights.bucket_mb",
+}
+
+
+def migrate_renamed(data: dict) -> list[str]:
+    """Move fields of older configs to their new place, in place; a note per field moved."""
+    notes = []
+    for old, new in RENAMED_FIELDS.items():
+        section, field = old.split(".")
+        node = data.get(section)
+        if not isinstance(node, dict) or field not in node:
+            continue
+        value = node.pop(field)
+        if new is None:
+            notes.append(f"{old} is no longer read and was ignored; remove it")
+            continue
+        path = new.split(".")
+        target = data
+        for part in path[:-1]:
+            target = target.setdefault(part, {})
+        if path[-1] in target:
+            raise ConfigError(f"{old} was renamed {new}, and both are set; keep only {new}")
+        target[path[-1]] = value
+        notes.append(f"{old} is now {new}; please rename it")
+    return notes
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -225,6 +406,9 @@ def format_validation_error(error: ValidationError, source: str) -> str:
             message = "unknown field; check the spelling against `agentrl config-doc`"
         elif item["type"] == "missing":
             message = "required field is missing; add it to the YAML or pass it as key=value"
+        if item["type"] == "nested_section":  # already one line per field, each named
+            lines.append(f"  {message.strip()}" if not message.startswith("  ") else message)
+            continue
         whole_config = not item["loc"]  # a cross-field check: its message already names the values
         got = "" if whole_config or item["type"] in ("missing", "extra_forbidden") else f" (got {item['input']!r})"
         lines.append(f"  {field}: {message}{got}")
@@ -232,10 +416,16 @@ def format_validation_error(error: ValidationError, source: str) -> str:
 
 
 def from_dict(data: dict, source: str = "<dict>") -> Config:
+    import copy
+
+    data = copy.deepcopy(data)
+    notes = migrate_renamed(data)
     try:
-        return Config.model_validate(data)
+        config = Config.model_validate(data)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, source)) from None
+    config._notes = notes
+    return config
 
 
 def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
@@ -260,37 +450,108 @@ def save_config(config: Config, path: str | Path) -> None:
 
 
 def config_reference() -> str:
-    """A markdown table per section: field, type, default, description."""
-    out = []
+    """Markdown tables per section: field, type (every Literal's choices), default, description.
+
+    A section chosen by a key (`rollout.engine` by `backend`, `algorithm` by `name`) gets one
+    table per choice, so each choice's own options are listed where they apply.
+    """
+    top = [_row(name, field) for name, field in Config.model_fields.items() if _section_of(field) is None]
+    out = ["### top level\n", *_table(top)]
     for name, field in Config.model_fields.items():
-        annotation = field.annotation
-        if isinstance(annotation, type) and issubclass(annotation, Section):
-            out.append(f"\n### `{name}`\n\n{(annotation.__doc__ or '').strip()}\n")
-            out.append("| field | type | default | description |\n|---|---|---|---|")
-            for sub, sub_field in annotation.model_fields.items():
-                out.append(_row(f"{name}.{sub}", sub_field))
-    top = [_row(name, f) for name, f in Config.model_fields.items() if name not in _sections()]
-    return (
-        "### top level\n\n| field | type | default | description |\n|---|---|---|---|\n"
-        + "\n".join(top)
-        + "\n".join(["", *out])
-    )
+        if name == "algorithm":
+            out += _algorithm_tables()
+        elif (section := _section_of(field)) is not None:
+            out.append(f"\n### `{name}`\n\n{_doc(section)}\n")
+            out += _table(_section_rows(name, section))
+            out += _choice_tables(name, section)
+    return "\n".join(out)
 
 
-def _sections() -> set[str]:
-    return {
-        n
-        for n, f in Config.model_fields.items()
-        if isinstance(f.annotation, type) and issubclass(f.annotation, Section)
-    }
+def _table(rows: list[str]) -> list[str]:
+    return ["| field | type | default | description |", "|---|---|---|---|", *rows]
+
+
+def _doc(section: type) -> str:
+    return (section.__doc__ or "").strip()
+
+
+def _section_of(field) -> type | None:
+    """The Section class a field holds (also through `X | None`), or None for a plain value."""
+    candidates = [field.annotation, *typing.get_args(field.annotation)]
+    return next((c for c in candidates if isinstance(c, type) and issubclass(c, Section)), None)
+
+
+def _union_members(field) -> list[type]:
+    """The members of a discriminated union of sections (rollout.engine), else []."""
+    annotation = field.annotation
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    sections = [m for m in typing.get_args(annotation) if isinstance(m, type) and issubclass(m, Section)]
+    return sections if len(sections) > 1 else []
+
+
+def _section_rows(prefix: str, section: type, skip: tuple[str, ...] = ()) -> list[str]:
+    """Rows of a section's fields; a nested section's fields follow as `prefix.field.sub`."""
+    rows = []
+    for name, field in section.model_fields.items():
+        if name in skip:
+            continue
+        nested = _section_of(field)
+        if _union_members(field):
+            rows.append(_row(f"{prefix}.{name}", field))
+        elif nested is not None:
+            summary = field.description or _doc(nested).split("\n\n")[0].replace("\n", " ")
+            rows.append(f"| `{prefix}.{name}` | section | | {summary} |")
+            rows += _section_rows(f"{prefix}.{name}", nested)
+        else:
+            rows.append(_row(f"{prefix}.{name}", field))
+    return rows
+
+
+def _choice_tables(prefix: str, section: type) -> list[str]:
+    out = []
+    for name, field in section.model_fields.items():
+        for member in _union_members(field):
+            key = member.model_fields[field.discriminator].default if field.discriminator else member.__name__
+            out.append(f"\n#### `{prefix}.{name}` with `{field.discriminator}: {key}`\n\n{_doc(member)}\n")
+            out += _table(_section_rows(f"{prefix}.{name}", member))
+    return out
+
+
+def _algorithm_tables() -> list[str]:
+    from agentrl.algorithms.registry import registered_names, resolve
+
+    out = [f"\n### `algorithm`\n\n{Config.model_fields['algorithm'].description}\n"]
+    out += _table([_row("algorithm.name", AlgorithmSection.model_fields["name"])])
+    for name in registered_names():
+        algorithm = resolve(name)
+        out.append(f"\n#### `algorithm.name: {name}`\n\n{algorithm.summary}\n")
+        out += _table(_section_rows("algorithm", algorithm.Options, skip=("name",)))
+    return out
+
+
+def _type_name(annotation) -> str:
+    if typing.get_origin(annotation) is Literal:
+        return " \\| ".join(repr(choice) for choice in typing.get_args(annotation))
+    if typing.get_origin(annotation) is Annotated:
+        annotation = typing.get_args(annotation)[0]
+    args = typing.get_args(annotation)
+    if args and typing.get_origin(annotation) in (types.UnionType, typing.Union):
+        return " \\| ".join(_type_name(arg) for arg in args)
+    if isinstance(annotation, type) and issubclass(annotation, Section):
+        return annotation.__name__
+    if annotation is type(None):
+        return "None"
+    return getattr(annotation, "__name__", None) if not args else str(annotation).replace("typing.", "")
 
 
 def _row(name: str, field) -> str:
-    annotation = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
     if field.is_required():
         default = "required"
     elif field.default_factory is not None:
         default = repr(field.default_factory())
     else:
         default = repr(field.default)
-    return f"| `{name}` | `{annotation}` | `{default}` | {field.description or ''} |"
+    if len(default) > 40:
+        default = default.split("(")[0]
+    return f"| `{name}` | `{_type_name(field.annotation)}` | `{default}` | {field.description or ''} |"

@@ -37,7 +37,7 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
 
 def engine_gpus(config) -> int:
     """GPUs one rollout engine uses: SGLang's tensor-parallel size; the torch engine uses one."""
-    return config.rollout.tp_size if config.rollout.backend == "sglang" else 1
+    return getattr(config.rollout.engine, "tp_size", 1)
 
 
 def bind_gpus(
@@ -53,12 +53,13 @@ def bind_gpus(
         return [None] * len(roles)
     if colocate and rollout_gpus > 1:
         raise ConfigError(
-            f"layout.colocate shares one trainer GPU per rollout rank, but rollout.tp_size={rollout_gpus}; "
-            "set rollout.tp_size=1 or layout.colocate=false"
+            f"layout.colocate shares one trainer GPU per rollout rank, but rollout.engine.tp_size={rollout_gpus}; "
+            "set rollout.engine.tp_size=1 or layout.colocate=false"
         )
     if rollout_gpus > gpus_per_node:
         raise ConfigError(
-            f"rollout.tp_size={rollout_gpus} GPUs per engine, but nodes have {gpus_per_node}; lower rollout.tp_size"
+            f"rollout.engine.tp_size={rollout_gpus} GPUs per engine, but nodes have {gpus_per_node}; "
+            "lower rollout.engine.tp_size"
         )
     owners = (Role.TRAINER,) if colocate else GPU_ROLES
     seen_on_node: dict[int, int] = {}

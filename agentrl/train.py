@@ -58,6 +58,8 @@ def prepare_run_dir(config: Config, layout: Layout) -> None:
             f"run_dir {run_dir} already has checkpoint step {found[0]}; pass resume=true to continue it, "
             "or choose a new run_dir=... so nothing is overwritten"
         )
+    for note in config.notes:
+        print(f"agentrl: config: {note}", flush=True)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
@@ -116,11 +118,11 @@ def seed_everything(seed: int) -> None:
 
 
 def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
-    from agentrl.trainer.grpo_trainer import GRPOTrainer
     from agentrl.trainer.model import load_tokenizer
+    from agentrl.trainer.policy_trainer import PolicyTrainer
 
     resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
-    trainer = GRPOTrainer(config, str(resumed_from or config.model.path), layout.device, group)
+    trainer = PolicyTrainer(config, str(resumed_from or config.model.path), layout.device, group)
     if resumed_from is not None:
         checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler, trainer.model)
     return trainer, load_tokenizer(config.model.path)

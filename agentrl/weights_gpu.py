@@ -236,7 +236,7 @@ class CUDAIPCWeightSync(WeightSync):
 
 
 def resolve_weight_sync(choice: str, colocate: bool, on_gpu: bool, rollout_ranks: int) -> str:
-    """`runtime.weight_sync` after `auto`; ConfigError for a choice that cannot work here."""
+    """`weights.transport` after `auto`; ConfigError for a choice that cannot work here."""
     if choice == "auto":
         if colocate and on_gpu:
             # NCCL refuses two ranks of one group on one GPU; more than one colocated pair goes over MPI for now.
@@ -244,26 +244,26 @@ def resolve_weight_sync(choice: str, colocate: bool, on_gpu: bool, rollout_ranks
         return "nccl" if on_gpu else "mpi"
     if choice == "nccl" and not on_gpu:
         raise ConfigError(
-            "runtime.weight_sync=nccl needs CUDA on the trainer and rollout ranks; this job has none. "
-            "Use runtime.weight_sync=mpi (or auto) on CPU"
+            "weights.transport=nccl needs CUDA on the trainer and rollout ranks; this job has none. "
+            "Use weights.transport=mpi (or auto) on CPU"
         )
     if choice == "nccl" and colocate:
         raise ConfigError(
-            "runtime.weight_sync=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "
-            "NCCL needs one GPU per group member. Use runtime.weight_sync=cuda_ipc (one rollout rank) or mpi"
+            "weights.transport=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "
+            "NCCL needs one GPU per group member. Use weights.transport=cuda_ipc (one rollout rank) or mpi"
         )
     if choice == "cuda_ipc":
         if not colocate:
             raise ConfigError(
-                "runtime.weight_sync=cuda_ipc needs trainer and rollout on the same GPU: set layout.colocate=true, "
-                "or use runtime.weight_sync=nccl"
+                "weights.transport=cuda_ipc needs trainer and rollout on the same GPU: set layout.colocate=true, "
+                "or use weights.transport=nccl"
             )
         if not on_gpu:
-            raise ConfigError("runtime.weight_sync=cuda_ipc needs CUDA; use runtime.weight_sync=mpi on CPU")
+            raise ConfigError("weights.transport=cuda_ipc needs CUDA; use weights.transport=mpi on CPU")
         if rollout_ranks != 1:
             raise ConfigError(
-                f"runtime.weight_sync=cuda_ipc shares the trainer leader's GPU with one rollout rank, but "
-                f"layout.rollout={rollout_ranks}; set layout.rollout=1 or use runtime.weight_sync=nccl"
+                f"weights.transport=cuda_ipc shares the trainer leader's GPU with one rollout rank, but "
+                f"layout.rollout={rollout_ranks}; set layout.rollout=1 or use weights.transport=nccl"
             )
     return choice
 
@@ -271,8 +271,8 @@ def resolve_weight_sync(choice: str, colocate: bool, on_gpu: bool, rollout_ranks
 def make_weight_sync(config, layout, engine=None) -> WeightSync:
     """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine)."""
     on_gpu = layout.device.startswith("cuda")
-    choice = resolve_weight_sync(config.runtime.weight_sync, config.layout.colocate, on_gpu, len(layout.rollout_ranks))
-    bucket_mb = config.runtime.weight_bucket_mb
+    choice = resolve_weight_sync(config.weights.transport, config.layout.colocate, on_gpu, len(layout.rollout_ranks))
+    bucket_mb = config.weights.bucket_mb
     if choice == "mpi":
         return MPIWeightBroadcast(layout.weight_comm, bucket_mb)
     if choice in ("nccl", "gloo"):

@@ -1,10 +1,21 @@
-"""Pure pieces of GRPO: group-relative advantages, token log-probs, the clipped loss, KL, entropy."""
+"""GRPO, and its pure pieces: group-relative advantages, token log-probs, the clipped loss, KL, entropy.
+
+GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), section 4.1: sample a group of
+episodes per task, advantage = (reward - group mean) / group std, PPO's clipped surrogate
+per token. Here with clip-higher by default (DAPO's asymmetric clip, 0.2 / 0.28) and the
+token-mean loss; `adv_std_norm=false` with `loss_agg=seq-mean-token-sum-norm` is Dr.GRPO.
+"""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from pydantic import Field
+
+from agentrl.algorithms.base import PolicyGradient, PolicyGradientOptions
 
 
 def group_advantages(
@@ -48,15 +59,41 @@ def clipped_policy_loss(
 
     Returns (loss_sum, clipped_token_count).
     """
+    loss, was_clipped = clipped_ratio_terms(logp, old_logp, advantages, clip_low, clip_high)
+    return (loss * mask).sum(), (was_clipped * mask).sum()
+
+
+def clipped_ratio_terms(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: -min(r A, clip(r, 1 - low, 1 + high) A) with r = exp(logp - old_logp), and 0/1 where the clip won.
+
+    Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7.
+    """
     ratio = torch.exp(logp - old_logp)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    was_clipped = (clipped < unclipped).float()
-    return (loss * mask).sum(), (was_clipped * mask).sum()
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Schulman's k3 estimator of KL(policy || reference) per token: exp(r) - r - 1 with r = ref - logp."""
     log_ratio = ref_logp - logp
     return torch.exp(log_ratio) - log_ratio - 1.0
+
+
+class GRPOOptions(PolicyGradientOptions):
+    name: Literal["grpo"] = "grpo"
+    adv_std_norm: bool = Field(True, description="Divide group-relative advantages by the group's std.")
+
+
+class GRPO(PolicyGradient):
+    name = "grpo"
+    summary = (
+        "group-relative advantages, PPO-clipped token loss (Shao et al. 2024, DeepSeekMath; verl adv_estimator=grpo)"
+    )
+    Options = GRPOOptions
+    options: GRPOOptions
+
+    def episode_advantages(self, batch, valid):
+        return group_advantages(batch["reward"], batch["group"], valid, self.options.adv_std_norm)

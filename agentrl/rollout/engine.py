@@ -77,7 +77,7 @@ class Engine(abc.ABC):
     ) -> None:
         """Join the trainer's broadcast group as ranks rank_offset .. rank_offset + weight_group_size - 1."""
         raise NotImplementedError(
-            f"{type(self).__name__} cannot receive weights over a process group; use runtime.weight_sync=mpi"
+            f"{type(self).__name__} cannot receive weights over a process group; use weights.transport=mpi"
         )
 
     def begin_weight_update(self) -> None:  # noqa: B027
@@ -86,7 +86,7 @@ class Engine(abc.ABC):
     def receive_weight_bucket(self, specs: list[tuple[str, tuple[int, ...], str]], group_name: str) -> None:
         """Receive one flat bucket (tensors `specs`: name, shape, dtype) broadcast from group rank 0, and load it."""
         raise NotImplementedError(
-            f"{type(self).__name__} cannot receive weights over a process group; use runtime.weight_sync=mpi"
+            f"{type(self).__name__} cannot receive weights over a process group; use weights.transport=mpi"
         )
 
     def load_weight_bucket(self, named_tensors: list) -> None:

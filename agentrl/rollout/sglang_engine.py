@@ -34,7 +34,7 @@ from agentrl.rollout.engine import Engine, FinishReason, GenerateOutput, Samplin
 from agentrl.transport import MPI_VARIABLE_PREFIXES
 
 MISSING_SGLANG = (
-    "rollout.backend=sglang needs SGLang: pip install 'agentrl[sglang]' on a GPU machine (SGLang is GPU-only)"
+    "rollout.engine.backend=sglang needs SGLang: pip install 'agentrl[sglang]' on a GPU machine (SGLang is GPU-only)"
 )
 NO_MPI_FLAG = "AGENTRL_NO_MPI"  # set for SGLang's children: nothing there may initialise MPI
 
@@ -134,8 +134,8 @@ def environment_without_mpi():
 
 CHILD_CRASHED = (
     "an SGLang subprocess (scheduler / TP worker / detokenizer) died and sent SIGQUIT; its traceback is in "
-    "the log above. Common causes: GPU out of memory (lower rollout.mem_fraction_static), a wrong "
-    "rollout.tp_size for the visible GPUs, or a model SGLang cannot load"
+    "the log above. Common causes: GPU out of memory (lower rollout.engine.mem_fraction_static), a wrong "
+    "rollout.engine.tp_size for the visible GPUs, or a model SGLang cannot load"
 )
 
 
@@ -259,19 +259,19 @@ class SGLangEngine(Engine):
         import_sglang()
         if not device.startswith("cuda"):
             raise ValueError(
-                f"rollout.backend=sglang needs a GPU for this rollout rank, but it got {device!r}; "
-                "run on GPU nodes or use rollout.backend=torch"
+                f"rollout.engine.backend=sglang needs a GPU for this rollout rank, but it got {device!r}; "
+                "run on GPU nodes or use rollout.engine.backend=torch"
             )
-        rc = config.rollout
+        engine = config.rollout.engine
         return cls(
             config.model.path,
             base_gpu_id=int(device.partition(":")[2] or 0),
-            tp_size=rc.tp_size,
-            mem_fraction_static=rc.mem_fraction_static,
+            tp_size=engine.tp_size,
+            mem_fraction_static=engine.mem_fraction_static,
             colocate=config.layout.colocate,
             seed=seed,
             dtype=config.model.dtype,
-            sglang_kwargs=rc.sglang_kwargs,
+            sglang_kwargs=engine.kwargs,
         )
 
     @property

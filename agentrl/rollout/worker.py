@@ -20,20 +20,16 @@ from agentrl.transport import Tag
 
 
 def make_engine(config, device: str, seed: int):
-    backend = config.rollout.backend
-    if backend == "torch":
-        from agentrl.rollout.torch_engine import TorchEngine
-
-        model = load_causal_lm(config.model.path, config.model.dtype, device)
-        tokenizer = load_tokenizer(config.model.path)
-        return TorchEngine(
-            model, pad_token_id=tokenizer.pad_token_id, max_batch_size=config.rollout.max_batch_size, seed=seed
-        )
-    if backend == "sglang":
+    engine = config.rollout.engine
+    if engine.backend == "sglang":
         from agentrl.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.from_config(config, device, seed)
-    raise ValueError(f"unknown rollout.backend={backend!r}; use torch or sglang")
+    from agentrl.rollout.torch_engine import TorchEngine
+
+    model = load_causal_lm(config.model.path, config.model.dtype, device)
+    tokenizer = load_tokenizer(config.model.path)
+    return TorchEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch_size=engine.max_batch_size, seed=seed)
 
 
 def task_seed(seed: int, step: int, task: int) -> int:

@@ -85,8 +85,8 @@ def load_state(path: Path, optimizer, scheduler, model=None) -> int:
         raise ValueError(f"{path} holds name-keyed optimizer state: pass the model to load_state")
     if not full and model is not None and parallel.is_sharded(model):
         raise ValueError(
-            f"{path} was saved without trainer.fsdp (optimizer state of whole parameters, by position) and cannot "
-            "be loaded into sharded parameters: resume it with trainer.fsdp=false"
+            f"{path} was saved without parallelism.fsdp (optimizer state of whole parameters, by position) and cannot "
+            "be loaded into sharded parameters: resume it with parallelism.fsdp=false"
         )
     if full:
         parallel.load_full_optimizer_state(model, optimizer, state["optimizer"])

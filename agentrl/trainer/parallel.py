@@ -23,7 +23,7 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     raise ValueError(
         f"cannot find the decoder layers of {type(model).__name__} (looked for base_model.layers); "
         "FSDP and activation checkpointing wrap each decoder layer: use a Llama/Qwen-style model, "
-        "or set trainer.fsdp=false and trainer.activation_checkpointing=false"
+        "or set parallelism.fsdp=false and parallelism.activation_checkpointing=false"
     )
 
 
@@ -36,7 +36,7 @@ def enable_activation_checkpointing(model: nn.Module) -> None:
     if not getattr(model, "supports_gradient_checkpointing", False):
         raise ValueError(
             f"{type(model).__name__} does not support gradient checkpointing; "
-            "set trainer.activation_checkpointing=false"
+            "set parallelism.activation_checkpointing=false"
         )
     decoder_layers(model)
     non_reentrant = {"use_reentrant": False}

@@ -29,7 +29,7 @@ def test_bucketed_sync_gathers_one_bucket_at_a_time(tmp_path):
 def test_fsdp_train_run_checkpoints_and_resumes(tmp_path, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    layout = {"layout.trainer": 2, "layout.rollout": 1, "layout.env": 0, "trainer.fsdp": "true"}
+    layout = {"layout.trainer": 2, "layout.rollout": 1, "layout.env": 0, "parallelism.fsdp": "true"}
     first = small_run(tmp_path, tiny_model_dir, steps=2, **{"checkpoint.every": 1}, **layout)
     assert_ok(train(3, first, timeout=120))
     run = tmp_path / "run"

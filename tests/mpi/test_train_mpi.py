@@ -45,7 +45,7 @@ def test_resume_continues_at_the_right_step(tmp_path, tiny_model_dir):
 
 def test_two_trainer_ranks_with_kl_and_micro_batches(tmp_path, tiny_model_dir):
     layout = {"layout.trainer": 2, "layout.rollout": 1, "layout.env": 1}
-    algorithm = {"trainer.kl_coef": 0.05, "trainer.micro_batch_size": 3, "trainer.updates_per_step": 2}
+    algorithm = {"algorithm.kl_coef": 0.05, "trainer.micro_batch_size": 3, "trainer.updates_per_step": 2}
     assert_ok(train(4, small_run(tmp_path, tiny_model_dir, **layout, **algorithm)))
     logged = scalars(tmp_path / "run")
     assert len(logged["train/loss"]) == 3
@@ -57,11 +57,11 @@ def test_two_trainer_ranks_with_kl_and_micro_batches(tmp_path, tiny_model_dir):
 def test_failing_rank_aborts_the_job(tmp_path, tiny_model_dir):
     # The rollout rank cannot build its engine while the trainer waits to broadcast weights.
     started = time.monotonic()
-    result = train(2, small_run(tmp_path, tiny_model_dir, **{"rollout.backend": "sglang"}), timeout=120)
+    result = train(2, small_run(tmp_path, tiny_model_dir, **{"rollout.engine.backend": "sglang"}), timeout=120)
     elapsed = time.monotonic() - started
     assert result.returncode != 0
     assert "uncaught exception, aborting the job" in result.stderr
-    assert "rollout.backend=sglang needs SGLang: pip install 'agentrl[sglang]'" in result.stderr
+    assert "rollout.engine.backend=sglang needs SGLang: pip install 'agentrl[sglang]'" in result.stderr
     assert elapsed < 60
 
 

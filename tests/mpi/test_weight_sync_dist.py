@@ -12,12 +12,12 @@ def test_gloo_broadcast_reaches_every_engine_exactly(tiny_model_dir):
 
 
 def test_training_with_the_process_group_sync_matches_the_mpi_sync(tmp_path, tiny_model_dir):
-    """`agentrl train` with runtime.weight_sync=gloo (2 rollout ranks join lazily) trains exactly like the MPI path."""
-    layout = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "runtime.weight_bucket_mb": 0.05}
+    """`agentrl train` with weights.transport=gloo (2 rollout ranks join lazily) trains exactly like the MPI path."""
+    layout = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "weights.bucket_mb": 0.05}
     runs = {}
     for sync in ("gloo", "mpi"):
         run = tmp_path / sync
-        assert_ok(train(3, small_run(run, tiny_model_dir, **layout, **{"runtime.weight_sync": sync})))
+        assert_ok(train(3, small_run(run, tiny_model_dir, **layout, **{"weights.transport": sync})))
         runs[sync] = scalars(run / "run")
     assert all(v < 1e-4 for _, v in runs["gloo"]["train/logprob_diff_vs_rollout"])
     assert all(v == 0 for _, v in runs["gloo"]["episode/weight_lag_mean"])

@@ -14,9 +14,9 @@ def test_defaults_validate():
 def test_override_parses_yaml_values(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model: {path: m}\nrollout: {group_size: 4}\n")
-    config = load_config(path, ["rollout.group_size=6", "trainer.lr=3e-4", "resume=true", "env.kwargs.high=20"])
+    config = load_config(path, ["rollout.group_size=6", "optimizer.lr=3e-4", "resume=true", "env.kwargs.high=20"])
     assert config.rollout.group_size == 6
-    assert config.trainer.lr == 3e-4
+    assert config.optimizer.lr == 3e-4
     assert config.resume is True
     assert config.env.kwargs == {"high": 20}
 
@@ -53,7 +53,7 @@ def test_missing_file():
 
 def test_reference_lists_every_section_field():
     text = config_reference()
-    for name in ("rollout.group_size", "trainer.kl_coef", "layout.env", "checkpoint.every", "run_dir"):
+    for name in ("rollout.group_size", "algorithm.kl_coef", "layout.env", "checkpoint.every", "run_dir"):
         assert f"`{name}`" in text
 
 
@@ -65,3 +65,59 @@ def test_readme_config_reference_is_up_to_date():
     assert block.strip() == config_reference().strip(), (
         "README's config reference is stale: paste the output of `agentrl config-doc` between its markers"
     )
+
+
+def test_renamed_fields_of_older_configs_still_load_and_say_the_new_name():
+    config = from_dict(
+        {
+            **BASE,
+            "trainer": {"lr": 0.01, "clip_eps_high": 0.3, "fsdp": False, "seed": 3},
+            "rollout": {"backend": "torch"},
+        }
+    )
+    assert config.optimizer.lr == 0.01 and config.algorithm.clip_eps_high == 0.3
+    assert config.rollout.engine.backend == "torch" and config.parallelism.fsdp is False
+    assert "trainer.lr is now optimizer.lr; please rename it" in config.notes
+    assert any(note.startswith("trainer.seed is no longer read") for note in config.notes)
+    with pytest.raises(ConfigError, match=r"trainer.lr was renamed optimizer.lr, and both are set"):
+        from_dict({**BASE, "trainer": {"lr": 0.01}, "optimizer": {"lr": 0.02}})
+
+
+def test_algorithm_options_are_validated_by_the_named_algorithm():
+    config = from_dict({**BASE, "algorithm": {"name": "grpo", "adv_std_norm": False, "correction": {"mode": "tis"}}})
+    assert type(config.algorithm).__name__ == "GRPOOptions" and config.algorithm.correction.mode == "tis"
+    with pytest.raises(ConfigError, match=r"algorithm\.nonsense: unknown field[\s\S]*options of algorithm grpo"):
+        from_dict({**BASE, "algorithm": {"name": "grpo", "nonsense": 1}})
+    with pytest.raises(ConfigError, match=r"algorithm\.name: unknown algorithm 'grp'; did you mean 'grpo'"):
+        from_dict({**BASE, "algorithm": {"name": "grp"}})
+    with pytest.raises(ConfigError, match=r"algorithm\.correction\.mode: Input should be 'none', 'tis' or 'mask'"):
+        from_dict({**BASE, "algorithm": {"correction": {"mode": "nope"}}})
+
+
+def test_engine_options_belong_to_their_backend():
+    config = from_dict({**BASE, "rollout": {"engine": {"backend": "sglang", "tp_size": 2}}})
+    assert config.rollout.engine.tp_size == 2
+    with pytest.raises(ConfigError, match=r"rollout\.engine\.torch\.tp_size: unknown field"):
+        from_dict({**BASE, "rollout": {"engine": {"backend": "torch", "tp_size": 2}}})
+
+
+def test_checks_that_need_only_the_config_run_at_parse_time():
+    with pytest.raises(ConfigError, match=r"parallelism.fsdp=true needs at least 2 trainer ranks"):
+        from_dict({**BASE, "parallelism": {"fsdp": True}})
+    with pytest.raises(ConfigError, match=r"weights.transport=cuda_ipc needs trainer and rollout on the same GPU"):
+        from_dict({**BASE, "weights": {"transport": "cuda_ipc"}})
+
+
+def test_saved_config_loads_back_equal(tmp_path):
+    from agentrl.config import save_config
+
+    config = from_dict({**BASE, "algorithm": {"adv_std_norm": False, "loss_agg": "seq-mean-token-mean"}})
+    save_config(config, tmp_path / "c.yaml")
+    assert load_config(tmp_path / "c.yaml") == config
+
+
+def test_reference_shows_literal_choices_and_each_union_member():
+    text = config_reference()
+    assert "`'constant' \\| 'linear' \\| 'cosine'`" in text
+    assert "#### `rollout.engine` with `backend: sglang`" in text and "`rollout.engine.tp_size`" in text
+    assert "#### `algorithm.name: grpo`" in text and "`algorithm.correction.mode`" in text

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from agentrl.algorithms.grpo import clipped_policy_loss, entropy, group_advantages, kl_k3, token_logprobs
-from agentrl.trainer.grpo_trainer import lr_lambda
+from agentrl.trainer.optim import lr_lambda
 
 
 def test_group_advantages_are_relative_within_groups():

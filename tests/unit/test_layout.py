@@ -134,9 +134,9 @@ def test_a_tensor_parallel_engine_gets_its_own_consecutive_gpus():
     assert [r.gpu for r in rows] == [0, 1, 2, 4, 6, None]  # engines on GPUs 2-3, 4-5, 6-7
     rows = plan(LayoutConfig(trainer=1, rollout=2, env=0), 3, gpus_per_node=4, rollout_gpus=2)
     assert [r.gpu for r in rows] == [0, 1, 0]  # engine on GPUs 1-2; the next would need 3-4: it starts over at 0
-    with pytest.raises(ConfigError, match=r"rollout.tp_size=16 GPUs per engine, but nodes have 8"):
+    with pytest.raises(ConfigError, match=r"rollout.engine.tp_size=16 GPUs per engine, but nodes have 8"):
         plan(LayoutConfig(trainer=1, rollout=1, env=0), 2, gpus_per_node=8, rollout_gpus=16)
-    with pytest.raises(ConfigError, match=r"set rollout.tp_size=1 or layout.colocate=false"):
+    with pytest.raises(ConfigError, match=r"set rollout.engine.tp_size=1 or layout.colocate=false"):
         plan(LayoutConfig(trainer=1, rollout=1, env=0, colocate=True), 2, gpus_per_node=8, rollout_gpus=2)
 
 
@@ -144,6 +144,6 @@ def test_layout_command_takes_overrides_after_options(capsys):
     from agentrl.cli import main
 
     config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "qwen2.5-0.5b-4gpu.yaml")
-    assert main(["layout", config, "--np", "6", "--gpus-per-node", "8", "rollout.tp_size=2"]) == 0
+    assert main(["layout", config, "--np", "6", "--gpus-per-node", "8", "rollout.engine.tp_size=2"]) == 0
     devices = [line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]]
     assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:4", "cpu", "cpu"]

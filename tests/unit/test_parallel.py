@@ -8,8 +8,8 @@ import torch
 from agentrl import transport
 from agentrl.config import ConfigError, from_dict
 from agentrl.trainer import parallel
-from agentrl.trainer.grpo_trainer import GRPOTrainer
 from agentrl.trainer.model import load_causal_lm
+from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, pack
 from agentrl.weights import GatherOnly, MPIWeightBroadcast
 
@@ -69,19 +69,24 @@ def test_compute_context_autocasts_only_the_replicated_path():
 
 
 def test_fsdp_with_one_trainer_rank_is_a_config_error(tiny_model_dir):
-    config = from_dict({"model": {"path": str(tiny_model_dir)}, "trainer": {"fsdp": True}})
     with pytest.raises(ConfigError, match=r"layout\.trainer"):
-        GRPOTrainer(config, str(tiny_model_dir), "cpu", group=None)
+        from_dict({"model": {"path": str(tiny_model_dir)}, "parallelism": {"fsdp": True}})
+    config = from_dict(
+        {"model": {"path": str(tiny_model_dir)}, "layout": {"trainer": 2}, "parallelism": {"fsdp": True}}
+    )
+    with pytest.raises(ConfigError, match=r"layout\.trainer"):  # world size 1 runs one trainer whatever the layout
+        PolicyTrainer(config, str(tiny_model_dir), "cpu", group=None)
 
 
 def test_bf16_autocast_trains_float32_master_weights(tiny_model_dir):
     config = from_dict(
         {
             "model": {"path": str(tiny_model_dir), "dtype": "bfloat16"},
-            "trainer": {"mixed_precision": "bf16", "lr": 1e-2, "activation_checkpointing": True},
+            "parallelism": {"mixed_precision": "bf16", "activation_checkpointing": True},
+            "optimizer": {"lr": 1e-2},
         }
     )
-    trainer = GRPOTrainer(config, str(tiny_model_dir), "cpu")
+    trainer = PolicyTrainer(config, str(tiny_model_dir), "cpu")
     before = {name: t.clone() for name, t in trainer.named_weights()}
     assert all(t.dtype == torch.float32 for t in before.values())
     metrics = trainer.train_step(synthetic_batch(trainer.model.config.vocab_size))

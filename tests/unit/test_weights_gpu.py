@@ -92,7 +92,7 @@ def test_resolve_weight_sync(choice, colocate, on_gpu, rollouts, expected):
 @pytest.mark.parametrize(
     ("choice", "colocate", "on_gpu", "rollouts", "message"),
     [
-        ("nccl", False, False, 1, "runtime.weight_sync=nccl needs CUDA"),
+        ("nccl", False, False, 1, "weights.transport=nccl needs CUDA"),
         ("nccl", True, True, 2, "NCCL needs one GPU per group member"),
         ("cuda_ipc", False, True, 1, "set layout.colocate=true"),
         ("cuda_ipc", True, False, 1, "needs CUDA"),

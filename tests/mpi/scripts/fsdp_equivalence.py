@@ -14,8 +14,8 @@ from mpi4py import MPI
 from agentrl import transport
 from agentrl.config import from_dict
 from agentrl.trainer import checkpoint
-from agentrl.trainer.grpo_trainer import GRPOTrainer
 from agentrl.trainer.model import init_trainer_group, load_causal_lm, load_tokenizer
+from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import concat
 from agentrl.weights import full_tensors
 from tests.mpi.scripts.batches import synthetic_batch
@@ -43,30 +43,35 @@ def main():
     rank = world.Get_rank()
     model_dir, out_dir = sys.argv[1], Path(sys.argv[2])
     flags = set(sys.argv[3:])
-    trainer_cfg = {
-        "micro_batch_size": 5,
-        "lr": 1e-2,
-        "kl_coef": 0.05 if "kl" in flags else 0.0,
+    common = {
+        "model": {"path": model_dir},
+        "steps": 4,
+        "layout": {"trainer": 2, "rollout": 1},
+        "trainer": {"micro_batch_size": 5},
+        "optimizer": {"lr": 1e-2},
+        "algorithm": {"kl_coef": 0.05 if "kl" in flags else 0.0},
+    }
+    parallelism = {
         "activation_checkpointing": "activation_checkpointing" in flags,
         "mixed_precision": "bf16" if "bf16" in flags else "none",
     }
-    sharded_cfg = from_dict({"model": {"path": model_dir}, "steps": 4, "trainer": {**trainer_cfg, "fsdp": True}})
-    alone_cfg = from_dict({"model": {"path": model_dir}, "steps": 4, "trainer": {**trainer_cfg, "fsdp": False}})
+    sharded_cfg = from_dict({**common, "parallelism": {**parallelism, "fsdp": True}})
+    alone_cfg = from_dict({**common, "parallelism": {**parallelism, "fsdp": False}})
     torch.manual_seed(0)
     group = init_trainer_group(world, "cpu")
-    trainer = GRPOTrainer(sharded_cfg, model_dir, "cpu", group)
+    trainer = PolicyTrainer(sharded_cfg, model_dir, "cpu", group)
     vocab = trainer.model.config.vocab_size
     first = trainer.named_weights()[0][1]
     assert type(first).__name__ == "DTensor" and first.to_local().shape[0] < first.shape[0], "weights not sharded"
     checkpointed = [layer.gradient_checkpointing for layer in trainer.model.model.layers]
-    assert checkpointed == [trainer.cfg.activation_checkpointing] * len(checkpointed), checkpointed
+    assert checkpointed == [trainer.parallelism.activation_checkpointing] * len(checkpointed), checkpointed
     if "bf16" in flags:
         seen = []
         layer = trainer.model.model.layers[0].mlp.up_proj
         layer.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
     norms = [trainer.train_step(synthetic_batch(step, GROUPS[rank], vocab))["train/grad_norm"] for step in range(3)]
     sharded = gathered(trainer)
-    alone = GRPOTrainer(alone_cfg, model_dir, "cpu", None) if rank == 0 else None
+    alone = PolicyTrainer(alone_cfg, model_dir, "cpu", None) if rank == 0 else None
     if rank == 0:
         alone_norms = [alone.train_step(whole_batch(step, vocab))["train/grad_norm"] for step in range(3)]
         start = {n: p.detach() for n, p in load_causal_lm(model_dir).named_parameters()}
@@ -93,7 +98,7 @@ def main():
         loaded = {n: p.detach() for n, p in load_causal_lm(str(saved)).named_parameters()}
         assert_same(sharded, loaded, "checkpoint", 0, 0)
     resumed_path = checkpoint.step_path(run_dir, 3)
-    resumed = GRPOTrainer(sharded_cfg, str(resumed_path), "cpu", group)
+    resumed = PolicyTrainer(sharded_cfg, str(resumed_path), "cpu", group)
     assert checkpoint.load_state(resumed_path, resumed.optimizer, resumed.scheduler, resumed.model) == 3
     for step_trainer in (trainer, resumed):
         step_trainer.train_step(synthetic_batch(3, GROUPS[rank], vocab))

@@ -9,8 +9,8 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
-from agentrl.trainer.grpo_trainer import GRPOTrainer
 from agentrl.trainer.model import init_trainer_group
+from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import concat
 from tests.mpi.scripts.batches import synthetic_batch
 
@@ -19,10 +19,12 @@ def main():
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     model_dir = sys.argv[1]
-    config = from_dict({"model": {"path": model_dir}, "steps": 3, "trainer": {"micro_batch_size": 5, "lr": 1e-2}})
+    config = from_dict(
+        {"model": {"path": model_dir}, "steps": 3, "trainer": {"micro_batch_size": 5}, "optimizer": {"lr": 1e-2}}
+    )
     torch.manual_seed(0)
     group = init_trainer_group(world, "cpu")
-    trainer = GRPOTrainer(config, model_dir, "cpu", group)
+    trainer = PolicyTrainer(config, model_dir, "cpu", group)
     vocab = trainer.model.config.vocab_size
     half = range(0, 4) if rank == 0 else range(4, 8)
     for step in range(3):
@@ -32,7 +34,7 @@ def main():
         if rank == 0:
             assert np.array_equal(gathered[0], gathered[1]), f"step {step}: trainer replicas diverged"
     if rank == 0:
-        alone = GRPOTrainer(config, model_dir, "cpu", None)
+        alone = PolicyTrainer(config, model_dir, "cpu", None)
         for step in range(3):
             halves = [synthetic_batch(step, range(0, 4), vocab), synthetic_batch(step, range(4, 8), vocab)]
             alone.train_step(concat(halves))

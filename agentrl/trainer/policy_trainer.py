@@ -1,0 +1,269 @@
+"""One training step of the policy on this trainer rank's shard of the batch; the algorithm supplies the math.
+
+The algorithm (agentrl/algorithms/) turns the batch into per-token advantages and a
+micro-batch's log-probs into a loss; this module does everything that is the same for
+all of them: micro-batches, the old policy's log-probs when asked, the frozen reference,
+gradient sync and clipping, the optimizer. Losses are normalised by global counts of the
+whole mini-batch and gradients are summed over trainer ranks: by hand (one flattened
+all-reduce) when every rank holds the whole model, or by FSDP2's reduce-scatter when
+`parallelism.fsdp` shards it (see agentrl/trainer/parallel.py). Either way every rank
+ends each step with the weights one rank would have after training on the whole batch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from agentrl.algorithms import make_algorithm
+from agentrl.algorithms.base import AlgorithmContext, LossInputs, valid_episodes
+from agentrl.algorithms.grpo import entropy, token_logprobs
+from agentrl.config import ConfigError
+from agentrl.trainer import parallel
+from agentrl.trainer.model import load_causal_lm
+from agentrl.trainer.optim import build_optimizer, build_scheduler
+from agentrl.trajectory import num_episodes
+
+
+class PolicyTrainer:
+    def __init__(self, config, weights_path: str, device: str, group=None):
+        self.config = config
+        self.device = device
+        self.group = group  # torch.distributed group of trainer ranks, None when alone
+        self.parallelism = config.parallelism
+        if self.parallelism.fsdp and group is None:
+            raise ConfigError(
+                "parallelism.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one trainer rank there "
+                "is nothing to shard: set parallelism.fsdp=false (parallelism.mixed_precision=bf16 then uses autocast)"
+            )
+        self.sharded = self.parallelism.fsdp
+        self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=self._reduce))
+        self.model = self._load(weights_path)
+        self.model.train()
+        self.reference = None
+        if self.algorithm.needs_reference:
+            self.reference = self._load(config.model.path, reference=True).eval()
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = build_optimizer(self.params, config.optimizer)
+        total = config.steps * config.trainer.updates_per_step
+        self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, total)
+
+    def _load(self, path: str, reference: bool = False):
+        """The policy (or the frozen KL reference), checkpointed and sharded as the config asks.
+
+        With mixed_precision=bf16 the weights stay float32 (master weights) whatever model.dtype
+        says; model.dtype then only sets the rollout engine's dtype.
+        """
+        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else self.config.model.dtype
+        model = load_causal_lm(path, dtype, self.device)
+        if reference:
+            model.requires_grad_(False)
+        elif self.parallelism.activation_checkpointing:
+            parallel.enable_activation_checkpointing(model)
+        if self.sharded:
+            parallel.shard(model, self.group, self.device, self.parallelism.mixed_precision)
+        return model
+
+    def named_weights(self):
+        """(name, tensor) in a fixed order; DTensor shards under FSDP (weights.full_tensors gathers them)."""
+        return [(name, p.detach()) for name, p in self.model.named_parameters()]
+
+    def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over trainer ranks, returned on the tensor's own device (NCCL reduces only GPU tensors)."""
+        if self.group is not None:
+            import torch.distributed as dist
+
+            on_device = tensor.to(self.device)
+            dist.all_reduce(on_device, group=self.group)
+            tensor = on_device.to(tensor.device)
+        return tensor
+
+    def _reduce(self, array: np.ndarray) -> np.ndarray:
+        """Sum a float64 array over trainer ranks: what algorithms use for global-batch statistics."""
+        return self._allreduce(torch.from_numpy(np.asarray(array, dtype=np.float64).copy())).numpy()
+
+    def _sync_gradients(self) -> None:
+        if self.group is None or self.sharded:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads]))
+        offset = 0
+        for param, grad in zip(self.params, grads, strict=True):
+            param.grad = flat[offset : offset + grad.numel()].view_as(param)
+            offset += grad.numel()
+
+    def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
+        """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means."""
+        n = num_episodes(batch)
+        valid = valid_episodes(batch)
+        advantages = self.algorithm.advantages(batch, valid)
+        old_logp = self._old_logprobs(batch) if self.algorithm.needs_old_logprobs else batch["logprobs"]
+        micro_size = self.config.trainer.micro_batch_size
+        sums: dict[str, float] = {}
+        grad_norms = []
+        for update, minibatch in enumerate(np.array_split(np.arange(n), self.config.trainer.updates_per_step)):
+            micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / micro_size))
+            trained = [_trained_tokens(batch, i) for i in minibatch]
+            counts = torch.tensor([float(sum(trained)), float(sum(t > 0 for t in trained))], dtype=torch.float64)
+            global_tokens, global_sequences = self._allreduce(counts).tolist()
+            self.optimizer.zero_grad(set_to_none=True)
+            starts = range(0, len(minibatch), micro_size)
+            for start in starts:
+                micro = minibatch[start : start + micro_size]
+                step_stats = self._micro_step(
+                    batch, micro, advantages, old_logp, max(global_tokens, 1.0), max(global_sequences, 1.0), update
+                )
+                for key, value in step_stats.items():
+                    sums[key] = sums.get(key, 0.0) + value
+            for _ in range(micro_steps - len(starts)):
+                self._idle_micro_step()
+            self._sync_gradients()
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.optimizer.max_grad_norm)
+            grad_norms.append(parallel.scalar(norm))
+            self.optimizer.step()
+            self.scheduler.step()
+        names = sorted(sums)
+        totals = self._allreduce(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
+        sums = dict(zip(names, totals, strict=True))
+        count = max(sums.pop("tokens"), 1.0)
+        first_count = max(sums.pop("first_update_tokens"), 1.0)
+        metrics = {}
+        for key, value in sums.items():
+            denominator = first_count if key.startswith("mismatch_") else count
+            metrics[f"train/{key}"] = value / denominator
+        metrics["train/loss"] = metrics.pop("train/loss_sum")
+        metrics["train/grad_norm"] = float(np.mean(grad_norms))
+        metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        trained_mask = batch["loss_mask"].astype(bool) & np.repeat(valid, np.diff(batch["offsets"]))
+        abs_sum = torch.tensor([np.abs(advantages[trained_mask]).sum(), trained_mask.sum()], dtype=torch.float64)
+        abs_sum, abs_count = self._allreduce(abs_sum).tolist()
+        metrics["train/adv_abs_mean"] = abs_sum / max(abs_count, 1.0)
+        return metrics
+
+    def _agreed_micro_steps(self, mine: int) -> int:
+        """Sharded: forward/backward passes are collectives, so every rank runs the most any rank needs."""
+        if not self.sharded:
+            return mine
+        import torch.distributed as dist
+
+        most = torch.tensor([mine], dtype=torch.int64, device=self.device)
+        dist.all_reduce(most, op=dist.ReduceOp.MAX, group=self.group)
+        return int(most.item())
+
+    def _idle_micro_step(self) -> None:
+        """A forward/backward on one token with zero loss: joins FSDP's gathers and reductions, adds no gradient."""
+        ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        with self._compute():
+            logits = self.model(input_ids=ids, use_cache=False).logits
+            if self.reference is not None:
+                with torch.no_grad():
+                    self.reference(input_ids=ids, use_cache=False)
+        (logits.float().sum() * 0.0).backward()
+
+    def _compute(self):
+        return parallel.compute_context(self.device, self.parallelism.mixed_precision, self.sharded)
+
+    @torch.no_grad()
+    def _old_logprobs(self, batch) -> np.ndarray:
+        """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
+        out = np.zeros_like(batch["logprobs"])
+        n = num_episodes(batch)
+        micro_size = self.config.trainer.micro_batch_size
+        starts = range(0, n, micro_size)
+        temperature = self.config.rollout.temperature
+        offsets = batch["offsets"]
+        for start in starts:
+            episodes = np.arange(start, min(n, start + micro_size))
+            ids, attention = _rows(batch, episodes, "tokens", torch.long)[:2]
+            ids, attention = ids.to(self.device), attention.to(self.device)
+            with self._compute():
+                logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+            logp = token_logprobs(logits, ids[:, 1:], temperature).cpu().numpy()
+            for row, i in enumerate(episodes):
+                length = int(offsets[i + 1] - offsets[i])
+                out[offsets[i] + 1 : offsets[i + 1]] = logp[row, : length - 1]
+        for _ in range(self._agreed_micro_steps(len(starts)) - len(starts)):
+            with self._compute():
+                self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), use_cache=False)
+        return out
+
+    def _micro_step(
+        self, batch, episodes, advantages, old_logp, global_tokens: float, global_sequences: float, update: int
+    ) -> dict[str, float]:
+        ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
+        mask = _gather_rows(batch["loss_mask"], batch["offsets"], episodes, lengths, torch.float32)
+        rollout_logp = _gather_rows(batch["logprobs"], batch["offsets"], episodes, lengths, torch.float32)
+        old = rollout_logp if old_logp is batch["logprobs"] else None
+        if old is None:
+            old = _gather_rows(old_logp, batch["offsets"], episodes, lengths, torch.float32)
+        adv = _gather_rows(advantages, batch["offsets"], episodes, lengths, torch.float32)
+        ids, attention = ids.to(self.device), attention.to(self.device)
+        mask, adv = mask[:, 1:].to(self.device), adv[:, 1:].to(self.device)
+        rollout_logp, old = rollout_logp[:, 1:].to(self.device), old[:, 1:].to(self.device)
+        temperature = self.config.rollout.temperature
+
+        with self._compute():
+            logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+        targets = ids[:, 1:]
+        logp = token_logprobs(logits, targets, temperature)
+        ref_logp = None
+        if self.reference is not None:
+            with torch.no_grad(), self._compute():
+                ref_logits = (
+                    self.reference(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+                )
+                ref_logp = token_logprobs(ref_logits, targets, temperature)
+        token_entropy = entropy(logits, temperature) if self.algorithm.needs_entropy_grad else None
+        inputs = LossInputs(
+            logp=logp,
+            old_logp=old,
+            rollout_logp=rollout_logp,
+            advantages=adv,
+            mask=mask,
+            entropy=token_entropy,
+            ref_logp=ref_logp,
+            global_tokens=global_tokens,
+            global_sequences=global_sequences,
+        )
+        loss, stats = self.algorithm.loss(inputs)
+        loss.backward()
+        with torch.no_grad():
+            if token_entropy is None:
+                token_entropy = entropy(logits.detach(), temperature)
+            tokens = float(mask.sum())
+            stats = {"tokens": tokens, **stats, "entropy": float((token_entropy * mask).sum())}
+            current = logp.detach()
+            stats["logprob_diff_vs_rollout"] = float(((current - rollout_logp).abs() * mask).sum())
+            stats["ratio_mean"] = float((torch.exp(current - old) * mask).sum())
+            first = update == 0  # the policy has not moved yet: logp is the trainer's view of the rollout policy
+            log_ratio = current - rollout_logp  # log pi - log mu, on tokens sampled from mu
+            stats["first_update_tokens"] = tokens if first else 0.0
+            stats["mismatch_kl_k1"] = float((-log_ratio * mask).sum()) if first else 0.0
+            k3 = torch.exp(log_ratio) - log_ratio - 1.0
+            stats["mismatch_kl_k3"] = float((k3 * mask).sum()) if first else 0.0
+        return stats
+
+
+def _rows(batch, episodes, key: str, dtype) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Episodes of `batch[key]` as right-padded rows, their attention mask, and their lengths."""
+    offsets = batch["offsets"]
+    lengths = [int(offsets[i + 1] - offsets[i]) for i in episodes]
+    values = _gather_rows(batch[key], offsets, episodes, lengths, dtype)
+    attention = torch.zeros(len(episodes), max(lengths), dtype=torch.long)
+    for row, length in enumerate(lengths):
+        attention[row, :length] = 1
+    return values, attention, lengths
+
+
+def _gather_rows(flat: np.ndarray, offsets, episodes, lengths: list[int], dtype) -> torch.Tensor:
+    out = torch.zeros(len(episodes), max(lengths), dtype=dtype)
+    for row, (i, length) in enumerate(zip(episodes, lengths, strict=True)):
+        out[row, :length] = torch.from_numpy(np.asarray(flat[int(offsets[i]) : int(offsets[i + 1])])).to(dtype)
+    return out
+
+
+def _trained_tokens(batch, episode: int) -> int:
+    """Loss-mask tokens that enter the loss (the first token has no prediction)."""
+    return int(batch["loss_mask"][batch["offsets"][episode] + 1 : batch["offsets"][episode + 1]].sum())
