@@ -74,7 +74,7 @@ def gspo_loss(
     A row without masked tokens gets s_i = 1. clipped_tok marks every token of a clipped sequence. No
     clamp on the log-ratio (verl clamps its log at 10).
     """
-    diff = (logp - old_logp) * mask
+    diff = torch.where(mask > 0, logp - old_logp, torch.zeros_like(logp))
     lengths = mask.sum(-1, keepdim=True).clamp(min=1.0)
     log_seq_ratio = (diff.sum(-1, keepdim=True) / lengths).detach()
     ratio = torch.exp(log_seq_ratio + logp - logp.detach())

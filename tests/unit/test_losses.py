@@ -78,11 +78,11 @@ def test_dual_clip_gradient_is_zero_where_capped():
 
 def test_gspo_sequence_ratio_by_hand():
     logp = torch.tensor([[-1.0, -2.0, -0.5, -9.0], [-1.0, -1.0, -1.0, -1.0]])
-    old = torch.tensor([[-1.2, -1.9, -0.8, -1.0], [-1.0, -1.0, -1.0, -1.0]])
+    old = torch.tensor([[-1.2, -1.9, -0.8, float("-inf")], [-1.0, -1.0, -1.0, -1.0]])  # -inf: padding garbage
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
     adv = torch.tensor([[1.0], [2.0]])
     loss, clipped = gspo_loss(logp, old, adv, mask, clip_low=0.5, clip_high=0.5)
-    # row 0: log-ratios 0.2, -0.1, 0.3 over the 3 masked tokens (the unmasked -8 is ignored): mean 0.4/3
+    # row 0: log-ratios 0.2, -0.1, 0.3 over the 3 masked tokens (the unmasked one is ignored): mean 0.4/3
     s0 = math.exp(0.4 / 3)
     # row 1 has no masked token: s = 1
     expected = torch.tensor([[-s0] * 4, [-2.0] * 4])
