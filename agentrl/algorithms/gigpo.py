@@ -1,0 +1,106 @@
+"""GiGPO (Feng et al. 2025, "Group-in-Group Policy Optimization for LLM Agent Training", arXiv 2505.10978).
+
+Two nested group-relative advantages, no critic. The episode level is GRPO's: the episodes of one task are
+a group. The step level regroups turns: across the episodes of one task, the turns that acted in the same
+environment state (an "anchor state", recognised by a hash of the observation) form a step group, and
+each turn's discounted return is normalised within it. Reference implementation: verl-agent
+(langfengQ/verl-agent, `gigpo/core_gigpo.py`: `compute_gigpo_outcome_advantage`, `build_step_group`,
+`step_norm_reward`, `compute_step_discounted_returns`); ROLL ships it as `adv_estimator: gigpo`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentrl.algorithms.grpo import group_advantages
+
+
+def _group_relative(
+    values: np.ndarray, ids: np.ndarray, valid: np.ndarray, std_norm: bool, eps: float = 1e-6
+) -> np.ndarray:
+    """GRPO's normalisation (`group_advantages`: mean, population std + eps, groups of fewer than two valid
+    members get 0) for many small groups at once: bincount instead of one pass per group."""
+    weight = valid.astype(np.float64)
+    count = np.bincount(ids, weights=weight)
+    safe = np.maximum(count, 1.0)
+    mean = np.bincount(ids, weights=weight * values) / safe
+    centred = values - mean[ids]
+    if std_norm:
+        std = np.sqrt(np.bincount(ids, weights=weight * centred**2) / safe)
+        centred = centred / (std[ids] + eps)
+    return np.where(valid & (count[ids] >= 2), centred, 0.0)
+
+
+def discounted_turn_returns(turn_episode: np.ndarray, turn_reward: np.ndarray, gamma: float) -> np.ndarray:
+    """sum_k gamma^k r_{t+k} over the later turns of the same episode (turns contiguous and in order)."""
+    returns = np.zeros(len(turn_reward), dtype=np.float64)
+    running = 0.0
+    for m in reversed(range(len(turn_reward))):
+        if m + 1 == len(turn_reward) or turn_episode[m + 1] != turn_episode[m]:
+            running = 0.0
+        running = float(turn_reward[m]) + gamma * running
+        returns[m] = running
+    return returns
+
+
+def gigpo_advantages(
+    rewards: np.ndarray,
+    groups: np.ndarray,
+    valid: np.ndarray | None,
+    turn_episode: np.ndarray,
+    turn_state: np.ndarray,
+    turn_reward: np.ndarray,
+    gamma: float,
+    step_weight: float = 1.0,
+    std_norm: bool = True,
+) -> np.ndarray:
+    """Per-turn advantages (M,) float32: A = A_episode + step_weight * A_step.
+
+    Episodes: `rewards`, `groups` (task ids), `valid` (N,) as in `grpo.group_advantages`. Turns, flat:
+    `turn_episode` (M,) the episode index of each turn (an episode's turns contiguous and in order),
+    `turn_state` (M,) int64 hash of the state the turn acted in (the observation before its action),
+    `turn_reward` (M,) the reward the env returned for that turn.
+
+    - A_episode: `group_advantages(rewards, groups, valid, std_norm)` of the turn's episode, one value per
+      episode (verl-agent computes these statistics over its rows, one per turn, so longer episodes weigh
+      more there; a one-episode group gets 0 here and its raw reward there).
+    - A_step: the discounted return from the turn onwards, R_t = sum_k gamma^k r_{t+k}, normalised the
+      same way within its step group: all turns of the valid episodes of the same task group whose
+      `turn_state` is equal (repeated visits within one episode included, as verl-agent's
+      `build_step_group`). A step group of one turn gets 0.
+
+    Normalisation: both levels subtract the group mean and, when `std_norm`, divide by the group's std
+    + 1e-6: verl-agent's `mode` "mean_std_norm" (std_norm=True; the default in its `ppo_trainer.yaml`)
+    or "mean_norm" (std_norm=False; the default argument of its `compute_gigpo_outcome_advantage`, the
+    Dr. GRPO-like variant), one mode for both levels. Population std as GRPO here; verl-agent's
+    torch.std is the unbiased one. verl-agent's weight (`step_advantage_w`) is 1.0, gamma 0.95 in its
+    example scripts. Invalid episodes' turns get 0 and enter no statistic.
+    """
+    rewards = np.asarray(rewards, dtype=np.float64)
+    groups = np.asarray(groups)
+    valid = np.ones(rewards.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
+    turn_episode = np.asarray(turn_episode, dtype=np.int64)
+    turn_state = np.asarray(turn_state, dtype=np.int64)
+    turn_reward = np.asarray(turn_reward, dtype=np.float64)
+    if not (len(turn_episode) == len(turn_state) == len(turn_reward)):
+        raise ValueError(
+            f"turn_episode, turn_state, turn_reward have lengths {len(turn_episode)}, {len(turn_state)}, "
+            f"{len(turn_reward)}: pass one entry per turn in each"
+        )
+    if len(turn_episode) == 0:
+        return np.zeros(0, dtype=np.float32)
+    if turn_episode.min() < 0 or turn_episode.max() >= len(rewards):
+        raise ValueError(f"turn_episode must index the {len(rewards)} episodes (0..{len(rewards) - 1})")
+    runs = 1 + int(np.count_nonzero(np.diff(turn_episode)))
+    if runs != len(np.unique(turn_episode)):
+        raise ValueError("an episode's turns must be contiguous in turn_episode: order the turns episode by episode")
+
+    episode = group_advantages(rewards, groups, valid, std_norm).astype(np.float64)
+    returns = discounted_turn_returns(turn_episode, turn_reward, gamma)
+    _, task = np.unique(groups, return_inverse=True)
+    keys = np.stack([task.reshape(-1)[turn_episode].astype(np.int64), turn_state], axis=1)
+    _, step_group = np.unique(keys, axis=0, return_inverse=True)
+    turn_valid = valid[turn_episode]
+    step = _group_relative(returns, step_group.reshape(-1), turn_valid, std_norm)
+    advantages = np.where(turn_valid, episode[turn_episode] + step_weight * step, 0.0)
+    return advantages.astype(np.float32)
