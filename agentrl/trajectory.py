@@ -1,12 +1,22 @@
-"""Episodes and the flat numpy batch they travel in (no per-token Python objects on the wire)."""
+"""Episodes and the flat numpy batch they travel in (no per-token Python objects on the wire).
+
+A packed batch holds per-token arrays (tokens, loss_mask, logprobs; `offsets` marks the
+episodes), per-episode arrays, one `metric/NAME` array per episode metric, and per-turn
+arrays (`turn_episode`, `turn_start`, `turn_end`: the turn's generated tokens in the flat
+token array, `turn_reward`: the env's reward for that turn, `turn_state`: a key of the
+state the turn acted in).
+"""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 
 import numpy as np
 
 FINISH_REASONS = ("terminated", "truncated", "max_turns", "max_tokens", "error")
+METRIC_PREFIX = "metric/"
+TURN_KEYS = ("turn_episode", "turn_start", "turn_end", "turn_reward", "turn_state")
 
 
 @dataclass
@@ -20,12 +30,14 @@ class Episode:
     reward: float = 0.0
     success: bool = False
     turns: int = 0
-    tool_calls: int = 0
-    tool_errors: int = 0
     finish: str = "max_turns"
     weight_version: int = -1
     error: str | None = None
     text: str = ""
+    metrics: dict[str, float] = field(default_factory=dict)  # summed over the episode; episode/NAME_mean
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each turn's generated tokens
+    turn_rewards: list[float] = field(default_factory=list)
+    turn_states: list[int] = field(default_factory=list)
 
     def extend(self, ids, mask: int, logprobs=None) -> None:
         ids = [int(i) for i in ids]
@@ -33,11 +45,38 @@ class Episode:
         self.loss_mask.extend([mask] * len(ids))
         self.logprobs.extend(np.zeros(len(ids)) if logprobs is None else logprobs)
 
+    def add_metrics(self, values: dict) -> None:
+        for name, value in values.items():
+            self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
+
+
+def state_key(value) -> int:
+    """A stable int64 key of an env state (an env's `info["state_key"]`, or the observation text)."""
+    digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
+
 
 def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray]:
     """Concatenate episodes into flat arrays with `offsets` marking their boundaries."""
     lengths = np.array([len(e.tokens) for e in episodes], dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    names = sorted({name for e in episodes for name in e.metrics})
+    metrics = {
+        METRIC_PREFIX + name: np.array([e.metrics.get(name, 0.0) for e in episodes], dtype=np.float32) for name in names
+    }
+    spans = [
+        (index, start + a, start + b)
+        for index, (e, start) in enumerate(zip(episodes, starts, strict=True))
+        for a, b in e.turn_spans
+    ]
+    turns = np.array(spans, dtype=np.int64).reshape(-1, 3)
     return {
+        **metrics,
+        "turn_episode": turns[:, 0].copy(),
+        "turn_start": turns[:, 1].copy(),
+        "turn_end": turns[:, 2].copy(),
+        "turn_reward": np.array([r for e in episodes for r in e.turn_rewards], dtype=np.float32),
+        "turn_state": np.array([k for e in episodes for k in e.turn_states], dtype=np.int64),
         "tokens": np.concatenate([np.asarray(e.tokens, dtype=np.int64) for e in episodes]),
         "loss_mask": np.concatenate([np.asarray(e.loss_mask, dtype=np.uint8) for e in episodes]),
         "logprobs": np.concatenate([np.asarray(e.logprobs, dtype=np.float32) for e in episodes]),
@@ -46,8 +85,6 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "reward": np.array([e.reward for e in episodes], dtype=np.float32),
         "success": np.array([e.success for e in episodes], dtype=np.bool_),
         "turns": np.array([e.turns for e in episodes], dtype=np.int32),
-        "tool_calls": np.array([e.tool_calls for e in episodes], dtype=np.int32),
-        "tool_errors": np.array([e.tool_errors for e in episodes], dtype=np.int32),
         "prompt_len": np.array([e.prompt_len for e in episodes], dtype=np.int32),
         "weight_version": np.array([e.weight_version for e in episodes], dtype=np.int64),
         "finish": np.array([FINISH_REASONS.index(e.finish) for e in episodes], dtype=np.int8),
@@ -55,10 +92,18 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
 
 
 def concat(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Join packed batches, shifting offsets."""
-    out = {key: np.concatenate([b[key] for b in batches]) for key in batches[0] if key != "offsets"}
-    starts = np.cumsum([0] + [b["offsets"][-1] for b in batches[:-1]])
-    out["offsets"] = np.concatenate([[0]] + [b["offsets"][1:] + s for b, s in zip(batches, starts, strict=True)])
+    """Join packed batches, shifting offsets and turn indices; a metric one batch lacks is 0 there."""
+    names = sorted({key for b in batches for key in b if key.startswith(METRIC_PREFIX)})
+    batches = [{**b, **{n: b.get(n, np.zeros(num_episodes(b), np.float32)) for n in names}} for b in batches]
+    shifted = ("offsets", "turn_episode", "turn_start", "turn_end")
+    out = {key: np.concatenate([b[key] for b in batches]) for key in batches[0] if key not in shifted}
+    token_starts = np.cumsum([0] + [b["offsets"][-1] for b in batches[:-1]])
+    episode_starts = np.cumsum([0] + [num_episodes(b) for b in batches[:-1]])
+    out["offsets"] = np.concatenate([[0]] + [b["offsets"][1:] + s for b, s in zip(batches, token_starts, strict=True)])
+    pairs = list(zip(batches, token_starts, episode_starts, strict=True))
+    out["turn_episode"] = np.concatenate([b["turn_episode"] + e for b, _, e in pairs])
+    out["turn_start"] = np.concatenate([b["turn_start"] + t for b, t, _ in pairs])
+    out["turn_end"] = np.concatenate([b["turn_end"] + t for b, t, _ in pairs])
     return out
 
 

@@ -152,6 +152,28 @@ def allreduce_sum(comm, array: np.ndarray) -> np.ndarray:
     return out
 
 
+def allgather_object(comm, obj) -> list:
+    """Every rank's small picklable object, in rank order, on every rank."""
+    import pickle
+
+    from mpi4py import MPI
+
+    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    sizes = np.empty(comm.Get_size(), dtype=np.int64)
+    wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), what="an allgather")
+    displacements = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
+    wait(comm.Iallgatherv(payload, [gathered, sizes, displacements, MPI.BYTE]), what="an allgather")
+    return [pickle.loads(gathered[d : d + n].tobytes()) for d, n in zip(displacements, sizes, strict=True)]
+
+
+def allreduce_named(comm, values: dict[str, float]) -> dict[str, float]:
+    """Sum named numbers over the ranks of `comm`; a name some rank lacks counts as 0 there."""
+    names = sorted(set().union(*allgather_object(comm, sorted(values))))
+    summed = allreduce_sum(comm, np.array([values.get(name, 0.0) for name in names], dtype=np.float64))
+    return dict(zip(names, summed.tolist(), strict=True))
+
+
 def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | None]:
     """Wrap an entry point: an uncaught exception prints its traceback and aborts every rank."""
 

@@ -15,7 +15,10 @@ from dataclasses import dataclass
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import Engine, SamplingParams
 from agentrl.rollout.reward_fn import RewardFunction
-from agentrl.trajectory import Episode
+from agentrl.trajectory import Episode, state_key
+
+# Numbers an env's `info` may carry that are summed into `Episode.metrics` (besides `info["metrics"]`).
+INFO_COUNTS = ("tool_calls", "tool_errors")
 
 
 @dataclass
@@ -51,7 +54,7 @@ async def run_episode(
     if not result.ok:
         return _failed(episode, result.error)
     observation, reset_info, tools = result.value
-    task, transcript, info = observation, [], {}
+    task, transcript, info = observation, [], reset_info if isinstance(reset_info, dict) else {}
     episode.text = observation
     episode.extend(chat.prompt_ids(observation, tools), mask=0)
     episode.prompt_len = len(episode.tokens)
@@ -67,7 +70,10 @@ async def run_episode(
         output = await engine.generate(episode.tokens, turn_sampling)
         timers.generate += time.perf_counter() - started
         versions.add(output.weight_version)
+        episode.turn_states.append(state_key(info.get("state_key", observation)))
+        turn_start = len(episode.tokens)
         episode.extend(output.output_ids, mask=1, logprobs=output.logprobs)
+        episode.turn_spans.append((turn_start, len(episode.tokens)))
         if output.finish_reason != "stop":
             episode.extend([chat.eos_id], mask=0)  # close the turn the model did not close
         action = chat.decode(output.output_ids)
@@ -80,9 +86,10 @@ async def run_episode(
             return _failed(episode, result.error)
         observation, reward, terminated, truncated, info = result.value
         episode.reward += reward
+        episode.turn_rewards.append(float(reward))
         episode.success = episode.success or bool(info.get("success", False))
-        episode.tool_calls += int(info.get("tool_calls", 0))
-        episode.tool_errors += int(info.get("tool_errors", 0))
+        episode.add_metrics({name: info[name] for name in INFO_COUNTS if name in info})
+        episode.add_metrics(info.get("metrics", {}))
         episode.text += f"\n>>> {action}\n{observation}"
         transcript.append((action, observation))
         if terminated or truncated:
@@ -124,6 +131,7 @@ def _failed(episode: Episode, error: str) -> Episode:
     episode.error = error
     episode.reward = 0.0
     episode.loss_mask = [0] * len(episode.tokens)
+    episode.turn_spans, episode.turn_rewards, episode.turn_states = [], [], []
     if not episode.tokens:
         episode.extend([0], mask=0)
     return episode

@@ -13,59 +13,52 @@ import numpy as np
 
 from agentrl import preempt, transport
 from agentrl.trainer import checkpoint
-from agentrl.trajectory import FINISH_REASONS, concat
+from agentrl.trajectory import FINISH_REASONS, METRIC_PREFIX, concat
 from agentrl.transport import Tag
 
-EPISODE_SUMS = (
-    "reward",
-    "success",
-    "turns",
-    "tokens",
-    "response_tokens",
-    "failed",
-    "weight_lag",
-    "tool_calls",
-    "tool_errors",
-)
+# Per-episode sums whose TensorBoard name is not `episode/NAME_mean`.
+EPISODE_NAMES = {
+    "count": "count",
+    "success": "success_rate",
+    "failed": "failed",
+}
 
 
-def episode_sums(batch: dict[str, np.ndarray], version: int) -> np.ndarray:
-    """Per-shard sums, in a fixed order, so trainer ranks can all-reduce them."""
+def episode_sums(batch: dict[str, np.ndarray], version: int) -> dict[str, float]:
+    """This shard's per-episode sums by name (trainer ranks all-reduce them by name)."""
     lengths = np.diff(batch["offsets"])
     response = np.add.reduceat(batch["loss_mask"].astype(np.int64), batch["offsets"][:-1]) if len(lengths) else []
     finish_counts = np.bincount(batch["finish"], minlength=len(FINISH_REASONS))
-    values = [
-        batch["reward"].sum(),
-        batch["success"].sum(),
-        batch["turns"].sum(),
-        lengths.sum(),
-        np.sum(response),
-        finish_counts[FINISH_REASONS.index("error")],
-        (version - batch["weight_version"]).sum(),
-        batch["tool_calls"].sum(),
-        batch["tool_errors"].sum(),
-    ]
-    return np.array([len(lengths), *values, *finish_counts], dtype=np.float64)
-
-
-def episode_metrics(totals: np.ndarray) -> dict[str, float]:
-    count = max(totals[0], 1.0)
-    sums = dict(zip(EPISODE_SUMS, totals[1 : 1 + len(EPISODE_SUMS)], strict=True))
-    metrics = {
-        "episode/count": totals[0],
-        "episode/reward_mean": sums["reward"] / count,
-        "episode/success_rate": sums["success"] / count,
-        "episode/turns_mean": sums["turns"] / count,
-        "episode/tokens_mean": sums["tokens"] / count,
-        "episode/response_tokens_mean": sums["response_tokens"] / count,
-        "episode/failed": sums["failed"],
-        "episode/weight_lag_mean": sums["weight_lag"] / count,
-        "episode/tool_calls_mean": sums["tool_calls"] / count,
-        "episode/tool_errors_mean": sums["tool_errors"] / count,
-        "episode/tool_error_rate": sums["tool_errors"] / max(sums["tool_calls"], 1.0),
+    sums = {
+        "count": float(len(lengths)),
+        "reward": float(batch["reward"].sum()),
+        "success": float(batch["success"].sum()),
+        "turns": float(batch["turns"].sum()),
+        "tokens": float(lengths.sum()),
+        "response_tokens": float(np.sum(response)),
+        "failed": float(finish_counts[FINISH_REASONS.index("error")]),
+        "weight_lag": float((version - batch["weight_version"]).sum()),
     }
-    for reason, n in zip(FINISH_REASONS, totals[1 + len(EPISODE_SUMS) :], strict=True):
-        metrics[f"episode/finish_{reason}"] = n / count
+    sums.update(
+        {key.removeprefix(METRIC_PREFIX): float(v.sum()) for key, v in batch.items() if key.startswith(METRIC_PREFIX)}
+    )
+    sums.update({f"finish_{reason}": float(n) for reason, n in zip(FINISH_REASONS, finish_counts, strict=True)})
+    return sums
+
+
+def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
+    """`episode/` scalars: sums become means per episode, except counts (`count`, `failed`)."""
+    count = max(totals["count"], 1.0)
+    metrics = {}
+    for name, value in totals.items():
+        if name in ("count", "failed"):
+            metrics[f"episode/{name}"] = value
+        elif name.startswith("finish_"):
+            metrics[f"episode/{name}"] = value / count
+        else:
+            metrics[f"episode/{EPISODE_NAMES.get(name, name + '_mean')}"] = value / count
+    if "tool_calls" in totals:
+        metrics["episode/tool_error_rate"] = totals.get("tool_errors", 0.0) / max(totals["tool_calls"], 1.0)
     return metrics
 
 
@@ -121,7 +114,7 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
             )
             transport.barrier(role_comm)
 
-        totals = transport.allreduce_sum(role_comm, episode_sums(batch, step))
+        totals = transport.allreduce_named(role_comm, episode_sums(batch, step))
         if logger is not None:
             metrics.update(episode_metrics(totals))
             metrics.update(stats)
@@ -130,8 +123,8 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
             metrics["time/train"] = trained - received
             metrics["time/weight_sync"] = synced - trained
             metrics["time/step"] = step_time
-            metrics["perf/tokens_per_s"] = totals[1 + EPISODE_SUMS.index("tokens")] / step_time
-            metrics["perf/generated_tokens_per_s"] = totals[1 + EPISODE_SUMS.index("response_tokens")] / step_time
+            metrics["perf/tokens_per_s"] = totals["tokens"] / step_time
+            metrics["perf/generated_tokens_per_s"] = totals["response_tokens"] / step_time
             logger.log(step, metrics)
             if samples:
                 logger.samples(step, samples)

@@ -96,10 +96,10 @@ def test_a_reward_fn_returning_text_is_an_error():
 def test_tool_calls_and_errors_reach_the_trainer_metrics(chat):
     turns = [lambda i: call("1 / 0"), lambda i: call("6 * 7") + call("2 +"), lambda i: i["answer"]]
     episode, _ = calculator_episode(chat, turns)
-    assert (episode.tool_calls, episode.tool_errors) == (3, 2)
+    assert episode.metrics == {"tool_calls": 3, "tool_errors": 2}
     quiet, _ = calculator_episode(chat, [lambda i: i["answer"]])
     batch = pack([episode, quiet])
-    np.testing.assert_array_equal(batch["tool_calls"], [3, 0])
+    np.testing.assert_array_equal(batch["metric/tool_calls"], [3, 0])
     metrics = episode_metrics(episode_sums(batch, version=0))
     assert metrics["episode/tool_calls_mean"] == 1.5 and metrics["episode/tool_errors_mean"] == 1.0
     assert metrics["episode/tool_error_rate"] == pytest.approx(2 / 3)

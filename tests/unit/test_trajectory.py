@@ -22,6 +22,28 @@ def test_pack_and_concat_keep_boundaries():
     assert both["group"].tolist() == [0, 0, 1]
 
 
+def test_turns_and_metrics_survive_pack_and_concat():
+    first = episode(0, [1, 2, 3, 4, 5], [0, 1, 0, 1, 1])
+    first.turn_spans, first.turn_rewards, first.turn_states = [(1, 2), (3, 5)], [0.0, 1.0], [11, 12]
+    first.add_metrics({"hits": 2})
+    second = episode(1, [6, 7], [0, 1])
+    second.turn_spans, second.turn_rewards, second.turn_states = [(1, 2)], [0.5], [13]
+    second.add_metrics({"misses": 1})
+    both = concat([pack([first]), pack([second])])
+    assert both["turn_episode"].tolist() == [0, 0, 1]
+    assert both["turn_start"].tolist() == [1, 3, 6] and both["turn_end"].tolist() == [2, 5, 7]
+    assert both["turn_reward"].tolist() == [0.0, 1.0, 0.5] and both["turn_state"].tolist() == [11, 12, 13]
+    assert both["metric/hits"].tolist() == [2, 0] and both["metric/misses"].tolist() == [0, 1]
+    assert both["loss_mask"][both["turn_start"][1] : both["turn_end"][1]].tolist() == [1, 1]
+
+
+def test_env_metrics_become_episode_means_by_name():
+    a, b = episode(0, [1, 2], [0, 1]), episode(0, [1, 2], [0, 1])
+    a.add_metrics({"hits": 3})
+    metrics = episode_metrics(episode_sums(pack([a, b]), version=3))
+    assert metrics["episode/hits_mean"] == 1.5 and "episode/tool_error_rate" not in metrics
+
+
 def test_shards_keep_groups_whole_and_balanced():
     episodes = [episode(g, [1], [0]) for g in range(4) for _ in range(2)]
     shards = shard_for_trainers(episodes, 2)
