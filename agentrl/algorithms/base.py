@@ -26,6 +26,7 @@ from agentrl.config import Section
 
 Reduce = Callable[[np.ndarray], np.ndarray]  # sums a float64 array over trainer ranks
 
+CORRECTION_STATS = ("masked_tokens", "capped_tokens", "is_weight_sum")
 LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
 
@@ -37,10 +38,10 @@ class CorrectionOptions(Section):
     token by pi_old / mu.
     """
 
-    mode: Literal["none", "tis", "mask"] = Field(
+    mode: Literal["none", "tis", "mask", "tis_mask"] = Field(
         "none",
         description="`tis`: truncated importance sampling, weight min(pi_old/mu, cap); "
-        "`mask`: drop tokens (or sequences) whose ratio leaves [low, high]; `none`: neither.",
+        "`mask`: drop tokens (or sequences) whose ratio leaves [low, high]; `tis_mask`: both; `none`: neither.",
     )
     level: Literal["token", "sequence"] = Field(
         "token", description="Ratio per token, or per sequence (geometric mean of its token ratios)."
@@ -65,7 +66,7 @@ class PolicyGradientOptions(AlgorithmOptions):
         None,
         ge=1,
         description="`seq-mean-token-sum-norm`: the constant a sequence's token sum is divided by; "
-        "None: rollout.max_episode_tokens.",
+        "None: the episode's generation budget, min(max_new_tokens x max_turns, max_episode_tokens) of `rollout`.",
     )
     correction: CorrectionOptions = Field(default_factory=CorrectionOptions)
 
@@ -191,7 +192,8 @@ class PolicyGradient(Algorithm):
             )
             token_loss = token_loss * weights
             mask = mask * keep
-            stats.update({f"correction_{key}": value for key, value in correction_stats.items()})
+            for key in CORRECTION_STATS:  # sums; the trainer divides them by the trained tokens
+                stats[f"correction_{key}"] = correction_stats[key]
         if inputs.ref_logp is not None:
             kl = kl_k3(inputs.logp, inputs.ref_logp)
             token_loss = token_loss + options.kl_coef * kl
@@ -204,13 +206,17 @@ class PolicyGradient(Algorithm):
         return loss, stats
 
     def aggregate(self, token_loss: torch.Tensor, mask: torch.Tensor, inputs: LossInputs) -> torch.Tensor:
-        mode = self.options.loss_agg
-        if mode == "token-mean":
-            return (token_loss * mask).sum() / inputs.global_tokens
         from agentrl.algorithms.losses import aggregate_loss
 
-        norm_length = self.options.loss_norm_length or self.context.config.rollout.max_episode_tokens
-        return aggregate_loss(token_loss, mask, mode, inputs.global_tokens, inputs.global_sequences, norm_length)
+        norm_length = self.options.loss_norm_length or generation_budget(self.context.config.rollout)
+        return aggregate_loss(
+            token_loss, mask, self.options.loss_agg, inputs.global_tokens, inputs.global_sequences, norm_length
+        )
+
+
+def generation_budget(rollout) -> int:
+    """The most tokens one episode can generate: Dr.GRPO's constant normaliser by default."""
+    return min(rollout.max_new_tokens * rollout.max_turns, rollout.max_episode_tokens)
 
 
 def per_token(episode_values: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -69,3 +69,9 @@ def describe() -> list[tuple[str, str]]:
 
 
 register("grpo", "agentrl.algorithms.grpo:GRPO")
+register("dr_grpo", "agentrl.algorithms.policy_gradient:DrGRPO")
+register("rloo", "agentrl.algorithms.policy_gradient:RLOO")
+register("reinforce_pp", "agentrl.algorithms.policy_gradient:ReinforcePP")
+register("reinforce_pp_baseline", "agentrl.algorithms.policy_gradient:ReinforcePPBaseline")
+register("gspo", "agentrl.algorithms.policy_gradient:GSPO")
+register("cispo", "agentrl.algorithms.policy_gradient:CISPO")

@@ -9,10 +9,16 @@ from tests.mpi.helpers import assert_ok, script
 pytestmark = pytest.mark.mpi
 
 
+# One per family: group baselines (grpo, rloo; dr_grpo's sequence-count normaliser), batch-normalised
+# REINFORCE++ (statistics over both ranks), a sequence-level ratio (gspo) and a detached IS weight (cispo).
+REPLICA_ALGORITHMS = ("grpo", "rloo", "dr_grpo", "reinforce_pp", "reinforce_pp_baseline", "gspo", "cispo")
+
+
 def test_trainer_replicas_stay_identical(tiny_model_dir):
-    result = script(2, "replicas.py", str(tiny_model_dir))
+    result = script(2, "replicas.py", str(tiny_model_dir), *REPLICA_ALGORITHMS, timeout=240)
     assert_ok(result)
-    assert "replicas identical" in result.stdout
+    for algorithm in REPLICA_ALGORITHMS:
+        assert f"{algorithm}: replicas identical and equal to whole-batch training" in result.stdout
 
 
 def test_rollout_ranks_hold_the_trainers_version(tiny_model_dir):

@@ -1,5 +1,5 @@
-"""mpirun -n 2: two trainer ranks, each on half the groups, end every step with identical weights,
-and match one rank trained on the whole batch."""
+"""mpirun -n 2 replicas.py MODEL_DIR [ALGORITHM ...]: two trainer ranks, each on half the groups, end every
+step with identical weights, and match one rank trained on the whole batch, for each algorithm named."""
 
 import sys
 
@@ -15,15 +15,18 @@ from agentrl.trajectory import concat
 from tests.mpi.scripts.batches import synthetic_batch
 
 
-def main():
-    world = MPI.COMM_WORLD
+def check(algorithm: str, model_dir: str, world, group) -> None:
     rank = world.Get_rank()
-    model_dir = sys.argv[1]
     config = from_dict(
-        {"model": {"path": model_dir}, "steps": 3, "trainer": {"micro_batch_size": 5}, "optimizer": {"lr": 1e-2}}
+        {
+            "model": {"path": model_dir},
+            "steps": 3,
+            "trainer": {"micro_batch_size": 5},
+            "optimizer": {"lr": 1e-2},
+            "algorithm": {"name": algorithm},
+        }
     )
     torch.manual_seed(0)
-    group = init_trainer_group(world, "cpu")
     trainer = PolicyTrainer(config, model_dir, "cpu", group)
     vocab = trainer.model.config.vocab_size
     half = range(0, 4) if rank == 0 else range(4, 8)
@@ -32,16 +35,24 @@ def main():
         flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()
         gathered = world.gather(flat, root=0)
         if rank == 0:
-            assert np.array_equal(gathered[0], gathered[1]), f"step {step}: trainer replicas diverged"
+            assert np.array_equal(gathered[0], gathered[1]), f"{algorithm} step {step}: trainer replicas diverged"
     if rank == 0:
+        torch.manual_seed(0)
         alone = PolicyTrainer(config, model_dir, "cpu", None)
         for step in range(3):
             halves = [synthetic_batch(step, range(0, 4), vocab), synthetic_batch(step, range(4, 8), vocab)]
             alone.train_step(concat(halves))
         for (name, a), (_, b) in zip(alone.model.named_parameters(), trainer.model.named_parameters(), strict=True):
-            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{name}: sharded != whole-batch training")
-        print("replicas identical and equal to whole-batch training", flush=True)
+            torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{algorithm} {name}: 2 ranks != 1 rank")
+        print(f"{algorithm}: replicas identical and equal to whole-batch training", flush=True)
     transport.barrier(world)
+
+
+def main():
+    world = MPI.COMM_WORLD
+    group = init_trainer_group(world, "cpu")
+    for algorithm in sys.argv[2:] or ["grpo"]:
+        check(algorithm, sys.argv[1], world, group)
 
 
 if __name__ == "__main__":
