@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 
 class ConfigError(ValueError):
@@ -162,6 +162,18 @@ class RuntimeConfig(Section):
         gt=0,
         description="Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error.",
     )
+    abort_on_failed_fraction: float | None = Field(
+        1.0,
+        description="Stop the run when, in one step, at least this fraction of the episodes failed with the same "
+        "error (1.0: all of them); `null` never stops. Fewer failures stay contained in their episodes.",
+    )
+
+    @field_validator("abort_on_failed_fraction")
+    @classmethod
+    def _fraction(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 1:
+            raise ValueError("must be a fraction in (0, 1] (1.0: stop when every episode failed alike), or null")
+        return value
 
 
 class Config(Section):
@@ -287,6 +299,7 @@ def _sections() -> set[str]:
 
 def _row(name: str, field) -> str:
     annotation = getattr(field.annotation, "__name__", None) or str(field.annotation).replace("typing.", "")
+    annotation = annotation.replace("|", "\\|")  # `float | None` inside a markdown table cell
     if field.is_required():
         default = "required"
     elif field.default_factory is not None:

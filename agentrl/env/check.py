@@ -40,7 +40,7 @@ def inspect_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 5
         report.problems.append(f"constructing {env_id}: {type(error).__name__}: {error}")
         return report
     if not spaces_are_text(env):
-        report.warnings.append(toy_text_hint(env_id, env))
+        report.warnings.append(f"{env_id} {not_text(env)}")
     _check_episodes(env, env_id, kwargs, episodes, max_steps, report)
     report.problems = sorted(set(report.problems), key=report.problems.index)
     return report
@@ -110,18 +110,18 @@ def spaces_are_text(env) -> bool:
     return all(not isinstance(space, gym.spaces.Space) or isinstance(space.sample(), str) for space in spaces)
 
 
-def toy_text_hint(env_id: str, env) -> str:
-    """What to do with an env whose spaces are not text: the toy_text adapter when it can play the game."""
+def not_text(env) -> str:
+    """Why an env whose spaces are not text cannot run, and what to do instead (the toy_text adapter, if it fits)."""
     spaces = f"observation_space {env.observation_space!r}, action_space {env.action_space!r}"
     game = newest_gymnasium_id(type(env))
     if game is not None and toy_text_plays(game):
         return (
-            f"{env_id} is not a text env ({spaces}); Gymnasium's {game} plays as text through the toy_text "
-            f"adapter: env.id=toy_text env.kwargs.game={game} "
-            f"(`agentrl check-env toy_text --kwargs '{{game: {game}}}'`; docs/environments.md)"
+            f"is not a text env ({spaces}); Gymnasium's {game} plays as text through the toy_text adapter: "
+            f"env.id=toy_text env.kwargs.game={game} (`agentrl check-env toy_text --kwargs '{{game: {game}}}'`; "
+            "docs/environments.md)"
         )
     return (
-        f"{env_id} is not a text env ({spaces}); agentrl envs take and return strings. The toy_text adapter plays "
+        f"is not a text env ({spaces}); agentrl envs take and return strings. The toy_text adapter plays "
         "registered Gymnasium games with Discrete observations and actions (env.id=toy_text "
         "env.kwargs.game=GYMNASIUM_ID); otherwise wrap the game in an agentrl.env.TextEnv that describes the state "
         "in words and parses the model's answer (docs/writing-an-environment.md)"
