@@ -100,12 +100,15 @@ def cmd_algorithms(args) -> int:
 def cmd_check_env(args) -> int:
     import yaml
 
-    from agentrl.env.check import check_env, time_random_episodes
+    from agentrl.env.check import inspect_env, time_random_episodes
 
     kwargs = yaml.safe_load(args.kwargs) or {}
-    problems = check_env(args.env_id, kwargs)
+    report = inspect_env(args.env_id, kwargs)
+    problems = report.problems
     for problem in problems:
         print(f"FAIL {problem}")
+    for warning in report.warnings:
+        print(f"WARN {warning}")
     if not problems:
         steps, seconds = time_random_episodes(args.env_id, kwargs)
         print(f"5 random episodes: {steps} steps in {seconds * 1e3:.1f} ms ({seconds / steps * 1e3:.3f} ms/step)")

@@ -245,6 +245,18 @@ class RuntimeConfig(Section):
         gt=0,
         description="Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error.",
     )
+    abort_on_failed_fraction: float | None = Field(
+        1.0,
+        description="Stop the run when, in one step, at least this fraction of the episodes failed with the same "
+        "error (1.0: all of them); `null` never stops. Fewer failures stay contained in their episodes.",
+    )
+
+    @field_validator("abort_on_failed_fraction")
+    @classmethod
+    def _fraction(cls, value: float | None) -> float | None:
+        if value is not None and not 0 < value <= 1:
+            raise ValueError("must be a fraction in (0, 1] (1.0: stop when every episode failed alike), or null")
+        return value
 
 
 class Config(Section):

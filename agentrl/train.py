@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,14 +13,31 @@ from agentrl import preempt, transport
 from agentrl.config import Config, ConfigError, save_config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.env.preflight import EnvUnusable, check_env_config
 from agentrl.env.registry import make
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
-from agentrl.trainer import checkpoint
+
+EXIT_REFUSED = 2  # as for any other config error
+
+
+class StartRefused(SystemExit):
+    """Raised on every rank when rank 0's check of the env before training failed; rank 0 has printed the reason.
+
+    A SystemExit, so transport.abort_on_exception lets it through: every rank learned the
+    reason from the same broadcast, so the job ends cleanly instead of by MPI_Abort.
+    """
+
+    def __init__(self, reason: str):
+        super().__init__(EXIT_REFUSED)
+        self.reason = reason
 
 
 def train(config: Config) -> int:
     """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal)."""
+    from mpi4py import MPI
+
+    check_env_before_start(MPI.COMM_WORLD, config)  # before the slow imports: a broken env stops the job in seconds
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -48,7 +66,27 @@ def train(config: Config) -> int:
     return done
 
 
+def check_env_before_start(world, config: Config) -> None:
+    """Rank 0 builds the env once, before any rank loads torch or a model; if it is broken, every rank stops.
+
+    The others wait in the broadcast of the outcome, so a refusal reaches them all and each
+    raises StartRefused (exit code 2, the reason printed once by rank 0).
+    """
+    reason = None
+    if world.Get_rank() == 0:
+        try:
+            check_env_config(config.env.id, config.env.kwargs)
+        except EnvUnusable as error:
+            reason = str(error)
+    reason = transport.bcast_object(world, reason)
+    if reason is not None:
+        if world.Get_rank() == 0:
+            print(f"agentrl: {reason}", file=sys.stderr, flush=True)
+        raise StartRefused(reason)
+
+
 def prepare_run_dir(config: Config, layout: Layout) -> None:
+    from agentrl.trainer import checkpoint
     from agentrl.trainer.model import ensure_model
 
     run_dir = Path(config.run_dir)
@@ -69,6 +107,8 @@ def prepare_run_dir(config: Config, layout: Layout) -> None:
 
 
 def resume_step(config: Config) -> int:
+    from agentrl.trainer import checkpoint
+
     found = checkpoint.latest(config.run_dir) if config.resume else None
     if config.resume and found is None:
         print(f"agentrl: resume=true but {config.run_dir} has no checkpoint; starting at step 0", flush=True)
@@ -98,7 +138,11 @@ def env_texts(config: Config, episodes: int = 64) -> list[str]:
     return texts
 
 
-def env_host(config: Config) -> EnvHost:
+def env_host(config: Config, check: bool = True) -> EnvHost:
+    """The host of this rank's envs; `check`: build one first, so a failure on this rank stops the job (rank 0's
+    check passed, but this rank may lack a package or a file)."""
+    if check:
+        check_env_config(config.env.id, config.env.kwargs)
     return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
 
 
@@ -118,6 +162,7 @@ def seed_everything(seed: int) -> None:
 
 
 def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
+    from agentrl.trainer import checkpoint
     from agentrl.trainer.model import load_tokenizer
     from agentrl.trainer.policy_trainer import PolicyTrainer
 
@@ -136,18 +181,20 @@ def _logger(config: Config, start_step: int):
 
 def run_single_process(config: Config, layout: Layout, start_step: int) -> int:
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
+    from agentrl.failures import FailureTally, abort_if_failing
     from agentrl.rollout.worker import RolloutWorker, sample_texts
     from agentrl.trainer.loop import train_loop
     from agentrl.trajectory import pack
     from agentrl.weights import InProcessWeightCopy
 
     trainer, tokenizer = _make_trainer(config, layout, start_step)
-    worker = RolloutWorker(config, LocalEnvClient(env_host(config)), 0, 1, layout.device)
+    worker = RolloutWorker(config, LocalEnvClient(env_host(config, check=False)), 0, 1, layout.device)
     sync = InProcessWeightCopy(worker.engine)
     sync.send(trainer.named_weights(), start_step)
 
     def collect(step: int):
         episodes, stats = worker.collect(step)
+        abort_if_failing(step, FailureTally.of(episodes), config.runtime.abort_on_failed_fraction)
         return pack(episodes), stats, sample_texts(config, step, episodes)
 
     logger = _logger(config, start_step)
@@ -169,7 +216,7 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
         weights = make_weight_sync(config, layout)
     weights.send(trainer.named_weights(), start_step)
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
-    collect = receive_from_rollouts(layout)
+    collect = receive_from_rollouts(layout, config.runtime.abort_on_failed_fraction)
     done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger)
     if logger is not None:
         logger.close()

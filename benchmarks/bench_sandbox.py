@@ -21,7 +21,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl.env.code_sandbox import _base_interpreter, _rlimit_interpreter, available_backends, run_python
+from agentrl.env.code_sandbox import (
+    _base_interpreter,
+    _rlimit_interpreter,
+    available_backends,
+    run_python,
+    uncontained,
+)
 from tests.unit.test_code_sandbox import HOSTILE_CASES, HOSTILE_LIMITS, Host, problems, why_not_applicable
 
 OBSERVATION_CHARS = 60
@@ -82,7 +88,10 @@ def main():
     backends = available_backends()
     if not backends:
         raise SystemExit("no sandbox backend works here; see docs/sandbox.md")
-    print(f"backends: {', '.join(backends)}; running as uid {os.geteuid()}; limits: {HOSTILE_LIMITS}\n")
+    print(f"backends: {', '.join(backends)}; running as uid {os.geteuid()}; limits: {HOSTILE_LIMITS}")
+    for backend in backends:
+        print(f"{backend} does not contain here: {'; '.join(uncontained(backend)) or 'nothing beyond docs/sandbox.md'}")
+    print()
     print("\n".join(hostile_table(backends)))
     print()
     print("\n".join(overhead_table(backends, args.runs)))

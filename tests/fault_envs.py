@@ -34,3 +34,14 @@ class FaultyEnv(GuessNumberEnv):
 
 def fails(seed: int, every: int) -> bool:
     return seed % every == 0
+
+
+class BuildsOnRankZeroOnly(GuessNumberEnv):
+    """guess_number that cannot be built on any MPI rank but 0: a package or file missing on some nodes."""
+
+    def __init__(self, **kwargs):
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.Get_rank() != 0:
+            raise FileNotFoundError(f"words.txt is missing on rank {MPI.COMM_WORLD.Get_rank()}")
+        super().__init__(**kwargs)

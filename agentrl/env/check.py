@@ -1,7 +1,8 @@
-"""`agentrl check-env`: does an environment follow the API? Returns a list of problems.
+"""`agentrl check-env`: does an environment follow the API? Reports problems (FAIL) and warnings (WARN).
 
 Tool envs also get their tool schemas checked, and random actions then include
-random tool calls built from those schemas.
+random tool calls built from those schemas. Warnings do not stop a run but point at a
+likely mistake: an env that never reports success, or a plain Gymnasium env.
 """
 
 from __future__ import annotations
@@ -9,38 +10,64 @@ from __future__ import annotations
 import json
 import random
 import time
+from dataclasses import dataclass, field
 
 import gymnasium as gym
 
-from agentrl.env.registry import make
+from agentrl.env.registry import make, toy_text_plays
 
 RANDOM_ARGUMENTS = {"string": "1 + 2", "integer": 3, "number": 1.5, "boolean": True, "array": [], "object": {}}
 
 
+@dataclass
+class EnvReport:
+    problems: list[str] = field(default_factory=list)
+    """Ways the env breaks the API; each fails `agentrl check-env`."""
+    warnings: list[str] = field(default_factory=list)
+    """Likely mistakes that do not break the API."""
+
+
 def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50) -> list[str]:
-    problems: list[str] = []
+    """The problems `inspect_env` finds (warnings left out)."""
+    return inspect_env(env_id, kwargs, episodes, max_steps).problems
+
+
+def inspect_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50) -> EnvReport:
+    report = EnvReport()
     try:
         env = make(env_id, **kwargs)
     except Exception as error:  # report, do not crash: this is a checker
-        return [f"constructing {env_id}: {type(error).__name__}: {error}"]
+        report.problems.append(f"constructing {env_id}: {type(error).__name__}: {error}")
+        return report
+    if not spaces_are_text(env):
+        report.warnings.append(f"{env_id} {not_text(env)}")
+    _check_episodes(env, env_id, kwargs, episodes, max_steps, report)
+    report.problems = sorted(set(report.problems), key=report.problems.index)
+    return report
+
+
+def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: int, report: EnvReport) -> None:
+    problems = report.problems
     tools = getattr(env, "tools", None) or []
     problems += check_tools(tools)
     problems += check_spaces(env)
     first = env.reset(seed=123)
     if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], str) and isinstance(first[1], dict)):
-        return [*problems, f"reset() must return (str, dict), got {first!r:.80}"]
+        problems.append(f"reset() must return (str, dict), got {first!r:.80}")
+        return
     problems += check_observation(env, first[0], "reset")
     again = make(env_id, **kwargs).reset(seed=123)
     if again[0] != first[0]:
         problems.append("reset(seed=123) twice gave different observations: seed the env via super().reset(seed=seed)")
     rng = random.Random(0)
+    reports_success = False
     for episode in range(episodes):
         env.reset(seed=episode)
         for _ in range(max_steps):
             out = env.step(random_action(rng, tools if not problems else []))
             if not (isinstance(out, tuple) and len(out) == 5):
                 problems.append(f"step() must return (obs, reward, terminated, truncated, info), got {out!r:.80}")
-                return problems
+                return
             obs, reward, terminated, truncated, info = out
             if not isinstance(obs, str):
                 problems.append(f"step() observation must be str, got {type(obs).__name__}")
@@ -50,12 +77,19 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50)
                 problems.append(f"step() reward must be a number, got {type(reward).__name__}")
             if not isinstance(info, dict):
                 problems.append(f"step() info must be a dict, got {type(info).__name__}")
+            else:
+                reports_success = reports_success or "success" in info
             if terminated or truncated:
                 problems += check_step_after_end(env, rng, tools)
                 break
         else:
             problems.append(f"episode {episode} did not end within {max_steps} random steps")
-    return sorted(set(problems), key=problems.index)
+    if not reports_success:
+        report.warnings.append(
+            f"no step() info of {episodes} random episodes has a 'success' key, so episode/success_rate will read 0; "
+            "set info['success'] = True or False on an episode's last step (or name an env.reward_fn that returns "
+            "success)"
+        )
 
 
 def check_spaces(env) -> list[str]:
@@ -68,6 +102,37 @@ def check_spaces(env) -> list[str]:
         elif not isinstance(space.sample(), str):
             problems.append(f"env.{name} must be a text space (samples are str), got {space!r}")
     return problems
+
+
+def spaces_are_text(env) -> bool:
+    """False when the env declares a Gymnasium space that does not hold text (a plain Gymnasium env)."""
+    spaces = [getattr(env, name, None) for name in ("observation_space", "action_space")]
+    return all(not isinstance(space, gym.spaces.Space) or isinstance(space.sample(), str) for space in spaces)
+
+
+def not_text(env) -> str:
+    """Why an env whose spaces are not text cannot run, and what to do instead (the toy_text adapter, if it fits)."""
+    spaces = f"observation_space {env.observation_space!r}, action_space {env.action_space!r}"
+    game = newest_gymnasium_id(type(env))
+    if game is not None and toy_text_plays(game):
+        return (
+            f"is not a text env ({spaces}); Gymnasium's {game} plays as text through the toy_text adapter: "
+            f"env.id=toy_text env.kwargs.game={game} (`agentrl check-env toy_text --kwargs '{{game: {game}}}'`; "
+            "docs/environments.md)"
+        )
+    return (
+        f"is not a text env ({spaces}); agentrl envs take and return strings. The toy_text adapter plays "
+        "registered Gymnasium games with Discrete observations and actions (env.id=toy_text "
+        "env.kwargs.game=GYMNASIUM_ID); otherwise wrap the game in an agentrl.env.TextEnv that describes the state "
+        "in words and parses the model's answer (docs/writing-an-environment.md)"
+    )
+
+
+def newest_gymnasium_id(env_class: type) -> str | None:
+    """The newest version of the Gymnasium ids registered with `env_class` as their entry point."""
+    path = f"{env_class.__module__}:{env_class.__qualname__}"
+    ids = [env_id for env_id, spec in gym.registry.items() if spec.entry_point in (path, env_class)]
+    return max(ids, key=lambda env_id: gym.registry[env_id].version or 0, default=None)
 
 
 def check_observation(env, obs: str, where: str) -> list[str]:

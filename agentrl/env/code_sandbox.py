@@ -10,9 +10,12 @@ Two backends:
   working folder /tmp is a size-limited tmpfs that vanishes with the sandbox. No network
   device but loopback. Started as root, the code runs as a fresh unprivileged uid with no
   capabilities and no_new_privs.
-- "rlimit": a plain subprocess in a new session with rlimits, a clean environment and a
-  private temporary working folder; as root it drops to a fresh unprivileged uid and, when it can, to a
-  new network namespace. It does not hide world-readable files of the host.
+- "rlimit": a plain subprocess in a new session with rlimits and a clean environment. As
+  root it drops to a fresh unprivileged uid, enters a new network namespace when it can, and
+  a new mount namespace in which every mount is read-only except a private, size-limited
+  /tmp (the working folder) and /dev/shm; after the run every process of that uid is killed.
+  It does not hide world-readable files of the host. Started as a normal user it contains
+  neither writes nor processes that leave the session: `uncontained()` says so.
 
 Both apply RLIMIT_CPU/AS/NPROC/FSIZE, give the code no variables of the host, feed the
 code on stdin (so `input()` sees end of file) and kill the whole process tree after
@@ -52,9 +55,17 @@ LANG = "C.UTF-8"
 RUN_MARKER_VARIABLE = "AGENTRL_SANDBOX_RUN"
 # The working folder holds at most this many max-size files (bwrap's tmpfs size).
 FOLDER_FILES = 4
+CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 CLONE_NEWUSER = 0x10000000
 LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 32, 4096, 16384, 1 << 18
+# Per-mount flags a read-only remount keeps (a bind remount sets all of them at once).
+KEPT_MOUNT_FLAGS = {"nosuid": 2, "nodev": 4, "noexec": 8, "noatime": 1024, "nodiratime": 2048, "relatime": 1 << 21}
+# The rlimit backend's writable folders (as root): private tmpfs mounts, like bwrap's; /tmp is the working folder.
+PRIVATE_FOLDERS = (SANDBOX_DIR, "/dev/shm")
+PR_SET_NO_NEW_PRIVS = 38
 
 
 @dataclass(frozen=True)
@@ -137,17 +148,59 @@ def _execute(code: str, limits: SandboxLimits, backend: str, files: dict[str, st
             command, pass_fds = _bwrap_command(limits, staged, uid)
             preexec = None
             env = {}
+            leftovers = None  # the pid namespace ends with bwrap, and every process in it
         else:
             command, pass_fds = [_rlimit_interpreter(), "-I", "-u", "-"], ()
-            preexec = functools.partial(_enter_rlimit_sandbox, limits, _rlimit_isolates_network(), uid)
-            env = _clean_environment(home=host_dir) | {RUN_MARKER_VARIABLE: uuid.uuid4().hex}
+            private = _rlimit_private_mounts()
+            staged_bytes = {relative: path.read_bytes() for relative, path in staged.items()} if private else None
+            preexec = functools.partial(_enter_rlimit_sandbox, limits, _rlimit_isolates_network(), uid, staged_bytes)
+            marker = uuid.uuid4().hex
+            env = _clean_environment(home=SANDBOX_DIR if private else host_dir) | {RUN_MARKER_VARIABLE: marker}
             if os.geteuid() == 0:
                 _give_folder_to(host_dir, uid)
-        try:
-            return _run(command, code, limits, backend, cwd=host_dir, env=env, preexec=preexec, pass_fds=pass_fds)
-        finally:
-            if backend == "rlimit":
-                _kill_marked_processes(env[RUN_MARKER_VARIABLE])
+            leftovers = functools.partial(_kill_rlimit_leftovers, uid, marker)
+        return _run(
+            command,
+            code,
+            limits,
+            backend,
+            cwd=host_dir,
+            env=env,
+            preexec=preexec,
+            pass_fds=pass_fds,
+            leftovers=leftovers,
+        )
+
+
+def uncontained(backend: str) -> list[str]:
+    """What `backend` does not contain on this machine, beyond what docs/sandbox.md says of both; [] for bwrap.
+
+    The rlimit backend contains writes and processes only when started as root (a private mount
+    namespace, a uid of its own); python_tool refuses it otherwise unless allowed.
+    """
+    if backend != "rlimit":
+        return []
+    gaps = []
+    if not _rlimit_private_mounts():
+        where = "" if os.geteuid() == 0 else "the calling user's own files and "
+        gaps.append(f"writes: the code can create files in {where}the host's world-writable /tmp, /dev/shm, /var/tmp")
+    if os.geteuid() != 0:
+        gaps.append(
+            "processes: a process that leaves the session (setsid) and replaces its environment outlives the run, "
+            "and the code can signal the caller's processes"
+        )
+    return gaps
+
+
+def require_contained(backend: str, allow_weak: bool, allow_field: str) -> None:
+    """SandboxUnavailable, naming `allow_field` and bubblewrap, when `backend` leaves something uncontained here."""
+    gaps = uncontained(backend)
+    if gaps and not allow_weak:
+        raise SandboxUnavailable(
+            f"sandbox backend {backend!r} does not contain model code on this machine: {'; '.join(gaps)}. "
+            "Install bubblewrap (`apt install bubblewrap`; docs/sandbox.md), run as root, or accept the weaker "
+            f"sandbox with {allow_field}=true"
+        )
 
 
 def choose_backend(backend: str = "auto") -> str:
@@ -351,17 +404,122 @@ def _unshare_network() -> None:
         raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNET) failed")
 
 
-def _enter_rlimit_sandbox(limits: SandboxLimits, isolate_network: bool, uid: int) -> None:
-    """preexec_fn of the rlimit backend: runs in the child between fork and exec."""
+def _enter_rlimit_sandbox(
+    limits: SandboxLimits, isolate_network: bool, uid: int, private_files: dict[str, bytes] | None
+) -> None:
+    """preexec_fn of the rlimit backend: runs in the child between fork and exec.
+
+    `private_files` (root only): enter a private mount namespace and write these files into its /tmp.
+    """
     os.setsid()
     if isolate_network:
         _unshare_network()
+    if private_files is not None:
+        _private_mounts(limits, uid)
+        _write_files(SANDBOX_DIR, private_files, uid)
+        os.chdir(SANDBOX_DIR)
+        if LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
     for name, (soft, hard) in _rlimit_values(limits).items():
         resource.setrlimit(RESOURCE_BY_NAME[name], (soft, hard))
     if os.geteuid() == 0:
         os.setgroups([])
         os.setgid(uid)
         os.setuid(uid)
+
+
+def _private_mounts(limits: SandboxLimits, uid: int) -> None:
+    """A new mount namespace: every mount read-only, then fresh tmpfs mounts owned by `uid` on PRIVATE_FOLDERS.
+
+    Nothing here reaches the host's mounts (they are made private first), and the tmpfs
+    mounts vanish with the namespace's last process. Runs between fork and exec (root).
+    """
+    if LIBC.unshare(CLONE_NEWNS) != 0:
+        raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS) failed")
+    _mount(None, "/", None, MS_REC | MS_PRIVATE)
+    with open("/proc/self/mountinfo") as table:
+        mounts = [line.split() for line in table]
+    for fields in mounts:  # fields[4]: mount point (octal escapes), fields[5]: its per-mount options
+        flags = sum(flag for name, flag in KEPT_MOUNT_FLAGS.items() if name in fields[5].split(","))
+        _mount(None, _unescape_mount_point(fields[4]), None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags)
+    size = FOLDER_FILES * limits.max_file_mb * 2**20
+    for folder in PRIVATE_FOLDERS:
+        _mount("tmpfs", folder, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode=0700,uid={uid},gid={uid}")
+
+
+def _mount(source: str | None, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+    encoded = [None if text is None else os.fsencode(text) for text in (source, target, fstype, data)]
+    if LIBC.mount(encoded[0], encoded[1], encoded[2], flags, encoded[3]) != 0:
+        errno_value = ctypes.get_errno()
+        raise OSError(errno_value, f"mount {target} (flags {flags:#x}) failed: {os.strerror(errno_value)}")
+
+
+def _unescape_mount_point(field: str) -> str:
+    """/proc/self/mountinfo writes space, tab, newline and backslash as octal escapes."""
+    for escaped, character in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(escaped, character)
+    return field
+
+
+def _write_files(folder: str, files: dict[str, bytes], uid: int) -> None:
+    """Write the input files (relative paths, checked by _stage_files) under `folder`, owned by `uid`."""
+    for relative, data in files.items():
+        path = os.path.join(folder, relative)
+        parent = os.path.dirname(path)
+        os.makedirs(parent, exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+        for owned in (path, *_folders_between(folder, parent)):
+            os.chown(owned, uid, uid)
+
+
+def _folders_between(top: str, folder: str) -> list[str]:
+    """`folder` and its parents below `top`."""
+    folders = []
+    while folder != top:
+        folders.append(folder)
+        folder = os.path.dirname(folder)
+    return folders
+
+
+@functools.cache
+def _rlimit_private_mounts() -> bool:
+    """Whether the rlimit backend gets a private mount namespace here: root with CAP_SYS_ADMIN (a probe child)."""
+    if os.geteuid() != 0:
+        return False
+    probe = functools.partial(_private_mounts, SandboxLimits(max_file_mb=1), SANDBOX_UID_BASE)
+    try:
+        result = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=probe, capture_output=True, timeout=30)
+    except subprocess.SubprocessError as error:  # "Exception occurred in preexec_fn": a mount was refused
+        logger.warning("code sandbox (rlimit): no private mount namespace here (%s); writes are not contained", error)
+        return False
+    return result.returncode == 0
+
+
+def _kill_rlimit_leftovers(uid: int, marker: str) -> None:
+    """After a run: as root, every process of the run's uid; otherwise the processes that kept the run's marker."""
+    if os.geteuid() == 0:
+        _kill_every_process_of(uid)
+    else:
+        _kill_marked_processes(marker)
+
+
+def _kill_every_process_of(uid: int) -> None:
+    """SIGKILL every process of `uid` at once, daemons that left the session included.
+
+    A child that becomes `uid` calls kill(-1): the kernel signals every process that uid may
+    signal in one pass, so a fork bomb cannot outrun it. The child itself is spared by kill(-1).
+    """
+    pid = os.fork()
+    if pid == 0:  # only system calls until _exit: other threads of this process may hold locks
+        try:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
 
 
 def _kill_marked_processes(marker: str) -> None:
@@ -410,7 +568,7 @@ class _BoundedReader(threading.Thread):
         return text
 
 
-def _run(command, code, limits, backend, *, cwd, env, preexec, pass_fds) -> CodeResult:
+def _run(command, code, limits, backend, *, cwd, env, preexec, pass_fds, leftovers=None) -> CodeResult:
     start = time.monotonic()
     try:
         process = subprocess.Popen(
@@ -443,8 +601,9 @@ def _run(command, code, limits, backend, *, cwd, env, preexec, pass_fds) -> Code
         _kill_group(process.pid)
         returncode = process.wait()
     if backend == "rlimit":
-        # Children the code left in its session. (bwrap: they died with the pid namespace.)
+        # Children the code left in its session, then those that left it. (bwrap: they died with the pid namespace.)
         _kill_group(process.pid)
+        leftovers()
     if backend == "bwrap" and returncode > 128:
         returncode = 128 - returncode  # bwrap exits 128 + N when the code was killed by signal N
     for reader in readers:

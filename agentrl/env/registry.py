@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from collections.abc import Callable
 from importlib.metadata import entry_points
@@ -35,9 +36,42 @@ def resolve(env_id: str) -> Callable:
         return load_callable(env_id)
     known = ", ".join(registered_ids()) or "none"
     raise KeyError(
-        f"unknown env id {env_id!r}; known ids: {known}. Use one of them, a 'module:Class' path, "
-        f"or register your env with agentrl.env.register or the '{ENTRY_POINT_GROUP}' entry point group"
+        f"unknown env id {env_id!r}{did_you_mean(env_id, registered_ids())}; known ids: {known}. "
+        f"Use one of them, a 'module:Class' path, or register your env with agentrl.env.register "
+        f"or the '{ENTRY_POINT_GROUP}' entry point group{gymnasium_hint(env_id)}"
     )
+
+
+def did_you_mean(name: str, choices) -> str:
+    """`" (did you mean 'x'?)"` for the closest of `choices`, or "" when none is close (as Gymnasium hints)."""
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def gymnasium_hint(env_id: str) -> str:
+    """For a Gymnasium id: how to play that game as text (agentrl envs take and return strings)."""
+    import gymnasium
+
+    if env_id not in gymnasium.registry:
+        return ""
+    if toy_text_plays(env_id):
+        return (
+            f". {env_id!r} is a Gymnasium id, whose observations and actions are not text; it plays as text "
+            f"through the toy_text adapter: env.id=toy_text env.kwargs.game={env_id}"
+        )
+    return (
+        f". {env_id!r} is a Gymnasium id, whose observations and actions are not text, and the toy_text adapter "
+        "cannot draw its state; wrap it in an agentrl.env.TextEnv (docs/writing-an-environment.md)"
+    )
+
+
+def toy_text_plays(game: str) -> bool:
+    """Whether the toy_text adapter can play Gymnasium's `game` (Discrete actions and a text view of its state)."""
+    try:
+        make("toy_text", game=game).close()
+    except ValueError:  # toy_text's answer for a game it cannot play
+        return False
+    return True
 
 
 def make(env_id: str, /, **kwargs):
@@ -56,7 +90,8 @@ def load_callable(path: str, what: str = "env") -> Callable:
     try:
         return getattr(module, attr)
     except AttributeError:
-        raise AttributeError(f"module {module_name!r} has no attribute {attr!r} ({what} {path!r})") from None
+        hint = did_you_mean(attr, [name for name in dir(module) if not name.startswith("_")])
+        raise AttributeError(f"module {module_name!r} has no attribute {attr!r}{hint}; {what} {path!r}") from None
 
 
 register("guess_number", "envs.guess_number:GuessNumberEnv")

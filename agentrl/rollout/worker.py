@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 import time
 
 import numpy as np
 
 from agentrl import transport
+from agentrl.failures import FailureTally, error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import SamplingParams
@@ -105,11 +105,6 @@ class RolloutWorker:
             )
 
 
-def error_kind(error: str) -> str:
-    """An error's first line with its numbers masked: errors that differ only in a seed or a pid are one kind."""
-    return re.sub(r"\d+", "#", error.splitlines()[0])
-
-
 async def _gather(coroutines):
     return await asyncio.gather(*coroutines)
 
@@ -131,11 +126,12 @@ def run(config, layout, start_step: int, env_client, weight_sync) -> None:
     weight_sync.receive(worker.engine)
     for step in range(start_step, config.steps):
         episodes, stats = worker.collect(step)
+        failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
         for trainer_index, (trainer_rank, shard) in enumerate(
             zip(layout.trainer_ranks, shard_for_trainers(episodes, len(layout.trainer_ranks)), strict=True)
         ):
             samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
-            message = {"batch": pack(shard), "stats": stats, "samples": samples}
+            message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
             transport.send(layout.world, message, trainer_rank, Tag.TRAJECTORIES)
         if step + 1 < config.steps and weight_sync.receive(worker.engine) is None:
             break

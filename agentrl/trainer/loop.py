@@ -12,6 +12,7 @@ from collections.abc import Callable
 import numpy as np
 
 from agentrl import preempt, transport
+from agentrl.failures import FailureTally, abort_if_failing
 from agentrl.trainer import checkpoint
 from agentrl.trajectory import FINISH_REASONS, METRIC_PREFIX, concat
 from agentrl.transport import Tag
@@ -62,7 +63,12 @@ def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
     return metrics
 
 
-def receive_from_rollouts(layout) -> Callable[[int], tuple[dict, dict, list[str]]]:
+def receive_from_rollouts(
+    layout, abort_on_failed_fraction: float | None
+) -> Callable[[int], tuple[dict, dict, list[str]]]:
+    """`collect` for trainer ranks: this rank's shard from every rollout rank. The leader stops the run when the
+    step's episodes failed alike (runtime.abort_on_failed_fraction)."""
+
     def collect(step: int):
         messages, transfer = [], 0.0
         for rank in layout.rollout_ranks:
@@ -72,6 +78,8 @@ def receive_from_rollouts(layout) -> Callable[[int], tuple[dict, dict, list[str]
             transfer += time.perf_counter() - started
         stats = {key: max(m["stats"][key] for m in messages) for key in messages[0]["stats"]}
         stats["time/transfer"] = transfer
+        if layout.is_trainer_leader:
+            abort_if_failing(step, FailureTally.merged([m["failures"] for m in messages]), abort_on_failed_fraction)
         samples = [text for m in messages for text in m["samples"]]
         return concat([m["batch"] for m in messages]), stats, samples
 

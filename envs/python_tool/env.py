@@ -9,7 +9,7 @@ A snippet that fails (exception, non-zero exit, timeout, memory limit) counts in
 
 from __future__ import annotations
 
-from agentrl.env.code_sandbox import SandboxLimits, choose_backend, run_python
+from agentrl.env.code_sandbox import SandboxLimits, choose_backend, require_contained, run_python
 from agentrl.env.tools import ToolEnv, tool
 from envs.python_tool.grading import is_correct
 from envs.python_tool.problems import Problem, check_difficulty, check_families, generate
@@ -29,11 +29,14 @@ class PythonToolEnv(ToolEnv):
         wall_seconds: float = 10.0,
         memory_mb: int = 512,
         sandbox_backend: str = "auto",
+        allow_weak_sandbox: bool = False,
     ):
         super().__init__(max_steps=max_steps)
         check_families(families)
         check_difficulty(difficulty)
-        choose_backend(sandbox_backend)  # fail now, naming the fix, rather than in every tool call
+        # fail now, naming the fix, rather than in every tool call
+        backend = choose_backend(sandbox_backend)
+        require_contained(backend, allow_weak_sandbox, allow_field="env.kwargs.allow_weak_sandbox")
         self.difficulty, self.families = difficulty, families
         self.limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
         self.sandbox_backend = sandbox_backend

@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -33,6 +35,8 @@ class Host:
     folder: Path
     secret: str = field(default_factory=lambda: f"secret-{uuid.uuid4().hex}")
     process_name: str = field(default_factory=lambda: f"sbx{uuid.uuid4().hex[:12]}")
+    shared_name: str = field(default_factory=lambda: f"agentrl-hostile-{uuid.uuid4().hex}")
+    """A file name the code tries to create in the host's shared temporary folders."""
     listener: socket.socket | None = None
 
     def __post_init__(self):
@@ -59,7 +63,11 @@ class Host:
             "port": self.port,
             "host_pid": os.getpid(),
             "process_name": self.process_name,
+            "shared_name": self.shared_name,
         }
+
+    def shared_file(self, folder: str) -> Path:
+        return Path(folder) / self.shared_name
 
     def someone_connected(self) -> bool:
         try:
@@ -88,6 +96,12 @@ class Host:
 
     def close(self):
         self.listener.close()
+        for folder in SHARED_FOLDERS:
+            self.shared_file(folder).unlink(missing_ok=True)
+
+
+# World-writable on most hosts: what code running as any uid could fill, or leave files in for later runs.
+SHARED_FOLDERS = ("/tmp", "/dev/shm", "/var/tmp")
 
 
 @dataclass(frozen=True)
@@ -97,9 +111,15 @@ class HostileCase:
     """Formatted with Host.fields()."""
     check: Callable[[CodeResult, Host], list[str]] = lambda result, host: []
     """Extra problems beyond the common ones (no error reported, secret leaked, too slow)."""
+    fails: bool = True
+    """The run must be reported as a failure; False: the code may succeed, as long as the host is untouched."""
     needs_other_uid: bool = False
     """Only contained when the code runs as another user (bwrap, or rlimit started as root)."""
     needs_network_isolation: bool = False
+    needs_private_mounts: bool = False
+    """Only contained with a private mount namespace (bwrap, or rlimit started as root; `uncontained()`)."""
+    needs_uid_kill: bool = False
+    """Only contained when every process of the run can be found after it (bwrap, or rlimit started as root)."""
 
 
 def _no_outside_file(result: CodeResult, host: Host) -> list[str]:
@@ -115,6 +135,33 @@ def _no_leftover_processes(result: CodeResult, host: Host) -> list[str]:
     while (left := host.sandbox_processes()) and time.monotonic() < deadline:
         time.sleep(0.05)
     return [f"{len(left)} processes named {host.process_name} outlived the run"] if left else []
+
+
+def _no_file_in(folder: str) -> Callable[[CodeResult, Host], list[str]]:
+    def check(result: CodeResult, host: Host) -> list[str]:
+        return [f"{host.shared_file(folder)} was created on the host"] if host.shared_file(folder).exists() else []
+
+    return check
+
+
+# Forks a child that leaves the session, drops the run's environment (the rlimit backend's marker) and sleeps.
+SETSID_DAEMON = (
+    "import os, sys\n"
+    "if os.fork() == 0:\n"
+    "    os.setsid()\n"
+    "    if os.fork() == 0:\n"
+    '        sleeper = "import ctypes, time; ctypes.CDLL(None).prctl(15, {process_name!r}.encode(), 0, 0, 0); '
+    'time.sleep(60)"\n'
+    "        os.execve(sys.executable, [sys.executable, '-c', sleeper], {{}})\n"
+    "    os._exit(0)\n"
+    "os.wait()\n"
+    "print('daemon started')\n"
+)
+
+
+def _daemon_started_and_gone(result: CodeResult, host: Host) -> list[str]:
+    started = [] if "daemon started" in result.stdout else [f"the code did not start its daemon: {result!r}"]
+    return started + _no_leftover_processes(result, host)
 
 
 def _says(*words: str) -> Callable[[CodeResult, Host], list[str]]:
@@ -164,6 +211,17 @@ HOSTILE_CASES = [
     HostileCase("/proc/1/environ", "print(open('/proc/1/environ').read())"),
     HostileCase("host /proc environ", "print(open('/proc/{host_pid}/environ').read())", needs_other_uid=True),
     HostileCase("huge file", "open('big', 'wb').write(b'x' * (64 * 2**20))", _says("file size", "File too large")),
+    *(
+        HostileCase(
+            f"write {folder}",
+            f"open('{folder}/{{shared_name}}', 'w').write('left behind')\nprint('written')",
+            _no_file_in(folder),
+            fails=False,  # writing to a private folder of the same name is fine
+            needs_private_mounts=True,
+        )
+        for folder in SHARED_FOLDERS
+    ),
+    HostileCase("setsid daemon", SETSID_DAEMON, _daemon_started_and_gone, fails=False, needs_uid_kill=True),
 ]
 
 
@@ -175,13 +233,17 @@ def why_not_applicable(case: HostileCase, backend: str) -> str | None:
         return "the rlimit backend runs code as the caller's own user when not started as root"
     if case.needs_network_isolation and not code_sandbox._rlimit_isolates_network():
         return "the rlimit backend cannot create a network namespace on this machine"
+    if case.needs_private_mounts and not code_sandbox._rlimit_private_mounts():
+        return "the rlimit backend gets no private mount namespace here (not root, or no CAP_SYS_ADMIN)"
+    if case.needs_uid_kill and os.geteuid() != 0:
+        return "the rlimit backend runs code as the caller's own user when not started as root"
     return None
 
 
 def problems(case: HostileCase, result: CodeResult, host: Host, limits: SandboxLimits) -> list[str]:
     """Everything that shows `case` was not contained, or not reported; empty when it was."""
     found = []
-    if result.error is None:
+    if case.fails and result.error is None:
         found.append("the run was not reported as a failure")
     if host.secret in result.stdout + result.stderr:
         found.append("the output contains the host's secret")
@@ -260,11 +322,11 @@ def test_files_are_put_in_the_working_folder(backend):
 
 
 def test_working_folder_is_private_and_deleted(backend):
-    first = run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.getcwd())", backend=backend)
+    name = f"left-{uuid.uuid4().hex}.txt"
+    first = run_python(f"import os\nopen({name!r}, 'w').write('x')\nprint(os.getcwd())", backend=backend)
     second = run_python("import os\nprint(os.listdir('.'))", backend=backend)
     assert first.error is None and second.stdout == "[]\n"
-    if backend == "rlimit":
-        assert not Path(first.stdout.strip()).exists()
+    assert not (Path(first.stdout.strip()) / name).exists()  # not on the host: deleted, or never there
 
 
 def test_environment_is_clean(backend, monkeypatch):
@@ -344,3 +406,63 @@ def test_auto_prefers_bwrap():
     if "bwrap" not in available_backends():
         pytest.skip(f"bwrap cannot run here: {code_sandbox._unavailable_reason('bwrap')}")
     assert run_python("print(1)").backend == "bwrap"
+
+
+def test_the_working_folder_is_the_only_writable_place(backend):
+    """Writable: the working folder (and /dev/shm, for multiprocessing); the rest of the system: read-only or absent."""
+    if backend == "rlimit" and code_sandbox.uncontained("rlimit"):
+        pytest.skip(f"rlimit does not contain writes here: {code_sandbox.uncontained('rlimit')}")
+    code = (
+        "import multiprocessing, os\n"
+        "multiprocessing.Lock()\n"  # a POSIX semaphore in /dev/shm
+        "for folder in ('.', os.environ['TMPDIR'], '/dev/shm', '/var/tmp', '/run/lock', '/usr', '/'):\n"
+        "    try:\n"
+        "        open(os.path.join(folder, 'probe'), 'w').close()\n"
+        "        print(folder, 'writable')\n"
+        "    except OSError as error:\n"
+        "        print(folder, type(error).__name__)\n"
+    )
+    result = run_python(code, backend=backend)
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines())
+    assert result.error is None, result
+    assert lines.pop(".") == lines.pop("/tmp") == lines.pop("/dev/shm") == "writable"
+    assert all(outcome != "writable" for outcome in lines.values()), lines
+
+
+NON_ROOT_PROBE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("code_sandbox", sys.argv[1])
+sandbox = sys.modules["code_sandbox"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(sandbox)
+print(sandbox.uncontained("rlimit"))
+try:
+    sandbox.require_contained("rlimit", allow_weak=False, allow_field="env.kwargs.allow_weak_sandbox")
+except sandbox.SandboxUnavailable as error:
+    print(error)
+sandbox.require_contained("rlimit", allow_weak=True, allow_field="env.kwargs.allow_weak_sandbox")
+"""
+
+
+def test_rlimit_says_what_it_does_not_contain_when_not_root():
+    """Run as an unprivileged user (from root: uid 65534 through setpriv), with the standard library only."""
+    command = [sys.executable, "-c", NON_ROOT_PROBE, code_sandbox.__file__]
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("needs setpriv (util-linux) to run as another user")
+        command = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "/usr/bin/python3", *command[1:]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd="/")
+    if "Permission denied" in result.stderr:
+        pytest.skip(f"uid 65534 cannot read {code_sandbox.__file__}")
+    assert result.returncode == 0, result.stderr
+    gaps, refusal = result.stdout.splitlines()[:2]
+    assert "writes:" in gaps and "/tmp, /dev/shm, /var/tmp" in gaps and "processes:" in gaps
+    assert refusal.startswith("sandbox backend 'rlimit' does not contain model code on this machine")
+    assert "apt install bubblewrap" in refusal and "env.kwargs.allow_weak_sandbox=true" in refusal
+
+
+def test_rlimit_as_root_contains_writes_and_processes():
+    if os.geteuid() != 0:
+        pytest.skip("the rlimit backend contains writes and processes only when started as root")
+    if not code_sandbox._rlimit_private_mounts():
+        pytest.skip("no private mount namespace here (no CAP_SYS_ADMIN)")
+    assert code_sandbox.uncontained("rlimit") == []

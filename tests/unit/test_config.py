@@ -90,7 +90,7 @@ def test_algorithm_options_are_validated_by_the_named_algorithm():
         from_dict({**BASE, "algorithm": {"name": "grpo", "nonsense": 1}})
     with pytest.raises(ConfigError, match=r"algorithm\.name: unknown algorithm 'grp'; did you mean 'grpo'"):
         from_dict({**BASE, "algorithm": {"name": "grp"}})
-    with pytest.raises(ConfigError, match=r"algorithm\.correction\.mode: Input should be 'none', 'tis' or 'mask'"):
+    with pytest.raises(ConfigError, match=r"algorithm\.correction\.mode: Input should be 'none', 'tis', 'mask' or 'tis_mask'"):
         from_dict({**BASE, "algorithm": {"correction": {"mode": "nope"}}})
 
 

@@ -1,7 +1,8 @@
 import pytest
 
-from agentrl.env import make, register, registered_ids
-from agentrl.env.check import check_env
+from agentrl.cli import main
+from agentrl.env import TextEnv, make, register, registered_ids
+from agentrl.env.check import check_env, inspect_env
 from agentrl.env.host import EnvHost
 from envs.guess_number.env import GuessNumberEnv, parse_guess
 
@@ -54,6 +55,20 @@ def test_unknown_id_lists_known_ids():
         make("nope")
 
 
+def test_unknown_names_suggest_the_closest_known_one():
+    with pytest.raises(KeyError, match=r"unknown env id 'gues_number' \(did you mean 'guess_number'\?\)"):
+        make("gues_number")
+    with pytest.raises(AttributeError, match=r"no attribute 'GuessNumberEnvv' \(did you mean 'GuessNumberEnv'\?\)"):
+        make("envs.guess_number:GuessNumberEnvv")
+
+
+def test_a_gymnasium_id_points_to_the_toy_text_adapter():
+    with pytest.raises(KeyError, match=r"Gymnasium id.*env.id=toy_text env.kwargs.game=FrozenLake-v1"):
+        make("FrozenLake-v1")
+    with pytest.raises(KeyError, match=r"Gymnasium id.*toy_text adapter cannot draw its state"):
+        make("CartPole-v1")
+
+
 def test_check_env_passes_guess_number_and_flags_a_broken_env():
     assert check_env("guess_number", {}) == []
 
@@ -97,3 +112,39 @@ def test_check_env_checks_spaces_and_that_observations_fit_them():
     assert any("env.action_space must be a gymnasium space" in p for p in problems)
     env = GuessNumberEnv()
     assert env.observation_space.contains(env.reset(seed=0)[0]) and isinstance(env.action_space.sample(), str)
+
+
+class NoSuccess(TextEnv):
+    """Follows the API but never puts 'success' in info."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.over = False
+        return "Say cat.", {}
+
+    def step(self, action):
+        if self.over:
+            raise RuntimeError("episode is over; call reset()")
+        self.over = True
+        return "done", float("cat" in action), True, False, {}
+
+
+def test_check_env_warns_when_success_is_never_reported(capsys):
+    report = inspect_env("tests.unit.test_envs:NoSuccess", {})
+    assert report.problems == []
+    assert len(report.warnings) == 1 and "success_rate will read 0" in report.warnings[0]
+    assert inspect_env("guess_number", {}).warnings == []
+    assert main(["check-env", "tests.unit.test_envs:NoSuccess"]) == 0  # a warning, not a failure
+    out = capsys.readouterr().out
+    assert "WARN no step() info" in out and out.rstrip().endswith("ok")
+
+
+def test_check_env_points_a_plain_gymnasium_env_to_toy_text(capsys):
+    report = inspect_env("gymnasium.envs.toy_text.frozen_lake:FrozenLakeEnv", {})
+    assert any("must be a text space" in problem for problem in report.problems)
+    assert [w for w in report.warnings if "env.id=toy_text env.kwargs.game=FrozenLake-v1" in w]
+    report = inspect_env("gymnasium.envs.classic_control.cartpole:CartPoleEnv", {})
+    assert [w for w in report.warnings if "wrap the game in an agentrl.env.TextEnv" in w]
+    assert main(["check-env", "gymnasium.envs.toy_text.blackjack:BlackjackEnv"]) == 1
+    out = capsys.readouterr().out
+    assert "WARN" in out and "env.kwargs.game=Blackjack-v1" in out

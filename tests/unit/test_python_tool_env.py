@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from agentrl.env.check import check_env
+from agentrl.env.code_sandbox import SandboxUnavailable, available_backends, uncontained
 from envs.python_tool.env import PythonToolEnv
 from envs.python_tool.grading import is_correct, last_number
 from envs.python_tool.problems import FAMILIES, Problem, generate
@@ -154,6 +155,21 @@ def test_bad_constructor_arguments_say_what_to_use():
         PythonToolEnv(difficulty=7)
     with pytest.raises(ValueError, match="unknown sandbox backend 'no-such-backend'; use one of bwrap, rlimit"):
         PythonToolEnv(sandbox_backend="no-such-backend")
+
+
+def test_a_sandbox_that_does_not_contain_the_code_is_refused_unless_allowed():
+    """Here: root with a mount namespace contains rlimit too; elsewhere rlimit is refused (test_code_sandbox.py
+    checks the refusal as an unprivileged user)."""
+    if "rlimit" not in available_backends():
+        pytest.skip("the rlimit backend cannot run here")
+    if uncontained("rlimit"):
+        with pytest.raises(SandboxUnavailable, match=r"env.kwargs.allow_weak_sandbox=true"):
+            PythonToolEnv(sandbox_backend="rlimit")
+    else:
+        PythonToolEnv(sandbox_backend="rlimit")
+    env = PythonToolEnv(sandbox_backend="rlimit", allow_weak_sandbox=True, **SMALL_LIMITS)
+    env.reset(seed=0)
+    assert env.python("print(6 * 7)") == "42"
 
 
 def test_a_correct_program_then_the_right_answer_earns_reward_one():

@@ -1,0 +1,90 @@
+"""The env check a run makes before training: build the configured env once, reset it, check its shape.
+
+A broken env (an unknown id, a typo in its kwargs, a plain Gymnasium env) would otherwise
+fail every episode of every step while training runs on to the end. This check turns it
+into one message that names the config field and the fix, before any model loads.
+`agentrl check-env` is the thorough check; this one only asks whether episodes can start.
+"""
+
+from __future__ import annotations
+
+import inspect
+import traceback
+
+from agentrl.config import ConfigError
+from agentrl.env.check import not_text, spaces_are_text
+from agentrl.env.registry import did_you_mean, resolve
+
+
+class EnvUnusable(ConfigError):
+    """The configured env cannot run a single episode; the message names env.id or env.kwargs and the fix."""
+
+
+def check_env_config(env_id: str, kwargs: dict) -> None:
+    """Raise EnvUnusable unless `env_id` builds with `kwargs`, has text spaces and `reset(seed=0)` gives (str, dict)."""
+    try:
+        constructor = resolve(env_id)
+    except (KeyError, ImportError, AttributeError, ValueError) as error:
+        raise EnvUnusable(
+            f"env.id={env_id!r} names no environment: {_text(error)}. Fix env.id (`agentrl envs` lists the "
+            "registered ids; a 'module:Class' path must be importable on every rank)"
+        ) from None
+    _check_kwargs_fit(env_id, constructor, kwargs)
+    try:
+        env = constructor(**kwargs)
+    except Exception as error:  # env code is user code: whatever it raises becomes the message
+        raise EnvUnusable(
+            f"env.id={env_id!r} with env.kwargs={kwargs!r} cannot be built: {_raised(error)}"
+            f"Fix env.kwargs or the env; `agentrl check-env {env_id}` runs the full check"
+        ) from None
+    try:
+        _check_shape(env_id, env)
+    finally:
+        env.close()
+
+
+def _check_kwargs_fit(env_id: str, constructor, kwargs: dict) -> None:
+    """A keyword the constructor does not take, or a required one missing, named before anything runs."""
+    try:
+        signature = inspect.signature(constructor)
+    except (TypeError, ValueError):  # a builtin or C callable without a readable signature: construction will tell
+        return
+    try:
+        signature.bind(**kwargs)
+    except TypeError as error:
+        takes = [name for name, p in signature.parameters.items() if p.kind is not p.VAR_POSITIONAL]
+        unknown = [name for name in kwargs if name not in signature.parameters]
+        hint = did_you_mean(unknown[0], takes) if unknown else ""
+        raise EnvUnusable(
+            f"env.kwargs={kwargs!r} do not fit env.id={env_id!r}: {error}{hint}. "
+            f"It takes: {', '.join(takes) or 'no arguments'}. Fix env.kwargs (the YAML's env.kwargs section or an "
+            "env.kwargs.NAME=VALUE override)"
+        ) from None
+
+
+def _check_shape(env_id: str, env) -> None:
+    if not spaces_are_text(env):
+        raise EnvUnusable(f"env.id={env_id!r} {not_text(env)}")
+    try:
+        first = env.reset(seed=0)
+    except Exception as error:  # env code is user code
+        raise EnvUnusable(
+            f"env.id={env_id!r}: reset(seed=0) raised {_raised(error)}"
+            f"Fix the env; `agentrl check-env {env_id}` runs the full check"
+        ) from None
+    if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], str) and isinstance(first[1], dict)):
+        raise EnvUnusable(
+            f"env.id={env_id!r}: reset() must return (observation: str, info: dict), got {first!r:.120}; "
+            f"fix the env (`agentrl check-env {env_id}` runs the full check)"
+        )
+
+
+def _text(error: BaseException) -> str:
+    return str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+
+
+def _raised(error: BaseException) -> str:
+    """`Type: message` and where in the env's code it was raised (the last frames), ending in a newline."""
+    ours = error.__traceback__
+    where = "".join(traceback.format_tb(ours.tb_next or ours, limit=-2))
+    return f"{type(error).__name__}: {_text(error)}\n{where}"
