@@ -4,75 +4,137 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 import numpy as np
 
 from agentrl import preempt, transport
-from agentrl.config import Config, ConfigError, save_config
+from agentrl.config import Config, save_config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.env.registry import make
+from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
+from agentrl.run_lock import RunLock
+from agentrl.run_summary import RunSummary
 from agentrl.trainer import checkpoint
 
 
-def train(config: Config) -> int:
-    """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal)."""
+def train(config: Config, command: list[str] | None = None) -> int:
+    """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal).
+
+    `command` is how the user started the run, for the lock and the resume hint.
+    """
     from transformers.utils import logging as hf_logging
 
+    started = time.monotonic()
     hf_logging.disable_progress_bar()
-    layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
     preempt.install()
+    try:
+        layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
+    except UserError as error:  # the same sizes on every rank, so the same error everywhere
+        raise RefusedOnEveryRank(str(error)) from None
+    lock = RunLock(config.run_dir) if layout.rank == 0 else None
+    try:
+        start_step = agree_on_start(config, layout, lock, command)
+        set_threads(config, layout)
+        seed_everything(config.seed + layout.rank)
+
+        done, success_by_step = None, None
+        if layout.single_process:
+            done, success_by_step = run_single_process(config, layout, start_step)
+        elif layout.role is Role.TRAINER:
+            done, success_by_step = run_trainer(config, layout, start_step)
+        elif layout.role is Role.ROLLOUT:
+            run_rollout(config, layout, start_step)
+        else:
+            run_env(config, layout)
+        transport.barrier(layout.world)
+        if layout.is_trainer_leader and not layout.single_process:
+            preempt.take_forwarded(layout.world)  # a request that came after the last step boundary
+        preempt.finish_forwarding()
+        done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
+        if layout.rank == 0:
+            summary = RunSummary(config, layout.size, start_step, done, time.monotonic() - started, command)
+            print(summary.text(success_by_step or {}, preempt.reason()), flush=True)
+        return done
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def agree_on_start(config: Config, layout: Layout, lock: RunLock | None, command: list[str] | None) -> int:
+    """Rank 0 prepares the run folder; every rank gets the start step, or every rank raises its refusal."""
+    outcome = None
     if layout.rank == 0:
-        prepare_run_dir(config, layout)
-    transport.barrier(layout.world)
-    start_step = transport.bcast_object(layout.world, resume_step(config) if layout.rank == 0 else None)
-    set_threads(config, layout)
-    seed_everything(config.seed + layout.rank)
-
-    done = None
-    if layout.single_process:
-        done = run_single_process(config, layout, start_step)
-    elif layout.role is Role.TRAINER:
-        done = run_trainer(config, layout, start_step)
-    elif layout.role is Role.ROLLOUT:
-        run_rollout(config, layout, start_step)
-    else:
-        run_env(config, layout)
-    transport.barrier(layout.world)
-    done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
-    if done < config.steps and layout.rank == 0:
-        print(preempt.stopped_message(done), flush=True)
-    return done
+        try:
+            outcome = ("start", prepare_run_dir(config, layout, lock, command))
+        except UserError as error:
+            lock.release()
+            outcome = ("refused", str(error))
+    kind, value = transport.bcast_object(layout.world, outcome)
+    if kind == "refused":
+        raise RefusedOnEveryRank(value)
+    return value
 
 
-def prepare_run_dir(config: Config, layout: Layout) -> None:
+def prepare_run_dir(config: Config, layout: Layout, lock: RunLock, command: list[str] | None) -> int:
+    """Rank 0: take the run folder, decide the start step, save the config, make sure the model loads."""
     from agentrl.trainer.model import ensure_model
 
     run_dir = Path(config.run_dir)
-    found = checkpoint.latest(run_dir)
-    if found and not config.resume:
-        raise ConfigError(
-            f"run_dir {run_dir} already has checkpoint step {found[0]}; pass resume=true to continue it, "
-            "or choose a new run_dir=... so nothing is overwritten"
-        )
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        note = lock.acquire(command)
+    except OSError as error:
+        raise UserError(
+            f"run_dir={run_dir} cannot be created or written ({error.strerror}: {error.filename}); "
+            "choose a folder you can write, e.g. run_dir=runs/NAME"
+        ) from None
+    if note:
+        print(f"agentrl: {note}", flush=True)
+    start_step = resume_step(config)
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
     rows = plan(config.layout, layout.size, rollout_gpus=engine_gpus(config))
     print(format_plan(rows, layout.single_process), flush=True)
+    return start_step
 
 
 def resume_step(config: Config) -> int:
-    found = checkpoint.latest(config.run_dir) if config.resume else None
-    if config.resume and found is None:
-        print(f"agentrl: resume=true but {config.run_dir} has no checkpoint; starting at step 0", flush=True)
-    if found:
-        print(f"agentrl: resuming from {found[1]} at step {found[0]}", flush=True)
-    return found[0] if found else 0
+    """The step to start at: 0, or the newest complete checkpoint's with resume=true; refusals are UserErrors."""
+    run_dir = Path(config.run_dir)
+    folders = checkpoint.step_folders(run_dir)
+    if not config.resume:
+        if folders:
+            raise UserError(
+                f"run_dir {run_dir} already has checkpoint step {folders[0][0]} "
+                f"({len(folders)} checkpoint folder(s) in {checkpoint.checkpoint_dir(run_dir)}); pass resume=true "
+                "to continue it, or choose a new run_dir=... so nothing is overwritten"
+            )
+        return 0
+    found, damaged = checkpoint.newest_complete(run_dir)
+    for bad in damaged:
+        print(f"agentrl: skipping damaged checkpoint {bad.path}: {bad.problem} (left in place)", flush=True)
+    if found is None and damaged:
+        listed = "; ".join(f"{bad.path.name}: {bad.problem}" for bad in damaged)
+        raise UserError(
+            f"resume=true, but none of the {len(damaged)} checkpoint folder(s) in {checkpoint.checkpoint_dir(run_dir)} "
+            f"is complete ({listed}). Nothing was changed. Restore a good copy of one, or move them away to start "
+            "this run_dir over at step 0"
+        )
+    if found is None:
+        print(f"agentrl: resume=true but {run_dir} has no checkpoint; starting at step 0", flush=True)
+        return 0
+    if found.note:
+        print(f"agentrl: checkpoint {found.path} {found.note}", flush=True)
+    print(f"agentrl: resuming from {found.path} at step {found.step}", flush=True)
+    if found.step >= config.steps:
+        print(f"agentrl: step {found.step} is already at steps={config.steps}; raise steps=... to train on", flush=True)
+    return found.step
 
 
 def env_texts(config: Config, episodes: int = 64) -> list[str]:
@@ -128,11 +190,12 @@ def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
 
 def _logger(config: Config, start_step: int):
     from agentrl.logging import RunLogger
+    from agentrl.supervise import restart_count
 
-    return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress)
+    return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count())
 
 
-def run_single_process(config: Config, layout: Layout, start_step: int) -> int:
+def run_single_process(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float]]:
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
     from agentrl.rollout.worker import RolloutWorker, sample_texts
     from agentrl.trainer.loop import train_loop
@@ -151,10 +214,11 @@ def run_single_process(config: Config, layout: Layout, start_step: int) -> int:
     logger = _logger(config, start_step)
     done = train_loop(config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger)
     logger.close()
-    return done
+    return done, logger.success_by_step
 
 
-def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
+def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float] | None]:
+    """Steps done, and on the leader the success rate logged at each step."""
     from agentrl.trainer.loop import receive_from_rollouts, train_loop
     from agentrl.trainer.model import init_trainer_group
     from agentrl.weights import GatherOnly
@@ -169,9 +233,10 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
     collect = receive_from_rollouts(layout)
     done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger)
-    if logger is not None:
-        logger.close()
-    return done
+    if logger is None:
+        return done, None
+    logger.close()
+    return done, logger.success_by_step
 
 
 def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
@@ -190,4 +255,10 @@ def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
 def run_env(config: Config, layout: Layout) -> None:
     from agentrl.env.server import serve
 
-    serve(layout.world, env_host(config), layout.rollout_ranks_served_by(layout.rank))
+    leader = layout.trainer_ranks[0]
+    serve(
+        layout.world,
+        env_host(config),
+        layout.rollout_ranks_served_by(layout.rank),
+        after_batch=lambda: preempt.forward(layout.world, leader),
+    )

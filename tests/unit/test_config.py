@@ -65,3 +65,12 @@ def test_readme_config_reference_is_up_to_date():
     assert block.strip() == config_reference().strip(), (
         "README's config reference is stale: paste the output of `agentrl config-doc` between its markers"
     )
+
+
+def test_yaml_syntax_errors_name_the_file_and_line(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("model:\n  path: m\nsteps 800\n  bad: [\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml is not valid YAML, .*\(line 3, column 1\).*\(line 4"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"override 'steps=\[1' is not valid YAML"):
+        load_config(None, ["model.path=m", "steps=[1"])
