@@ -48,7 +48,10 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True  # exists, owned by someone else
-    return True
+    try:  # a killed rank its parent has not reaped yet is a zombie: gone for our purpose
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True  # no /proc (not Linux): kill(pid, 0) is all there is
 
 
 def owner_record(command: list[str] | None = None) -> dict:
@@ -95,11 +98,18 @@ class RunLock:
         self.path = Path(run_dir) / LOCK_FILE
         self.record: dict | None = None
 
-    def acquire(self, command: list[str] | None = None) -> str | None:
-        """Take the lock; a note when a stale one was taken over. Raises RunDirInUse if another run holds it."""
+    def acquire(self, command: list[str] | None = None, wait_s: float = 0.0) -> str | None:
+        """Take the lock; a note when a stale one was taken over. Raises RunDirInUse if another run holds it.
+
+        `wait_s`: how long a live holder may take to exit first (a restart, whose previous
+        start the launcher is still tearing down).
+        """
         record = owner_record(command)
         note = None
-        for _ in range(3):  # a lock that disappears or goes stale between two looks: look again
+        deadline = time.monotonic() + wait_s
+        attempts = 0
+        while attempts < 3:  # a lock that disappears or goes stale between two looks: look again
+            attempts += 1
             if self._create(record):
                 self.record = record
                 atexit.register(self.release)
@@ -113,6 +123,10 @@ class RunLock:
                     f"if no agentrl run is using {self.path.parent}, delete {self.path} and start again"
                 )
             stale = why_stale(holder)
+            if stale is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+                attempts -= 1
+                continue
             if stale is None:
                 raise RunDirInUse(
                     f"run_dir {self.path.parent} is in use by another agentrl run ({describe(holder)}). "

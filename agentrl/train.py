@@ -19,7 +19,10 @@ from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
 from agentrl.run_lock import RunLock
 from agentrl.run_summary import RunSummary
+from agentrl.supervise import restart_count
 from agentrl.trainer import checkpoint
+
+RESTART_LOCK_WAIT_S = 30.0  # a restarted job waits this long for its previous start's rank 0 to be gone
 
 
 def train(config: Config, command: list[str] | None = None) -> int:
@@ -87,7 +90,7 @@ def prepare_run_dir(config: Config, layout: Layout, lock: RunLock, command: list
     run_dir = Path(config.run_dir)
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
-        note = lock.acquire(command)
+        note = lock.acquire(command, wait_s=RESTART_LOCK_WAIT_S if restart_count() else 0.0)
     except OSError as error:
         raise UserError(
             f"run_dir={run_dir} cannot be created or written ({error.strerror}: {error.filename}); "
@@ -190,7 +193,6 @@ def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
 
 def _logger(config: Config, start_step: int):
     from agentrl.logging import RunLogger
-    from agentrl.supervise import restart_count
 
     return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count())
 

@@ -65,8 +65,8 @@ def finish(process: subprocess.Popen, timeout_s: float, what: str) -> tuple[str,
         raise AssertionError(f"{what} did not end within {timeout_s} s:\n{out[-3000:]}\n{err[-4000:]}") from None
 
 
-def rank_pids(run_dir: Path) -> dict[int, int]:
-    """{world rank: pid} of the live ranks of the job training in run_dir (read from /proc; Linux)."""
+def job_processes(run_dir: Path) -> dict[int, dict[str, str]]:
+    """{pid: environment} of the live processes whose command line has run_dir=RUN_DIR (read from /proc; Linux)."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -77,17 +77,24 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if f"run_dir={run_dir}".encode() not in cmdline or state == "Z":
-            continue
-        variables = dict(item.decode(errors="replace").partition("=")[::2] for item in environ if b"=" in item)
-        rank = next((variables[name] for name in RANK_VARIABLES if name in variables), None)
-        if rank is not None:
-            found[int(rank)] = int(entry.name)
+        if f"run_dir={run_dir}".encode() in cmdline and state != "Z":
+            found[int(entry.name)] = dict(item.decode(errors="replace").partition("=")[::2] for item in environ)
     return found
 
 
-def script(n: int, name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return mpirun(n, [str(SCRIPTS / name), *args], timeout)
+def job_pids(run_dir: Path) -> list[int]:
+    """The launcher's and every rank's pid."""
+    return list(job_processes(run_dir))
+
+
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """{world rank: pid} of the live ranks of the job training in run_dir."""
+    found = {}
+    for pid, variables in job_processes(run_dir).items():
+        rank = next((variables[name] for name in RANK_VARIABLES if name in variables), None)
+        if rank is not None:
+            found[int(rank)] = pid
+    return found
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

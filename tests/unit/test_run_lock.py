@@ -69,3 +69,16 @@ def test_a_file_that_is_not_a_lock_is_named(tmp_path):
     (tmp_path / LOCK_FILE).write_text("garbage")
     with pytest.raises(RunDirInUse, match=r"not a lock this version wrote .* delete"):
         RunLock(tmp_path).acquire()
+
+
+def test_a_restart_waits_for_its_previous_start_to_exit(tmp_path):
+    previous = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    holder = {"host": socket.gethostname(), "pid": previous.pid, "command": "the previous start"}
+    (tmp_path / LOCK_FILE).write_text(json.dumps(holder))
+    with pytest.raises(RunDirInUse):
+        RunLock(tmp_path).acquire()  # no wait: a live owner is another run
+    lock = RunLock(tmp_path)
+    note = lock.acquire(wait_s=30)  # not reaped by this test until the end: a zombie counts as gone
+    assert f"pid {previous.pid} is no longer running" in note
+    lock.release()
+    previous.wait()
