@@ -120,8 +120,6 @@ def resume_step(config: Config) -> int:
             )
         return 0
     found, damaged = checkpoint.newest_complete(run_dir)
-    for bad in damaged:
-        print(f"agentrl: skipping damaged checkpoint {bad.path}: {bad.problem} (left in place)", flush=True)
     if found is None and damaged:
         listed = "; ".join(f"{bad.path.name}: {bad.problem}" for bad in damaged)
         raise UserError(
@@ -132,6 +130,8 @@ def resume_step(config: Config) -> int:
     if found is None:
         print(f"agentrl: resume=true but {run_dir} has no checkpoint; starting at step 0", flush=True)
         return 0
+    for bad in damaged:
+        print(f"agentrl: skipping damaged checkpoint {bad.path}: {bad.problem} (left in place)", flush=True)
     if found.note:
         print(f"agentrl: checkpoint {found.path} {found.note}", flush=True)
     print(f"agentrl: resuming from {found.path} at step {found.step}", flush=True)
