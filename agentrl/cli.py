@@ -1,11 +1,11 @@
-"""The `agentrl` command: train | layout | envs | algorithms | check-env | config-doc."""
+"""The `agentrl` command: train | supervise | layout | envs | algorithms | check-env | config-doc."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from agentrl.config import ConfigError
+from agentrl.errors import EXIT_USER_ERROR, RefusedOnEveryRank, UserError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,6 +15,15 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="train (run under mpirun/srun, or alone for single-process mode)")
     p.add_argument("config", help="YAML config, e.g. launch/configs/quickstart.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.group_size=8 steps=50")
+
+    p = sub.add_parser(
+        "supervise",
+        help="run a training launch and relaunch it with resume=true when it crashes",
+        description="agentrl supervise --max-restarts 3 -- mpirun -n 4 agentrl train CONFIG [key=value ...]",
+    )
+    p.add_argument("--max-restarts", type=int, default=3, help="restarts after a crash before giving up (default 3)")
+    p.add_argument("--backoff-s", type=float, default=3.0, help="wait before the first restart; doubles each time")
+    p.add_argument("launch", nargs=argparse.REMAINDER, help="-- then the launch command")
 
     p = sub.add_parser("layout", help="print which rank does what, without training")
     p.add_argument("config")
@@ -39,32 +48,57 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return COMMANDS[args.command](args)
-    except ConfigError as error:
-        print(f"agentrl: {error}", file=sys.stderr)
-        return 2
+    except UserError as error:  # raised alike on every rank of a job: rank 0 says it once
+        from agentrl.transport import world_rank
+
+        if world_rank() == 0:
+            print(f"agentrl: {error}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
 
 
 def cmd_train(args) -> int:
+    """User errors found before training starts raise on every rank (main prints them once); later ones abort."""
+    from agentrl import preempt
     from agentrl.config import load_config
-    from agentrl.transport import abort_on_exception
+    from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
 
     config = load_config(args.config, args.overrides)
+    preempt.install()  # before the slow imports: a stop signal from now on is a graceful stop
+    _check_world_size(config)
+    command = ["agentrl", "train", args.config, *args.overrides]
 
     def run():
-        from agentrl import preempt
-
-        preempt.install()  # before the slow imports: a stop signal from now on is a graceful stop
         from agentrl.train import train
 
-        done = train(config)
-        return 0 if done == config.steps else preempt.EXIT_STOPPED
+        return train(config, command)
 
     try:
-        return abort_on_exception(run)()
-    except ConfigError:
+        done = abort_on_exception(run)()
+    except RefusedOnEveryRank:
         raise
+    except UserError:
+        return EXIT_USER_ERROR  # abort_on_exception printed it
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
     except Exception:
         return 1
+    return 0 if done >= config.steps else preempt.EXIT_STOPPED
+
+
+def _check_world_size(config) -> None:
+    """The layout against the job's size, before anything is loaded; the same answer on every rank."""
+    from mpi4py import MPI
+
+    from agentrl.layout import assign_roles
+
+    assign_roles(config.layout, MPI.COMM_WORLD.Get_size())
+
+
+def cmd_supervise(args) -> int:
+    from agentrl.supervise import supervise
+
+    command = args.launch[1:] if args.launch[:1] == ["--"] else args.launch
+    return supervise(command, args.max_restarts, args.backoff_s)
 
 
 def cmd_layout(args) -> int:
@@ -125,6 +159,7 @@ def cmd_config_doc(args) -> int:
 
 COMMANDS = {
     "train": cmd_train,
+    "supervise": cmd_supervise,
     "layout": cmd_layout,
     "envs": cmd_envs,
     "algorithms": cmd_algorithms,

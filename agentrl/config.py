@@ -25,8 +25,10 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from agentrl.errors import UserError
 
-class ConfigError(ValueError):
+
+class ConfigError(UserError, ValueError):
     """A config that cannot run; the message names the field and the fix."""
 
 
@@ -224,6 +226,11 @@ class CheckpointConfig(Section):
 
     every: int = Field(50, ge=0, description="Save every N steps (and at the end); 0 saves only at the end.")
     keep: int = Field(2, ge=1, description="Checkpoints kept; older ones are deleted.")
+    checksums: bool = Field(
+        True,
+        description="Record each file's sha256 in the checkpoint's manifest and check it on resume; "
+        "false checks sizes only (hashing reads every byte, about 1 s per GB).",
+    )
 
 
 class LoggingConfig(Section):
@@ -396,7 +403,20 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError(f"override {text!r} is not key=value; write it like rollout.group_size=8")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    return key.strip().split("."), _parse_yaml(raw, f"override {text!r}") if raw.strip() else ""
+
+
+def _parse_yaml(text: str, source: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        parts = []
+        for text_attr, mark_attr in (("context", "context_mark"), ("problem", "problem_mark")):
+            said, mark = getattr(error, text_attr, None), getattr(error, mark_attr, None)
+            if said:
+                parts.append(said + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""))
+        detail = ": ".join(parts) or str(error).splitlines()[0]
+        raise ConfigError(f"{source} is not valid YAML, {detail}; fix the YAML syntax there") from None
 
 
 def apply_override(data: dict, path: list[str], value: Any) -> None:
@@ -449,7 +469,11 @@ def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
             raise ConfigError(
                 f"config file {path} does not exist; pass a YAML file such as launch/configs/quickstart.yaml"
             )
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            text = path.read_text()
+        except OSError as error:
+            raise ConfigError(f"config file {path} cannot be read ({error.strerror}); check its permissions") from None
+        data = _parse_yaml(text, f"config file {path}") or {}
         if not isinstance(data, dict):
             raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
     for text in overrides:

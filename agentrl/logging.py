@@ -7,18 +7,30 @@ from pathlib import Path
 
 
 class RunLogger:
-    def __init__(self, run_dir: str, total_steps: int, start_step: int, progress: bool = True):
+    """TensorBoard events in `run_dir/tb` and a progress bar, from `start_step` on.
+
+    A resumed run opens its writer with `purge_step=start_step`: TensorBoard then drops the
+    points an earlier run logged at or after that step (the ones a crash or a stop made it
+    redo), so every step is shown once.
+    """
+
+    def __init__(self, run_dir: str, total_steps: int, start_step: int, progress: bool = True, restarts: int = 0):
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
-        self.writer = SummaryWriter(str(Path(run_dir) / "tb"))
+        self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step)
         self.bar = tqdm(
             total=total_steps, initial=start_step, disable=not progress, desc="train", file=sys.stderr, mininterval=1.0
         )
+        self.restarts = restarts
+        self.success_by_step: dict[int, float] = {}
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         for key, value in metrics.items():
             self.writer.add_scalar(key, value, step)
+        self.writer.add_scalar("run/restarts", self.restarts, step)
+        if "episode/success_rate" in metrics:
+            self.success_by_step[step] = float(metrics["episode/success_rate"])
         self.bar.set_postfix(
             reward=f"{metrics.get('episode/reward_mean', 0):.3f}",
             success=f"{metrics.get('episode/success_rate', 0):.2f}",
@@ -30,6 +42,10 @@ class RunLogger:
     def samples(self, step: int, texts: list[str]) -> None:
         body = "\n\n---\n\n".join(f"```\n{text}\n```" for text in texts)
         self.writer.add_text("samples", body, step)
+
+    def flush(self) -> None:
+        """Write every event logged so far to disk."""
+        self.writer.flush()
 
     def close(self) -> None:
         self.bar.close()

@@ -4,73 +4,93 @@ from __future__ import annotations
 
 import os
 import random
-import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from agentrl import preempt, transport
-from agentrl.config import Config, ConfigError, save_config
+from agentrl.config import Config, save_config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.env.preflight import EnvUnusable, check_env_config
 from agentrl.env.registry import make
+from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
+from agentrl.run_lock import RunLock
+from agentrl.run_summary import RunSummary
+from agentrl.supervise import restart_count
 
-EXIT_REFUSED = 2  # as for any other config error
+RESTART_LOCK_WAIT_S = 30.0  # a restarted job waits this long for its previous start's rank 0 to be gone
 
 
-class StartRefused(SystemExit):
-    """Raised on every rank when rank 0's check of the env before training failed; rank 0 has printed the reason.
+def train(config: Config, command: list[str] | None = None) -> int:
+    """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal).
 
-    A SystemExit, so transport.abort_on_exception lets it through: every rank learned the
-    reason from the same broadcast, so the job ends cleanly instead of by MPI_Abort.
+    `command` is how the user started the run, for the lock and the resume hint.
     """
-
-    def __init__(self, reason: str):
-        super().__init__(EXIT_REFUSED)
-        self.reason = reason
-
-
-def train(config: Config) -> int:
-    """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal)."""
     from mpi4py import MPI
 
     check_env_before_start(MPI.COMM_WORLD, config)  # before the slow imports: a broken env stops the job in seconds
     from transformers.utils import logging as hf_logging
 
+    started = time.monotonic()
     hf_logging.disable_progress_bar()
-    layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
     preempt.install()
-    if layout.rank == 0:
-        prepare_run_dir(config, layout)
-    transport.barrier(layout.world)
-    start_step = transport.bcast_object(layout.world, resume_step(config) if layout.rank == 0 else None)
-    set_threads(config, layout)
-    seed_everything(config.seed + layout.rank)
+    try:
+        layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
+    except UserError as error:  # the same sizes on every rank, so the same error everywhere
+        raise RefusedOnEveryRank(str(error)) from None
+    lock = RunLock(config.run_dir) if layout.rank == 0 else None
+    try:
+        start_step = agree_on_start(config, layout, lock, command)
+        set_threads(config, layout)
+        seed_everything(config.seed + layout.rank)
 
-    done = None
-    if layout.single_process:
-        done = run_single_process(config, layout, start_step)
-    elif layout.role is Role.TRAINER:
-        done = run_trainer(config, layout, start_step)
-    elif layout.role is Role.ROLLOUT:
-        run_rollout(config, layout, start_step)
-    else:
-        run_env(config, layout)
-    transport.barrier(layout.world)
-    done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
-    if done < config.steps and layout.rank == 0:
-        print(preempt.stopped_message(done), flush=True)
-    return done
+        done, success_by_step = None, None
+        if layout.single_process:
+            done, success_by_step = run_single_process(config, layout, start_step)
+        elif layout.role is Role.TRAINER:
+            done, success_by_step = run_trainer(config, layout, start_step)
+        elif layout.role is Role.ROLLOUT:
+            run_rollout(config, layout, start_step)
+        else:
+            run_env(config, layout)
+        transport.barrier(layout.world)
+        if layout.is_trainer_leader and not layout.single_process:
+            preempt.take_forwarded(layout.world)  # a request that came after the last step boundary
+        preempt.finish_forwarding()
+        done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
+        if layout.rank == 0:
+            summary = RunSummary(config, layout.size, start_step, done, time.monotonic() - started, command)
+            print(summary.text(success_by_step or {}, preempt.reason()), flush=True)
+        return done
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def agree_on_start(config: Config, layout: Layout, lock: RunLock | None, command: list[str] | None) -> int:
+    """Rank 0 prepares the run folder; every rank gets the start step, or every rank raises its refusal."""
+    outcome = None
+    if layout.rank == 0:
+        try:
+            outcome = ("start", prepare_run_dir(config, layout, lock, command))
+        except UserError as error:
+            lock.release()
+            outcome = ("refused", str(error))
+    kind, value = transport.bcast_object(layout.world, outcome)
+    if kind == "refused":
+        raise RefusedOnEveryRank(value)
+    return value
 
 
 def check_env_before_start(world, config: Config) -> None:
     """Rank 0 builds the env once, before any rank loads torch or a model; if it is broken, every rank stops.
 
     The others wait in the broadcast of the outcome, so a refusal reaches them all and each
-    raises StartRefused (exit code 2, the reason printed once by rank 0).
+    raises RefusedOnEveryRank (exit code 2, the reason printed once by rank 0).
     """
     reason = None
     if world.Get_rank() == 0:
@@ -80,41 +100,68 @@ def check_env_before_start(world, config: Config) -> None:
             reason = str(error)
     reason = transport.bcast_object(world, reason)
     if reason is not None:
-        if world.Get_rank() == 0:
-            print(f"agentrl: {reason}", file=sys.stderr, flush=True)
-        raise StartRefused(reason)
+        raise RefusedOnEveryRank(reason)
 
 
-def prepare_run_dir(config: Config, layout: Layout) -> None:
-    from agentrl.trainer import checkpoint
+def prepare_run_dir(config: Config, layout: Layout, lock: RunLock, command: list[str] | None) -> int:
+    """Rank 0: take the run folder, decide the start step, save the config, make sure the model loads."""
     from agentrl.trainer.model import ensure_model
 
     run_dir = Path(config.run_dir)
-    found = checkpoint.latest(run_dir)
-    if found and not config.resume:
-        raise ConfigError(
-            f"run_dir {run_dir} already has checkpoint step {found[0]}; pass resume=true to continue it, "
-            "or choose a new run_dir=... so nothing is overwritten"
-        )
-    for note in config.notes:
-        print(f"agentrl: config: {note}", flush=True)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        note = lock.acquire(command, wait_s=RESTART_LOCK_WAIT_S if restart_count() else 0.0)
+    except OSError as error:
+        raise UserError(
+            f"run_dir={run_dir} cannot be created or written ({error.strerror}: {error.filename}); "
+            "choose a folder you can write, e.g. run_dir=runs/NAME"
+        ) from None
+    if note:
+        print(f"agentrl: {note}", flush=True)
+    for config_note in config.notes:
+        print(f"agentrl: config: {config_note}", flush=True)
+    start_step = resume_step(config)
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
     rows = plan(config.layout, layout.size, rollout_gpus=engine_gpus(config))
     print(format_plan(rows, layout.single_process), flush=True)
+    return start_step
 
 
 def resume_step(config: Config) -> int:
+    """The step to start at: 0, or the newest complete checkpoint's with resume=true; refusals are UserErrors."""
     from agentrl.trainer import checkpoint
 
-    found = checkpoint.latest(config.run_dir) if config.resume else None
-    if config.resume and found is None:
-        print(f"agentrl: resume=true but {config.run_dir} has no checkpoint; starting at step 0", flush=True)
-    if found:
-        print(f"agentrl: resuming from {found[1]} at step {found[0]}", flush=True)
-    return found[0] if found else 0
+    run_dir = Path(config.run_dir)
+    folders = checkpoint.step_folders(run_dir)
+    if not config.resume:
+        if folders:
+            raise UserError(
+                f"run_dir {run_dir} already has checkpoint step {folders[0][0]} "
+                f"({len(folders)} checkpoint folder(s) in {checkpoint.checkpoint_dir(run_dir)}); pass resume=true "
+                "to continue it, or choose a new run_dir=... so nothing is overwritten"
+            )
+        return 0
+    found, damaged = checkpoint.newest_complete(run_dir)
+    if found is None and damaged:
+        listed = "; ".join(f"{bad.path.name}: {bad.problem}" for bad in damaged)
+        raise UserError(
+            f"resume=true, but none of the {len(damaged)} checkpoint folder(s) in {checkpoint.checkpoint_dir(run_dir)} "
+            f"is complete ({listed}). Nothing was changed. Restore a good copy of one, or move them away to start "
+            "this run_dir over at step 0"
+        )
+    if found is None:
+        print(f"agentrl: resume=true but {run_dir} has no checkpoint; starting at step 0", flush=True)
+        return 0
+    for bad in damaged:
+        print(f"agentrl: skipping damaged checkpoint {bad.path}: {bad.problem} (left in place)", flush=True)
+    if found.note:
+        print(f"agentrl: checkpoint {found.path} {found.note}", flush=True)
+    print(f"agentrl: resuming from {found.path} at step {found.step}", flush=True)
+    if found.step >= config.steps:
+        print(f"agentrl: step {found.step} is already at steps={config.steps}; raise steps=... to train on", flush=True)
+    return found.step
 
 
 def env_texts(config: Config, episodes: int = 64) -> list[str]:
@@ -176,10 +223,10 @@ def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
 def _logger(config: Config, start_step: int):
     from agentrl.logging import RunLogger
 
-    return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress)
+    return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count())
 
 
-def run_single_process(config: Config, layout: Layout, start_step: int) -> int:
+def run_single_process(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float]]:
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
     from agentrl.failures import FailureTally, abort_if_failing
     from agentrl.rollout.worker import RolloutWorker, sample_texts
@@ -200,10 +247,11 @@ def run_single_process(config: Config, layout: Layout, start_step: int) -> int:
     logger = _logger(config, start_step)
     done = train_loop(config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger)
     logger.close()
-    return done
+    return done, logger.success_by_step
 
 
-def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
+def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float] | None]:
+    """Steps done, and on the leader the success rate logged at each step."""
     from agentrl.trainer.loop import receive_from_rollouts, train_loop
     from agentrl.trainer.model import init_trainer_group
     from agentrl.weights import GatherOnly
@@ -218,9 +266,10 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> int:
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
     collect = receive_from_rollouts(layout, config.runtime.abort_on_failed_fraction)
     done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger)
-    if logger is not None:
-        logger.close()
-    return done
+    if logger is None:
+        return done, None
+    logger.close()
+    return done, logger.success_by_step
 
 
 def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
@@ -239,4 +288,10 @@ def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
 def run_env(config: Config, layout: Layout) -> None:
     from agentrl.env.server import serve
 
-    serve(layout.world, env_host(config), layout.rollout_ranks_served_by(layout.rank))
+    leader = layout.trainer_ranks[0]
+    serve(
+        layout.world,
+        env_host(config),
+        layout.rollout_ranks_served_by(layout.rank),
+        after_batch=lambda: preempt.forward(layout.world, leader),
+    )

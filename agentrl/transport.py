@@ -17,17 +17,23 @@ from enum import IntEnum
 
 import numpy as np
 
+from agentrl.errors import EXIT_USER_ERROR, RefusedOnEveryRank, UserError
+
 MIN_SLEEP_S = 50e-6
 MAX_SLEEP_S = 5e-3
 ABORT_GRACE_S = 1.0
 # Launcher variables a child process must not see, or it would join (or hang on) this MPI job.
 MPI_VARIABLE_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "HYDRA_", "MPIR_", "I_MPI_")
+# Where launchers put a process's world rank before MPI is initialized (MPICH and Intel MPI, Open MPI, PMIx, srun).
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopped by Ctrl-C
 
 
 class Tag(IntEnum):
     ENV_REQUEST = 11
     ENV_REPLY = 12
     TRAJECTORIES = 21
+    STOP_REQUEST = 31  # a rank that got a stop signal tells the trainer leader
 
 
 class Backoff:
@@ -71,8 +77,16 @@ def pickled(comm):
 
 def send(comm, obj, dest: int, tag: Tag) -> None:
     """Send a Python object (numpy arrays inside travel zero-copy) and wait without spinning."""
-    request = pickled(comm).isend(obj, dest=dest, tag=int(tag))
-    wait_until(lambda: request.test()[0], what=f"send to rank {dest} (tag {tag.name})")  # test() -> (flag, obj)
+    wait_sent(isend(comm, obj, dest, tag), f"send to rank {dest} (tag {tag.name})")
+
+
+def isend(comm, obj, dest: int, tag: Tag):
+    """Start sending a Python object; the request (keep it: it holds the buffers) completes once MPI is done."""
+    return pickled(comm).isend(obj, dest=dest, tag=int(tag))
+
+
+def wait_sent(request, what: str = "a send") -> None:
+    wait_until(lambda: request.test()[0], what=what)  # test() -> (flag, obj)
 
 
 def wait_for_message(comm, source: int, tag: Tag, timeout_s: float | None = None) -> None:
@@ -175,34 +189,61 @@ def allreduce_named(comm, values: dict[str, float]) -> dict[str, float]:
 
 
 def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | None]:
-    """Wrap an entry point: an uncaught exception prints its traceback and aborts every rank."""
+    """Wrap an entry point: an uncaught exception on any rank ends every rank of the job.
+
+    A bug prints its traceback; a UserError prints its message only; a KeyboardInterrupt
+    (a second Ctrl-C) prints one line from rank 0. RefusedOnEveryRank passes through without
+    an abort, since every rank raises it.
+    """
 
     def wrapped():
         try:
             return main()
-        except SystemExit:
+        except (SystemExit, RefusedOnEveryRank):
+            raise
+        except KeyboardInterrupt:
+            if world_rank() == 0:
+                sys.stderr.write(
+                    "agentrl: interrupted again: stopped at once, without a checkpoint; "
+                    "resume=true continues from the last checkpoint\n"
+                )
+            _abort_world(EXIT_INTERRUPTED, grace_s=0.0)
+            raise
+        except UserError as error:
+            sys.stdout.flush()
+            sys.stderr.write(f"agentrl (rank {world_rank()}): {error}\n")
+            _abort_world(EXIT_USER_ERROR)
             raise
         except BaseException as error:
-            rank = _world_rank()
+            rank = world_rank()
             sys.stdout.flush()
             sys.stderr.write(f"[agentrl rank {rank}] uncaught exception, aborting the job: {error!r:.2000}\n")
             traceback.print_exc()
-            sys.stderr.flush()
-            time.sleep(ABORT_GRACE_S)  # let the launcher forward this rank's output before the kill
             _abort_world(1)
             raise
 
     return wrapped
 
 
-def _world_rank() -> int:
-    from mpi4py import MPI
+def world_rank() -> int:
+    """This process's rank in MPI_COMM_WORLD; before MPI is initialized, what the launcher says (0 without one).
 
-    return MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else 0
+    Never initializes MPI itself (importing mpi4py.MPI would).
+    """
+    MPI = _mpi_if_running()
+    if MPI is not None:
+        return MPI.COMM_WORLD.Get_rank()
+    return next((int(os.environ[name]) for name in RANK_VARIABLES if os.environ.get(name, "").isdigit()), 0)
 
 
-def _abort_world(code: int) -> None:
-    from mpi4py import MPI
+def _mpi_if_running():
+    MPI = sys.modules.get("mpi4py.MPI")
+    return MPI if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() else None
 
-    if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+
+def _abort_world(code: int, grace_s: float = ABORT_GRACE_S) -> None:
+    MPI = _mpi_if_running()
+    sys.stderr.flush()
+    if MPI is not None and MPI.COMM_WORLD.Get_size() > 1:
+        time.sleep(grace_s)  # let the launcher forward this rank's output before the kill
         MPI.COMM_WORLD.Abort(code)

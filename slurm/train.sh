@@ -10,6 +10,9 @@
 #                                  srun: SLURM starts the ranks itself (needs an MPI built with PMI support)
 #   AGENTRL_SRUN_MPI=pmi2|pmix     the PMI plugin srun uses (default pmi2)
 #   AGENTRL_VENV=PATH              virtual environment to activate (default: .venv in the submit directory)
+#   AGENTRL_MAX_RESTARTS=N         after a crash (a rank killed, out of memory, a lost node) start the
+#                                  launcher again with resume=true, up to N times (default 0; `agentrl supervise`)
+#   AGENTRL_RESTART_BACKOFF_S=S    wait before the first restart, doubling each time (default 3)
 #
 # Preemption and time limits: 120 s before the limit SLURM sends USR1 to this script, which
 # forwards it to the launcher; the ranks finish the current step, write a checkpoint, and
@@ -53,11 +56,16 @@ agentrl layout "$config" "$@" --np "$ntasks" --ranks-per-node "$per_node" --gpus
   || exit 2
 
 launcher=${AGENTRL_LAUNCHER:-mpirun}
+max_restarts=${AGENTRL_MAX_RESTARTS:-0}
 case $launcher in
   srun) command=(srun --mpi="${AGENTRL_SRUN_MPI:-pmi2}" --kill-on-bad-exit=1 agentrl train "$config" "$@" resume=true) ;;
   mpirun) command=(bash launch/mpirun.sh "$ntasks" "$config" "$@" resume=true) ;;
   *) echo "AGENTRL_LAUNCHER=$launcher: use srun or mpirun" >&2; exit 2 ;;
 esac
+if [ "$max_restarts" -gt 0 ]; then  # the supervisor passes USR1/TERM on to the launcher like a launcher would
+  command=(env AGENTRL_MAX_RESTARTS=0 agentrl supervise --max-restarts "$max_restarts"
+    --backoff-s "${AGENTRL_RESTART_BACKOFF_S:-3}" -- "${command[@]}")
+fi
 
 # A signal sent only to this shell (--signal=B:...) is passed on to the launcher, which
 # passes it to every rank; `wait` returns early on each trapped signal, so wait again.

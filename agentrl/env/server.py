@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from agentrl import transport
 from agentrl.env.host import EnvHost
 from agentrl.transport import Tag
 
 
-def serve(comm, host: EnvHost, clients: list[int]) -> dict:
-    """Answer requests until every client has sent None; returns counters."""
+def serve(comm, host: EnvHost, clients: list[int], after_batch: Callable[[], None] | None = None) -> dict:
+    """Answer requests until every client has sent None; returns counters. `after_batch` runs after each reply."""
     from mpi4py import MPI
 
     open_clients = set(clients)
@@ -21,4 +23,6 @@ def serve(comm, host: EnvHost, clients: list[int]) -> dict:
         requests += len(batch)
         results = host.handle_batch([(op, (client, key), *args) for op, key, *args in batch])
         transport.send(comm, results, client, Tag.ENV_REPLY)
+        if after_batch is not None:
+            after_batch()
     return {"requests": requests, **host.counts()}

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from agentrl import transport
+from agentrl import preempt, transport
 from agentrl.failures import FailureTally, error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
 from agentrl.rollout.chat import ChatFormat
@@ -127,6 +127,7 @@ def run(config, layout, start_step: int, env_client, weight_sync) -> None:
     for step in range(start_step, config.steps):
         episodes, stats = worker.collect(step)
         failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
+        preempt.forward(layout.world, layout.trainer_ranks[0])  # before the batch, so it is seen at this step's end
         for trainer_index, (trainer_rank, shard) in enumerate(
             zip(layout.trainer_ranks, shard_for_trainers(episodes, len(layout.trainer_ranks)), strict=True)
         ):

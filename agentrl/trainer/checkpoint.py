@@ -1,18 +1,27 @@
 """Checkpoints: a Hugging Face model folder plus optimizer, scheduler, RNG and step.
 
 Written to `step_NNNNNN.tmp` and renamed, so a crash mid-write never leaves a checkpoint
-that looks complete. A model sharded with FSDP2 is gathered into a full state dict first
-(a collective: every trainer rank calls `save`, only the leader writes), so the folder is
-a normal Hugging Face model folder either way. Its optimizer state is saved unsharded and
+that looks complete. The last file written is `manifest.json` (every file's size and
+sha256); `latest()` returns the newest checkpoint whose files match it and names the
+newer ones it skips, so a truncated or damaged checkpoint (a full disk, a copy cut short)
+is passed over instead of crashing the resume. Checkpoints written before manifests
+existed are used when their trainer state and safetensors headers load.
+
+A model sharded with FSDP2 is gathered into a full state dict first (a collective:
+every trainer rank calls `save`, only the leader writes), so the folder is a normal
+Hugging Face model folder either way. Its optimizer state is saved unsharded and
 keyed by parameter name, so a resume may use any number of trainer ranks.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import random
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +31,9 @@ from agentrl.trainer import parallel
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
 STATE_FILE = "trainer_state.pt"
+MANIFEST_FILE = "manifest.json"
+MANIFEST_FORMAT = 1
+LEFTOVER = re.compile(r"^step_\d{6,}\.(tmp|deleting)$")  # a save or a prune cut short
 FULL_OPTIMIZER = "full_by_name"  # optimizer state from parallel.full_optimizer_state
 
 
@@ -33,18 +45,111 @@ def step_path(run_dir: str | Path, step: int) -> Path:
     return checkpoint_dir(run_dir) / f"step_{step:06d}"
 
 
-def latest(run_dir: str | Path) -> tuple[int, Path] | None:
-    """(step, path) of the newest complete checkpoint, or None."""
+@dataclass(frozen=True)
+class Checked:
+    step: int
+    path: Path
+    problem: str | None  # None: complete
+    note: str | None = None  # something worth a warning about a complete checkpoint
+
+
+def step_folders(run_dir: str | Path) -> list[tuple[int, Path]]:
+    """(step, path) of every `step_N` folder, complete or not, newest first."""
     root = checkpoint_dir(run_dir)
     if not root.is_dir():
-        return None
-    found = [
-        (int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / STATE_FILE).is_file()
-    ]
-    return max(found) if found else None
+        return []
+    return sorted(((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name))), reverse=True)
 
 
-def save(run_dir, step: int, model, tokenizer, optimizer, scheduler, keep: int, leader: bool = True) -> Path | None:
+def newest_complete(run_dir: str | Path) -> tuple[Checked | None, list[Checked]]:
+    """The newest checkpoint that passes `check`, and the newer ones that failed it (newest first)."""
+    failed = []
+    for step, path in step_folders(run_dir):
+        checked = check(step, path)
+        if checked.problem is None:
+            return checked, failed
+        failed.append(checked)
+    return None, failed
+
+
+def latest(run_dir: str | Path) -> tuple[int, Path] | None:
+    """(step, path) of the newest complete checkpoint, or None."""
+    found, _ = newest_complete(run_dir)
+    return (found.step, found.path) if found else None
+
+
+def check(step: int, path: Path) -> Checked:
+    """Whether the folder holds every file its manifest lists, with the recorded sizes and checksums."""
+    manifest_path = path / MANIFEST_FILE
+    if not manifest_path.is_file():
+        return _check_without_manifest(step, path)
+    try:
+        manifest = json.loads(manifest_path.read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        return Checked(step, path, f"{MANIFEST_FILE} is unreadable ({error})")
+    for name, expected in files.items():
+        file = path / name
+        if not file.is_file():
+            return Checked(step, path, f"{name} is missing")
+        size = file.stat().st_size
+        if size != expected["bytes"]:
+            return Checked(step, path, f"{name} is {size} bytes, its manifest says {expected['bytes']}")
+        if expected.get("sha256") and _sha256(file) != expected["sha256"]:
+            return Checked(step, path, f"{name} does not match the sha256 in its manifest")
+    return Checked(step, path, None)
+
+
+def _check_without_manifest(step: int, path: Path) -> Checked:
+    """A checkpoint from before manifests: usable if its trainer state and safetensors headers load."""
+    from safetensors import SafetensorError, safe_open
+
+    if not (path / STATE_FILE).is_file():
+        return Checked(step, path, f"no {MANIFEST_FILE} and no {STATE_FILE} (a save that never finished)")
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        return Checked(step, path, f"no {MANIFEST_FILE} and no *.safetensors weights")
+    try:
+        torch.load(path / STATE_FILE, weights_only=False, map_location="cpu")
+        for file in weights:
+            with safe_open(str(file), framework="pt"):
+                pass
+    except (OSError, RuntimeError, EOFError, ValueError, SafetensorError) as error:
+        return Checked(step, path, f"no {MANIFEST_FILE}, and it does not load: {str(error).splitlines()[0]}")
+    return Checked(step, path, None, note=f"has no {MANIFEST_FILE} (written by an older agentrl); its files load")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path, step: int, checksums: bool = True) -> None:
+    """Every file's size (and sha256), written last: a folder with a manifest was saved completely."""
+    files = {}
+    for file in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST_FILE):
+        files[file.relative_to(folder).as_posix()] = {
+            "bytes": file.stat().st_size,
+            "sha256": _sha256(file) if checksums else None,
+        }
+    manifest = {"format": MANIFEST_FORMAT, "step": step, "files": files}
+    (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+
+
+def save(
+    run_dir,
+    step: int,
+    model,
+    tokenizer,
+    optimizer,
+    scheduler,
+    keep: int,
+    leader: bool = True,
+    checksums: bool = True,
+) -> Path | None:
     """Every trainer rank calls this (sharded models gather collectively); the leader writes and returns the path."""
     model_state, optimizer_format = None, "local"
     if parallel.is_sharded(model):
@@ -70,10 +175,11 @@ def save(run_dir, step: int, model, tokenizer, optimizer, scheduler, keep: int, 
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }
     torch.save(state, tmp / STATE_FILE)
+    write_manifest(tmp, step, checksums)
     if final.exists():
-        shutil.rmtree(final)
+        shutil.rmtree(final)  # a damaged checkpoint of this step that resume skipped
     os.replace(tmp, final)
-    _prune(root, keep)
+    prune(run_dir, step, keep)
     return final
 
 
@@ -99,7 +205,19 @@ def load_state(path: Path, optimizer, scheduler, model=None) -> int:
     return int(state["step"])
 
 
-def _prune(root: Path, keep: int) -> None:
-    steps = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)))
-    for _, path in steps[:-keep]:
-        shutil.rmtree(path, ignore_errors=True)
+def prune(run_dir, saved_step: int, keep: int) -> None:
+    """Keep the newest `keep` checkpoints up to `saved_step` (just written, so complete); delete older ones.
+
+    Folders above `saved_step` are ones resume skipped as damaged: they stay for the user to
+    look at until this run writes a checkpoint of the same step. A folder is renamed before it
+    is deleted, so a prune cut short leaves a leftover, never a half-deleted `step_N`.
+    """
+    root = checkpoint_dir(run_dir)
+    for leftover in root.iterdir():
+        if LEFTOVER.match(leftover.name) and leftover.name != f"step_{saved_step:06d}.tmp":
+            shutil.rmtree(leftover, ignore_errors=True)
+    older = [(step, path) for step, path in step_folders(run_dir) if step <= saved_step]
+    for _, path in older[keep:]:
+        doomed = path.with_name(path.name + ".deleting")
+        os.replace(path, doomed)
+        shutil.rmtree(doomed)

@@ -66,8 +66,9 @@ def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
 def receive_from_rollouts(
     layout, abort_on_failed_fraction: float | None
 ) -> Callable[[int], tuple[dict, dict, list[str]]]:
-    """`collect` for trainer ranks: this rank's shard from every rollout rank. The leader stops the run when the
-    step's episodes failed alike (runtime.abort_on_failed_fraction)."""
+    """`collect` for trainer ranks: this rank's shard from every rollout rank. The leader also takes stop requests
+    that rollout and env ranks forwarded, and stops the run when the step's episodes failed alike
+    (runtime.abort_on_failed_fraction)."""
 
     def collect(step: int):
         messages, transfer = [], 0.0
@@ -76,6 +77,8 @@ def receive_from_rollouts(
             started = time.perf_counter()
             messages.append(transport.recv(layout.world, rank, Tag.TRAJECTORIES)[0])
             transfer += time.perf_counter() - started
+        if layout.is_trainer_leader:
+            preempt.take_forwarded(layout.world)
         stats = {key: max(m["stats"][key] for m in messages) for key in messages[0]["stats"]}
         stats["time/transfer"] = transfer
         if layout.is_trainer_leader:
@@ -103,24 +106,14 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
 
         done = step + 1
         stopping = done < config.steps and preempt.agreed(role_comm)
+        if stopping and logger is not None:
+            print(f"\nagentrl: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)
         if weights is not None and stopping:
             weights.stop()
         elif weights is not None and done < config.steps:
             weights.send(trainer.named_weights(), done)
         synced = time.perf_counter()
-
-        if (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping:
-            checkpoint.save(  # every trainer rank: gathering a sharded (FSDP) model is a collective
-                config.run_dir,
-                done,
-                trainer.model,
-                tokenizer,
-                trainer.optimizer,
-                trainer.scheduler,
-                config.checkpoint.keep,
-                leader=logger is not None,
-            )
-            transport.barrier(role_comm)
+        saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping
 
         totals = transport.allreduce_named(role_comm, episode_sums(batch, step))
         if logger is not None:
@@ -136,6 +129,22 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
             logger.log(step, metrics)
             if samples:
                 logger.samples(step, samples)
+            if saving:
+                logger.flush()  # on disk before the checkpoint exists: a resume from it loses no logged step
+
+        if saving:
+            checkpoint.save(  # every trainer rank: gathering a sharded (FSDP) model is a collective
+                config.run_dir,
+                done,
+                trainer.model,
+                tokenizer,
+                trainer.optimizer,
+                trainer.scheduler,
+                config.checkpoint.keep,
+                leader=logger is not None,
+                checksums=config.checkpoint.checksums,
+            )
+            transport.barrier(role_comm)
         if stopping:
             break
     return done

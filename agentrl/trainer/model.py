@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import torch
 
 from agentrl import transport
+from agentrl.errors import UserError
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "namespace/name"
 
 
 def load_tokenizer(path: str):
@@ -26,12 +30,22 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu"):
 
 
 def ensure_model(config, texts_for_tokenizer) -> None:
-    """Build the tiny model at `model.path` if the config asks for one and it is missing."""
+    """Build the tiny model at `model.path` if the config asks for one and it is missing; else check it loads.
+
+    Runs on rank 0 before any other rank loads the model, so a wrong `model.path` is one
+    message instead of a traceback per rank (and a hub model is downloaded once).
+    """
     path = Path(config.model.path)
-    if path.exists():
+    if not path.exists() and config.model.tiny is None and not HUB_ID.fullmatch(config.model.path):
+        raise UserError(
+            f"model.path={config.model.path} does not exist and model.tiny is not set. Point model.path at a "
+            "Hugging Face model folder (config.json, weights, tokenizer) or a hub id such as "
+            "Qwen/Qwen2.5-0.5B-Instruct, or pass model.tiny={} (in YAML: `tiny: {}` under model:) to build a "
+            "tiny random model there"
+        )
+    if path.exists() or config.model.tiny is None:
+        _check_loadable(config.model.path)
         return
-    if config.model.tiny is None:
-        return  # a hub id, or a folder from_pretrained will complain about with its own message
     from agentrl.models.tiny import build_tiny_model
 
     tiny = config.model.tiny
@@ -44,6 +58,19 @@ def ensure_model(config, texts_for_tokenizer) -> None:
         vocab_size=tiny.vocab_size,
         seed=tiny.seed,
     )
+
+
+def _check_loadable(path: str) -> None:
+    from transformers import AutoConfig
+
+    try:
+        AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as error:
+        where = "the folder" if Path(path).exists() else "it as a hub id, which"
+        raise UserError(
+            f"model.path={path} cannot be loaded ({str(error).splitlines()[0]}); check {where} holds a "
+            "Hugging Face model (config.json, weights, tokenizer)"
+        ) from None
 
 
 def init_trainer_group(role_comm, device: str):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from tests.conftest import ROOT, mpirun_command
@@ -12,8 +14,16 @@ from tests.conftest import ROOT, mpirun_command
 SCRIPTS = Path(__file__).parent / "scripts"
 
 
+QUICKSTART = str(ROOT / "launch" / "configs" / "quickstart.yaml")
+RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+
+
+def job_env() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
+
+
 def mpirun(n: int, args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
+    env = job_env()
     command = [*mpirun_command(n), sys.executable, *args]
     try:
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -24,24 +34,76 @@ def mpirun(n: int, args: list[str], timeout: float, cwd: Path = ROOT) -> subproc
 
 
 def train(n: int, overrides: list[str], timeout: float = 240) -> subprocess.CompletedProcess:
-    config = str(ROOT / "launch" / "configs" / "quickstart.yaml")
-    return mpirun(n, ["-m", "agentrl.cli", "train", config, *overrides], timeout)
+    return mpirun(n, ["-m", "agentrl.cli", "train", QUICKSTART, *overrides], timeout)
 
 
-def script(n: int, name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return mpirun(n, [str(SCRIPTS / name), *args], timeout)
+def start_training(n: int, overrides: list[str]) -> subprocess.Popen:
+    """`mpirun -n N agentrl train` in the background, leading its own process group (a terminal's Ctrl-C target)."""
+    command = [*mpirun_command(n), sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides]
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    return subprocess.Popen(command, cwd=ROOT, env=job_env(), start_new_session=True, **pipes)
+
+
+def wait_for(condition, timeout_s: float, process: subprocess.Popen, what: str = "a checkpoint") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process.poll() is not None or time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            detail = f"exit {process.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
+            raise AssertionError(f"no {what} appeared in time; {detail}")
+        time.sleep(0.2)
+
+
+def finish(process: subprocess.Popen, timeout_s: float, what: str) -> tuple[str, str]:
+    """(stdout, stderr) once the job ends; kills it and fails if it takes longer than timeout_s."""
+    try:
+        return process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        raise AssertionError(f"{what} did not end within {timeout_s} s:\n{out[-3000:]}\n{err[-4000:]}") from None
+
+
+def job_processes(run_dir: Path) -> dict[int, dict[str, str]]:
+    """{pid: environment} of the live processes whose command line has run_dir=RUN_DIR (read from /proc; Linux)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if f"run_dir={run_dir}".encode() in cmdline and state != "Z":
+            found[int(entry.name)] = dict(item.decode(errors="replace").partition("=")[::2] for item in environ)
+    return found
+
+
+def job_pids(run_dir: Path) -> list[int]:
+    """The launcher's and every rank's pid."""
+    return list(job_processes(run_dir))
+
+
+def rank_pids(run_dir: Path) -> dict[int, int]:
+    """{world rank: pid} of the live ranks of the job training in run_dir."""
+    found = {}
+    for pid, variables in job_processes(run_dir).items():
+        rank = next((variables[name] for name in RANK_VARIABLES if name in variables), None)
+        if rank is not None:
+            found[int(rank)] = pid
+    return found
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar as TensorBoard shows it: all event files of run_dir/tb in order, a resumed run's purges applied."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    out: dict[str, list[tuple[int, float]]] = {}
-    for events in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events))
-        accumulator.Reload()
-        for tag in accumulator.Tags()["scalars"]:
-            out.setdefault(tag, []).extend((e.step, e.value) for e in accumulator.Scalars(tag))
-    return out
+    accumulator = EventAccumulator(str(run_dir / "tb"), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: [(e.step, e.value) for e in accumulator.Scalars(tag)] for tag in accumulator.Tags()["scalars"]}
 
 
 def small_run(tmp_path: Path, model_dir: Path, **extra) -> list[str]:

@@ -3,45 +3,22 @@
 import os
 import signal
 import subprocess
-import sys
-import time
 
 import pytest
 
 from agentrl.preempt import EXIT_STOPPED
 from agentrl.trainer import checkpoint
-from tests.conftest import ROOT, mpirun_command
-from tests.mpi.helpers import assert_ok, scalars, small_run, train
+from tests.mpi.helpers import assert_ok, scalars, small_run, start_training, train, wait_for
 
 pytestmark = pytest.mark.mpi
 
 STEPS = 20
 
 
-def start_training(overrides: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
-    config = str(ROOT / "launch" / "configs" / "quickstart.yaml")
-    command = [*mpirun_command(3), sys.executable, "-m", "agentrl.cli", "train", config, *overrides]
-    return subprocess.Popen(
-        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-
-
-def wait_for(condition, timeout_s: float, process: subprocess.Popen) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if process.poll() is not None or time.monotonic() > deadline:
-            os.killpg(process.pid, signal.SIGKILL)
-            out, err = process.communicate()
-            detail = f"exit {process.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
-            raise AssertionError(f"no checkpoint appeared in time; {detail}")
-        time.sleep(0.2)
-
-
 def test_sigusr1_checkpoints_and_resume_finishes(tmp_path, tiny_model_dir):
     run = tmp_path / "run"
     layout = {"layout.trainer": 1, "layout.rollout": 1, "layout.env": 1, "checkpoint.every": 3}
-    process = start_training(small_run(tmp_path, tiny_model_dir, steps=STEPS, **layout))
+    process = start_training(3, small_run(tmp_path, tiny_model_dir, steps=STEPS, **layout))
     wait_for(lambda: checkpoint.latest(run) is not None, 120, process)  # past step 3: the handlers are installed
     process.send_signal(signal.SIGUSR1)  # to mpirun only: the launcher forwards it to every rank
     try:

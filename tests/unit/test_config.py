@@ -90,7 +90,9 @@ def test_algorithm_options_are_validated_by_the_named_algorithm():
         from_dict({**BASE, "algorithm": {"name": "grpo", "nonsense": 1}})
     with pytest.raises(ConfigError, match=r"algorithm\.name: unknown algorithm 'grp'; did you mean 'grpo'"):
         from_dict({**BASE, "algorithm": {"name": "grp"}})
-    with pytest.raises(ConfigError, match=r"algorithm\.correction\.mode: Input should be 'none', 'tis', 'mask' or 'tis_mask'"):
+    with pytest.raises(
+        ConfigError, match=r"algorithm\.correction\.mode: Input should be 'none', 'tis', 'mask' or 'tis_mask'"
+    ):
         from_dict({**BASE, "algorithm": {"correction": {"mode": "nope"}}})
 
 
@@ -121,3 +123,12 @@ def test_reference_shows_literal_choices_and_each_union_member():
     assert "`'constant' \\| 'linear' \\| 'cosine'`" in text
     assert "#### `rollout.engine` with `backend: sglang`" in text and "`rollout.engine.tp_size`" in text
     assert "#### `algorithm.name: grpo`" in text and "`algorithm.correction.mode`" in text
+
+
+def test_yaml_syntax_errors_name_the_file_and_line(tmp_path):
+    path = tmp_path / "typo.yaml"
+    path.write_text("model:\n  path: m\nsteps 800\n  bad: [\n")
+    with pytest.raises(ConfigError, match=r"typo.yaml is not valid YAML, .*\(line 3, column 1\).*\(line 4"):
+        load_config(path)
+    with pytest.raises(ConfigError, match=r"override 'steps=\[1' is not valid YAML"):
+        load_config(None, ["model.path=m", "steps=[1"])
