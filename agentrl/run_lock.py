@@ -134,7 +134,7 @@ class RunLock:
                     f"(e.g. its node was lost), delete {self.path}"
                 )
             if self._take_over(holder):
-                note = f"took over the lock of a run that is gone ({stale}; {describe(holder)})"
+                note = f"took over {self.path} from a run that is gone ({stale}; it started {holder.get('started')})"
         raise RunDirInUse(f"could not take {self.path}: other runs keep taking it; is a script starting runs in a loop")
 
     def release(self) -> None:

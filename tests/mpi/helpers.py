@@ -97,6 +97,10 @@ def rank_pids(run_dir: Path) -> dict[int, int]:
     return found
 
 
+def script(n: int, name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return mpirun(n, [str(SCRIPTS / name), *args], timeout)
+
+
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
     """Every scalar as TensorBoard shows it: all event files of run_dir/tb in order, a resumed run's purges applied."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -121,7 +121,8 @@ def test_ctrl_c_stops_at_the_step_boundary_with_a_checkpoint(tmp_path, tiny_mode
 def test_a_second_ctrl_c_stops_at_once(tmp_path, tiny_model_dir):
     """One process (no launcher in between): the first SIGINT asks for a stop, the second ends the run now."""
     run = tmp_path / "run"
-    overrides = small_run(tmp_path, tiny_model_dir, steps=500, **{"layout.env": 0, "checkpoint.every": 2})
+    slow_steps = {"rollout.tasks_per_step": 32, "rollout.group_size": 8}  # the second press lands mid-step
+    overrides = small_run(tmp_path, tiny_model_dir, steps=500, **{"layout.env": 0, "checkpoint.every": 1}, **slow_steps)
     process = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides],
         cwd=ROOT,
@@ -133,7 +134,7 @@ def test_a_second_ctrl_c_stops_at_once(tmp_path, tiny_model_dir):
     )
     wait_for(lambda: checkpoint.latest(run) is not None, 120, process)
     os.killpg(process.pid, signal.SIGINT)
-    time.sleep(0.2)
+    time.sleep(0.1)  # two signals at the same instant would arrive as one
     pressed = time.monotonic()
     os.killpg(process.pid, signal.SIGINT)
     out, err = finish(process, 30, "the run after two Ctrl-C")
