@@ -78,8 +78,11 @@ def test_an_env_that_cannot_be_built_on_its_env_rank_aborts_the_job(tmp_path, ti
     result = train(3, small_run(tmp_path, tiny_model_dir, **overrides), timeout=120)
     seconds = time.monotonic() - started
     assert result.returncode != 0
-    assert "[agentrl rank 2] uncaught exception, aborting the job: EnvUnusable" in result.stderr
-    assert "words.txt is missing on rank 2" in result.stderr
+    # a user error on one rank: its message once, no traceback, and the job ends with exit code 2
+    assert "agentrl (rank 2): env.id='tests.fault_envs:BuildsOnRankZeroOnly' with env.kwargs={} cannot be built" in (
+        result.stderr
+    )
+    assert "words.txt is missing on rank 2" in result.stderr and "Traceback" not in result.stderr
     assert not list((tmp_path / "run").glob("checkpoints/step_*"))
     assert seconds < 60, f"took {seconds:.1f} s"
 
