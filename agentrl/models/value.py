@@ -35,7 +35,7 @@ class ValueModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T) float32: the value of the state after each position's token."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
-        return self.value_head(hidden).squeeze(-1).float()
+        return self.value_head(hidden).squeeze(-1).to(torch.float32, copy=True)  # a new tensor, not a view
 
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str = "float32") -> ValueModel:

@@ -248,6 +248,7 @@ class PolicyTrainer:
         micro_size = self.config.trainer.micro_batch_size
         starts = range(0, n, micro_size)
         offsets = batch["offsets"]
+        agreed = self._agreed_micro_steps(len(starts))  # before any forward: under FSDP forwards are collectives
         for start in starts:
             episodes = np.arange(start, min(n, start + micro_size))
             ids, attention = _rows(batch, episodes, "tokens", torch.long)[:2]
@@ -256,7 +257,7 @@ class PolicyTrainer:
             for row, i in enumerate(episodes):
                 length = int(offsets[i + 1] - offsets[i])
                 out[offsets[i] + 1 : offsets[i + 1]] = values[row, : length - 1]
-        for _ in range(self._agreed_micro_steps(len(starts)) - len(starts)):
+        for _ in range(agreed - len(starts)):
             with self._compute():
                 idle(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         return out
