@@ -205,3 +205,22 @@ def test_a_checkpoint_without_the_critic_names_the_fix(tiny_model_dir, tmp_path)
     ppo = ppo_trainer(tiny_model_dir)
     with pytest.raises(FileNotFoundError, match="without the 'critic' model"):
         checkpoint.load_state(saved, ppo.optimizer, ppo.scheduler, ppo.model, extra_state=ppo.extra_state)
+
+
+def test_the_critic_follows_bf16_and_activation_checkpointing(tiny_model_dir):
+    config = from_dict(
+        {
+            "model": {"path": str(tiny_model_dir), "dtype": "bfloat16"},
+            "algorithm": {"name": "ppo"},
+            "parallelism": {"mixed_precision": "bf16", "activation_checkpointing": True},
+        }
+    )
+    trainer = PolicyTrainer(config, str(tiny_model_dir), "cpu")
+    critic = trainer.extras[0].module
+    assert all(layer.gradient_checkpointing for layer in critic.backbone.layers)
+    before = critic_weights(trainer)
+    assert all(t.dtype == torch.float32 for t in before.values())  # float32 master weights, bf16 compute
+    metrics = trainer.train_step(multi_turn_batch(0))
+    assert np.isfinite(metrics["train/value_loss"]) and metrics["train/critic_grad_norm"] > 0
+    after = critic_weights(trainer)
+    assert max(float((after[n] - before[n]).abs().max()) for n in before) > 1e-4
