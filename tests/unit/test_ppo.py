@@ -1,6 +1,8 @@
 """PPO with a critic: token rewards on turn ends, GAE targets through the trainer, the critic trained and
 checkpointed through the generic extra-model hooks."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -169,6 +171,8 @@ def test_checkpoint_restores_the_critic_bit_exactly(tiny_model_dir, tmp_path):
     )
     assert (saved / "critic" / "value_head.safetensors").is_file() and (saved / "critic" / "optimizer.pt").is_file()
     assert checkpoint.latest(tmp_path) == (1, saved)
+    manifest = json.loads((saved / checkpoint.MANIFEST_FILE).read_text())["files"]
+    assert {"critic/model.safetensors", "critic/value_head.safetensors", "critic/optimizer.pt"} <= set(manifest)
 
     resumed = ppo_trainer(tiny_model_dir, critic_path=str(tiny_model_dir))
     assert not torch.equal(critic_weights(resumed)["value_head.weight"], critic_weights(trainer)["value_head.weight"])

@@ -104,9 +104,16 @@ def main():
 
     tokenizer = load_tokenizer(model_dir)
     run_dir = out_dir / "run"
-    extra = trainer.extra_state
     saved = checkpoint.save(
-        run_dir, 3, trainer.model, tokenizer, trainer.optimizer, trainer.scheduler, 2, rank == 0, extra
+        run_dir,
+        3,
+        trainer.model,
+        tokenizer,
+        trainer.optimizer,
+        trainer.scheduler,
+        keep=2,
+        leader=rank == 0,
+        extra_state=trainer.extra_state,
     )
     transport.barrier(world)
     if rank == 0:
