@@ -216,7 +216,9 @@ def _make_trainer(config: Config, layout: Layout, start_step: int, group=None):
     resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
     trainer = PolicyTrainer(config, str(resumed_from or config.model.path), layout.device, group)
     if resumed_from is not None:
-        checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler, trainer.model)
+        checkpoint.load_state(
+            resumed_from, trainer.optimizer, trainer.scheduler, trainer.model, extra_state=trainer.extra_state
+        )
     return trainer, load_tokenizer(config.model.path)
 
 

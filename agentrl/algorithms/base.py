@@ -9,12 +9,29 @@ an optional k3 KL to a frozen reference and an entropy bonus. A new algorithm su
 it and overrides `advantages` and/or `token_loss`; one with a different shape overrides
 `loss` itself. Register it by name (agentrl/algorithms/registry.py) or name it in the
 config as `algorithm.name: package.module:Class`.
+
+Algorithms that train a model of their own beside the policy (PPO's critic) use two more
+hooks, both no-ops by default:
+
+- `extra_models(place)`, once at start-up: the models to train, each an `ExtraModel` (a
+  module mapping token ids to one output per position, its optimizer, its gradient-clip
+  norm, how to write and read its weights). `place` puts a freshly loaded module on the
+  trainer's device and dtype, with activation checkpointing and FSDP2 sharding as the
+  `parallelism` section asks. The trainer then runs each one in every micro-batch (its
+  outputs reach `loss` as `LossInputs.model_outputs[name]`), syncs its gradients over the
+  trainer ranks as the policy's, clips them, steps its optimizer, and checkpoints it in the
+  step folder's `NAME/` subfolder.
+- `prepare(batch, valid, forward)`, once per step before `advantages`: `forward(name)` is
+  that model's output for every token of this rank's shard before the step's updates (no
+  grad). It returns a `Prepared`: per-token arrays whose micro-batch rows reach `loss` as
+  `LossInputs.prepared[name]`, and metrics logged as `train/NAME`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import ClassVar, Literal
 
 import numpy as np
@@ -92,6 +109,94 @@ class LossInputs:
     ref_logp: torch.Tensor | None  # frozen reference policy, when `needs_reference`
     global_tokens: float  # trained tokens in the whole global mini-batch
     global_sequences: float  # episodes with at least one trained token in it
+    model_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # each ExtraModel's output, with grad
+    prepared: dict[str, torch.Tensor] = field(default_factory=dict)  # Prepared.per_token rows of this micro-batch
+
+
+Forward = Callable[[str], np.ndarray]  # ExtraModel name -> its flat per-token output, no grad (see `prepare`)
+Place = Callable[[torch.nn.Module], torch.nn.Module]  # see `Algorithm.extra_models`
+
+
+@dataclass
+class Prepared:
+    """What `Algorithm.prepare` hands the trainer for one step."""
+
+    per_token: dict[str, np.ndarray] = field(default_factory=dict)  # flat like batch["tokens"]; float32
+    metrics: dict[str, float] = field(default_factory=dict)  # logged as train/NAME; already global (reduce)
+
+
+@dataclass
+class ExtraModel:
+    """A model an algorithm trains beside the policy (PPO's critic); the trainer does the rest.
+
+    `module(input_ids=..., attention_mask=...)` returns (B, T) float: one output per
+    position, the output at position t belonging to token t+1 (as logits do). The trainer
+    shifts it like the policy's log-probs: `LossInputs.model_outputs[name]` and `prepare`'s
+    `forward(name)` line up with the tokens they predict. The loss adds this model's term to
+    the policy's, so one backward reaches both. Per optimizer step the trainer syncs its
+    gradients over trainer ranks (by hand for replicas, FSDP2 when sharded), clips them to
+    `max_grad_norm` (logged as train/NAME_grad_norm) and steps `optimizer` (no LR schedule).
+    Build the optimizer over the parameters of the module `place` returned.
+
+    Checkpoints: `save` and `load` write and read the step folder's `NAME/` subfolder (the
+    weights through `write_weights(state_dict, folder)` / `read_weights(folder) -> state_dict`,
+    full and unsharded, plus the optimizer state in `optimizer.pt`); agentrl/trainer/checkpoint.py
+    calls them through its `extra_state` hook.
+    """
+
+    name: str
+    module: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    max_grad_norm: float
+    write_weights: Callable[[dict[str, torch.Tensor], Path], None]
+    read_weights: Callable[[Path], dict[str, torch.Tensor]]
+
+    OPTIMIZER_FILE: ClassVar[str] = "optimizer.pt"
+
+    def save(self, step_folder: Path | None) -> None:
+        """Every trainer rank (gathering sharded state is a collective); only the leader gets a folder to write."""
+        from agentrl.trainer import parallel
+
+        if parallel.is_sharded(self.module):
+            weights = parallel.full_model_state(self.module)
+            optimizer, form = parallel.full_optimizer_state(self.module, self.optimizer), "full_by_name"
+        elif step_folder is None:
+            return
+        else:
+            weights, optimizer, form = self.module.state_dict(), self.optimizer.state_dict(), "local"
+        if step_folder is None:
+            return
+        folder = Path(step_folder) / self.name
+        folder.mkdir(parents=True, exist_ok=True)
+        self.write_weights(weights, folder)
+        torch.save({"optimizer": optimizer, "optimizer_format": form}, folder / self.OPTIMIZER_FILE)
+
+    def load(self, step_folder: Path) -> None:
+        """Every trainer rank: weights and optimizer state back from the step folder's `NAME/`."""
+        from agentrl.trainer import parallel
+
+        folder = Path(step_folder) / self.name
+        if not (folder / self.OPTIMIZER_FILE).is_file():
+            raise FileNotFoundError(
+                f"{folder} is missing: this checkpoint was written without the {self.name!r} model the algorithm "
+                "trains; resume it with the algorithm that wrote it, or start a new run_dir"
+            )
+        weights = self.read_weights(folder)
+        state = torch.load(folder / self.OPTIMIZER_FILE, weights_only=False)
+        sharded = parallel.is_sharded(self.module)
+        if sharded:
+            parallel.load_full_model_state(self.module, weights)
+        else:
+            self.module.load_state_dict(weights)
+        if state["optimizer_format"] == "full_by_name":
+            parallel.load_full_optimizer_state(self.module, self.optimizer, state["optimizer"])
+        elif sharded:
+            raise ValueError(
+                f"{folder} was saved without parallelism.fsdp and cannot be loaded into sharded parameters: "
+                "resume it with parallelism.fsdp=false"
+            )
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
 
 
 class Algorithm:
@@ -122,6 +227,25 @@ class Algorithm:
     def keep_group(self, rewards: np.ndarray) -> bool:
         """Rollout side: whether a finished group of episodes enters the batch (dynamic sampling)."""
         return True
+
+    def extra_models(self, place: Place) -> list[ExtraModel]:
+        """Once, when the trainer starts: models trained beside the policy (a critic). None by default.
+
+        `place(module)` moves a freshly loaded module (on CPU) to the trainer's device and
+        parameter dtype, enables activation checkpointing on its `base_model` and shards it with
+        FSDP2 when `parallelism` asks, and returns it; build each optimizer after placing.
+        """
+        return []
+
+    def prepare(self, batch: dict[str, np.ndarray], valid: np.ndarray, forward: Forward) -> Prepared:
+        """Once per step, before `advantages` and any update (PPO's old values, GAE, returns).
+
+        `forward(name)` runs that extra model over this rank's shard (no grad) and returns its
+        flat per-token output, float32, aligned with batch["tokens"] (0 at each episode's first
+        token, which nothing predicts). Statistics over the global batch go through
+        `self.context.reduce`; every rank must make the same calls.
+        """
+        return Prepared()
 
     def advantages(self, batch: dict[str, np.ndarray], valid: np.ndarray) -> np.ndarray:
         """Per-token advantages, float32, aligned with batch["tokens"]; 0 on invalid episodes."""

@@ -11,6 +11,11 @@ A model sharded with FSDP2 is gathered into a full state dict first (a collectiv
 every trainer rank calls `save`, only the leader writes), so the folder is a normal
 Hugging Face model folder either way. Its optimizer state is saved unsharded and
 keyed by parameter name, so a resume may use any number of trainer ranks.
+
+`extra_state`: parts of the trainer's state beyond the policy (an algorithm's extra models,
+agentrl/algorithms/base.py `ExtraModel`), each with `save(step_folder | None)` and
+`load(step_folder)`. Every trainer rank calls them (gathers are collectives); the leader's
+`save` gets the step folder before it is renamed, so a complete checkpoint holds them too.
 """
 
 from __future__ import annotations
@@ -149,6 +154,7 @@ def save(
     keep: int,
     leader: bool = True,
     checksums: bool = True,
+    extra_state=(),
 ) -> Path | None:
     """Every trainer rank calls this (sharded models gather collectively); the leader writes and returns the path."""
     model_state, optimizer_format = None, "local"
@@ -159,6 +165,8 @@ def save(
     elif leader:
         optimizer_state = optimizer.state_dict()
     if not leader:
+        for part in extra_state:
+            part.save(None)
         return None
     root = checkpoint_dir(run_dir)
     root.mkdir(parents=True, exist_ok=True)
@@ -175,6 +183,8 @@ def save(
         "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()},
     }
     torch.save(state, tmp / STATE_FILE)
+    for part in extra_state:
+        part.save(tmp)
     write_manifest(tmp, step, checksums)
     if final.exists():
         shutil.rmtree(final)  # a damaged checkpoint of this step that resume skipped
@@ -183,8 +193,9 @@ def save(
     return final
 
 
-def load_state(path: Path, optimizer, scheduler, model=None) -> int:
-    """Every trainer rank: optimizer, scheduler and RNG back from `path`; `model` is needed for name-keyed state."""
+def load_state(path: Path, optimizer, scheduler, model=None, extra_state=()) -> int:
+    """Every trainer rank: optimizer, scheduler, extra state and RNG back from `path`; `model` is needed for
+    name-keyed state."""
     state = torch.load(Path(path) / STATE_FILE, weights_only=False)
     full = state.get("optimizer_format") == FULL_OPTIMIZER
     if full and model is None:
@@ -199,6 +210,8 @@ def load_state(path: Path, optimizer, scheduler, model=None) -> int:
     else:
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
+    for part in extra_state:
+        part.load(Path(path))
     torch.set_rng_state(state["rng"]["torch"])
     np.random.set_state(state["rng"]["numpy"])
     random.setstate(state["rng"]["python"])

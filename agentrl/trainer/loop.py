@@ -143,6 +143,7 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
                 config.checkpoint.keep,
                 leader=logger is not None,
                 checksums=config.checkpoint.checksums,
+                extra_state=trainer.extra_state,
             )
             transport.barrier(role_comm)
         if stopping:

@@ -8,6 +8,11 @@ whole mini-batch and gradients are summed over trainer ranks: by hand (one flatt
 all-reduce) when every rank holds the whole model, or by FSDP2's reduce-scatter when
 `parallelism.fsdp` shards it (see agentrl/trainer/parallel.py). Either way every rank
 ends each step with the weights one rank would have after training on the whole batch.
+
+Models an algorithm trains beside the policy (`Algorithm.extra_models`, e.g. PPO's critic)
+get the same treatment: placed and sharded like the policy, run in every micro-batch,
+gradients synced, clipped and stepped with their own optimizers, checkpointed through
+`extra_state`. The trainer knows them only by name.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 import torch
 
 from agentrl.algorithms import make_algorithm
-from agentrl.algorithms.base import AlgorithmContext, LossInputs, valid_episodes
+from agentrl.algorithms.base import AlgorithmContext, ExtraModel, LossInputs, Prepared, valid_episodes
 from agentrl.algorithms.grpo import entropy, token_logprobs
 from agentrl.config import ConfigError
 from agentrl.trainer import parallel
@@ -49,6 +54,24 @@ class PolicyTrainer:
         self.optimizer = build_optimizer(self.params, config.optimizer)
         total = config.steps * config.trainer.updates_per_step
         self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, total)
+        self.extras: list[ExtraModel] = self.algorithm.extra_models(self._place)
+        for extra in self.extras:
+            extra.module.train()
+
+    @property
+    def extra_state(self) -> list[ExtraModel]:
+        """What checkpoint.save/load_state keep beside the policy (each has save and load)."""
+        return self.extras
+
+    def _place(self, module: torch.nn.Module) -> torch.nn.Module:
+        """An algorithm's extra model onto this trainer's device and dtype, checkpointed and sharded as the policy."""
+        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else self.config.model.dtype
+        module = module.to(device=self.device, dtype=getattr(torch, dtype))
+        if self.parallelism.activation_checkpointing:
+            parallel.enable_activation_checkpointing(getattr(module, "base_model", module))
+        if self.sharded:
+            parallel.shard(module, self.group, self.device, self.parallelism.mixed_precision)
+        return module
 
     def _load(self, path: str, reference: bool = False):
         """The policy (or the frozen KL reference), checkpointed and sharded as the config asks.
@@ -84,13 +107,13 @@ class PolicyTrainer:
         """Sum a float64 array over trainer ranks: what algorithms use for global-batch statistics."""
         return self._allreduce(torch.from_numpy(np.asarray(array, dtype=np.float64).copy())).numpy()
 
-    def _sync_gradients(self) -> None:
+    def _sync_gradients(self, params) -> None:
         if self.group is None or self.sharded:
             return
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads]))
         offset = 0
-        for param, grad in zip(self.params, grads, strict=True):
+        for param, grad in zip(params, grads, strict=True):
             param.grad = flat[offset : offset + grad.numel()].view_as(param)
             offset += grad.numel()
 
@@ -98,32 +121,49 @@ class PolicyTrainer:
         """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means."""
         n = num_episodes(batch)
         valid = valid_episodes(batch)
+        prepared = self.algorithm.prepare(batch, valid, lambda name: self._extra_outputs(batch, name))
         advantages = self.algorithm.advantages(batch, valid)
         old_logp = self._old_logprobs(batch) if self.algorithm.needs_old_logprobs else batch["logprobs"]
         micro_size = self.config.trainer.micro_batch_size
         sums: dict[str, float] = {}
         grad_norms = []
+        extra_norms: dict[str, list[float]] = {extra.name: [] for extra in self.extras}
         for update, minibatch in enumerate(np.array_split(np.arange(n), self.config.trainer.updates_per_step)):
             micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / micro_size))
             trained = [_trained_tokens(batch, i) for i in minibatch]
             counts = torch.tensor([float(sum(trained)), float(sum(t > 0 for t in trained))], dtype=torch.float64)
             global_tokens, global_sequences = self._allreduce(counts).tolist()
             self.optimizer.zero_grad(set_to_none=True)
+            for extra in self.extras:
+                extra.optimizer.zero_grad(set_to_none=True)
             starts = range(0, len(minibatch), micro_size)
             for start in starts:
                 micro = minibatch[start : start + micro_size]
                 step_stats = self._micro_step(
-                    batch, micro, advantages, old_logp, max(global_tokens, 1.0), max(global_sequences, 1.0), update
+                    batch,
+                    micro,
+                    advantages,
+                    old_logp,
+                    max(global_tokens, 1.0),
+                    max(global_sequences, 1.0),
+                    update,
+                    prepared,
                 )
                 for key, value in step_stats.items():
                     sums[key] = sums.get(key, 0.0) + value
             for _ in range(micro_steps - len(starts)):
                 self._idle_micro_step()
-            self._sync_gradients()
+            self._sync_gradients(self.params)
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.optimizer.max_grad_norm)
             grad_norms.append(parallel.scalar(norm))
             self.optimizer.step()
             self.scheduler.step()
+            for extra in self.extras:
+                params = [p for p in extra.module.parameters() if p.requires_grad]
+                self._sync_gradients(params)
+                norm = torch.nn.utils.clip_grad_norm_(params, extra.max_grad_norm)
+                extra_norms[extra.name].append(parallel.scalar(norm))
+                extra.optimizer.step()
         names = sorted(sums)
         totals = self._allreduce(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
         sums = dict(zip(names, totals, strict=True))
@@ -136,6 +176,9 @@ class PolicyTrainer:
         metrics["train/loss"] = metrics.pop("train/loss_sum")
         metrics["train/grad_norm"] = float(np.mean(grad_norms))
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
+        for name, norms in extra_norms.items():
+            metrics[f"train/{name}_grad_norm"] = float(np.mean(norms))
+        metrics.update({f"train/{key}": value for key, value in prepared.metrics.items()})
         trained_mask = batch["loss_mask"].astype(bool) & np.repeat(valid, np.diff(batch["offsets"]))
         abs_sum = torch.tensor([np.abs(advantages[trained_mask]).sum(), trained_mask.sum()], dtype=torch.float64)
         abs_sum, abs_count = self._allreduce(abs_sum).tolist()
@@ -157,40 +200,78 @@ class PolicyTrainer:
         ids = torch.zeros(1, 1, dtype=torch.long, device=self.device)
         with self._compute():
             logits = self.model(input_ids=ids, use_cache=False).logits
+            outputs = [extra.module(input_ids=ids) for extra in self.extras]  # the order of _micro_step's forwards
             if self.reference is not None:
                 with torch.no_grad():
                     self.reference(input_ids=ids, use_cache=False)
-        (logits.float().sum() * 0.0).backward()
+        zero = logits.float().sum() * 0.0
+        for output in outputs:
+            zero = zero + output.float().sum() * 0.0
+        zero.backward()
 
     def _compute(self):
         return parallel.compute_context(self.device, self.parallelism.mixed_precision, self.sharded)
 
-    @torch.no_grad()
     def _old_logprobs(self, batch) -> np.ndarray:
         """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
-        out = np.zeros_like(batch["logprobs"])
+        temperature = self.config.rollout.temperature
+
+        def logprobs(ids, attention):
+            with self._compute():
+                logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+            return token_logprobs(logits, ids[:, 1:], temperature)
+
+        return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False))
+
+    def _extra_outputs(self, batch, name: str) -> np.ndarray:
+        """`prepare`'s forward: extra model `name` over this rank's shard, before the step's updates (flat)."""
+        found = [extra for extra in self.extras if extra.name == name]
+        if not found:
+            known = ", ".join(extra.name for extra in self.extras) or "none"
+            raise KeyError(f"prepare asked for extra model {name!r}; extra_models returned: {known}")
+        module = found[0].module
+
+        def outputs(ids, attention):
+            with self._compute():
+                return module(input_ids=ids, attention_mask=attention)[:, :-1].float()
+
+        return self._per_token(batch, outputs, lambda ids: module(input_ids=ids))
+
+    @torch.no_grad()
+    def _per_token(self, batch, compute, idle) -> np.ndarray:
+        """compute(ids, attention) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at first tokens).
+
+        Sharded, every rank runs as many forwards as the busiest one: `idle(ids)` on one token.
+        """
+        out = np.zeros(len(batch["tokens"]), dtype=np.float32)
         n = num_episodes(batch)
         micro_size = self.config.trainer.micro_batch_size
         starts = range(0, n, micro_size)
-        temperature = self.config.rollout.temperature
         offsets = batch["offsets"]
+        agreed = self._agreed_micro_steps(len(starts))  # before any forward: under FSDP forwards are collectives
         for start in starts:
             episodes = np.arange(start, min(n, start + micro_size))
             ids, attention = _rows(batch, episodes, "tokens", torch.long)[:2]
             ids, attention = ids.to(self.device), attention.to(self.device)
-            with self._compute():
-                logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
-            logp = token_logprobs(logits, ids[:, 1:], temperature).cpu().numpy()
+            values = compute(ids, attention).cpu().numpy()
             for row, i in enumerate(episodes):
                 length = int(offsets[i + 1] - offsets[i])
-                out[offsets[i] + 1 : offsets[i + 1]] = logp[row, : length - 1]
-        for _ in range(self._agreed_micro_steps(len(starts)) - len(starts)):
+                out[offsets[i] + 1 : offsets[i + 1]] = values[row, : length - 1]
+        for _ in range(agreed - len(starts)):
             with self._compute():
-                self.model(input_ids=torch.zeros(1, 1, dtype=torch.long, device=self.device), use_cache=False)
+                idle(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         return out
 
     def _micro_step(
-        self, batch, episodes, advantages, old_logp, global_tokens: float, global_sequences: float, update: int
+        self,
+        batch,
+        episodes,
+        advantages,
+        old_logp,
+        global_tokens: float,
+        global_sequences: float,
+        update: int,
+        prepared: Prepared,
     ) -> dict[str, float]:
         ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
         mask = _gather_rows(batch["loss_mask"], batch["offsets"], episodes, lengths, torch.float32)
@@ -202,10 +283,18 @@ class PolicyTrainer:
         ids, attention = ids.to(self.device), attention.to(self.device)
         mask, adv = mask[:, 1:].to(self.device), adv[:, 1:].to(self.device)
         rollout_logp, old = rollout_logp[:, 1:].to(self.device), old[:, 1:].to(self.device)
+        rows = {
+            name: _gather_rows(flat, batch["offsets"], episodes, lengths, torch.float32)[:, 1:].to(self.device)
+            for name, flat in prepared.per_token.items()
+        }
         temperature = self.config.rollout.temperature
 
         with self._compute():
             logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+            outputs = {
+                extra.name: extra.module(input_ids=ids, attention_mask=attention)[:, :-1].float()
+                for extra in self.extras
+            }
         targets = ids[:, 1:]
         logp = token_logprobs(logits, targets, temperature)
         ref_logp = None
@@ -226,6 +315,8 @@ class PolicyTrainer:
             ref_logp=ref_logp,
             global_tokens=global_tokens,
             global_sequences=global_sequences,
+            model_outputs=outputs,
+            prepared=rows,
         )
         loss, stats = self.algorithm.loss(inputs)
         loss.backward()
