@@ -69,3 +69,5 @@ def describe() -> list[tuple[str, str]]:
 
 
 register("grpo", "agentrl.algorithms.grpo:GRPO")
+register("dapo", "agentrl.algorithms.dapo:DAPO")
+register("gigpo", "agentrl.algorithms.gigpo:GiGPO")

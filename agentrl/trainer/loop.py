@@ -16,6 +16,8 @@ from agentrl.trainer import checkpoint
 from agentrl.trajectory import FINISH_REASONS, METRIC_PREFIX, concat
 from agentrl.transport import Tag
 
+# Sums logged as they are (`episode/NAME`), not divided by the episode count.
+COUNT_NAMES = ("count", "failed", "groups", "zero_signal_groups")
 # Per-episode sums whose TensorBoard name is not `episode/NAME_mean`.
 EPISODE_NAMES = {
     "count": "count",
@@ -38,6 +40,7 @@ def episode_sums(batch: dict[str, np.ndarray], version: int) -> dict[str, float]
         "response_tokens": float(np.sum(response)),
         "failed": float(finish_counts[FINISH_REASONS.index("error")]),
         "weight_lag": float((version - batch["weight_version"]).sum()),
+        **group_counts(batch),
     }
     sums.update(
         {key.removeprefix(METRIC_PREFIX): float(v.sum()) for key, v in batch.items() if key.startswith(METRIC_PREFIX)}
@@ -46,12 +49,28 @@ def episode_sums(batch: dict[str, np.ndarray], version: int) -> dict[str, float]
     return sums
 
 
+def group_counts(batch: dict[str, np.ndarray]) -> dict[str, float]:
+    """Groups (tasks) in the shard, and those without signal: fewer than two episodes that did not fail, or
+    all of them with the same reward (group-relative advantages are then 0; dynamic sampling drops such
+    groups on the rollout side)."""
+    valid = batch["finish"] != FINISH_REASONS.index("error")
+    groups, index = np.unique(batch["group"], return_inverse=True)
+    rewards = batch["reward"].astype(np.float64)
+    count = np.bincount(index, weights=valid, minlength=len(groups))
+    low = np.full(len(groups), np.inf)
+    high = np.full(len(groups), -np.inf)
+    np.minimum.at(low, index[valid], rewards[valid])
+    np.maximum.at(high, index[valid], rewards[valid])
+    zero_signal = (count < 2) | (high == low)
+    return {"groups": float(len(groups)), "zero_signal_groups": float(zero_signal.sum())}
+
+
 def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
-    """`episode/` scalars: sums become means per episode, except counts (`count`, `failed`)."""
+    """`episode/` scalars: sums become means per episode, except the counts in COUNT_NAMES."""
     count = max(totals["count"], 1.0)
     metrics = {}
     for name, value in totals.items():
-        if name in ("count", "failed"):
+        if name in COUNT_NAMES:
             metrics[f"episode/{name}"] = value
         elif name.startswith("finish_"):
             metrics[f"episode/{name}"] = value / count
@@ -63,6 +82,8 @@ def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
 
 
 def receive_from_rollouts(layout) -> Callable[[int], tuple[dict, dict, list[str]]]:
+    from agentrl.rollout.worker import merge_stats
+
     def collect(step: int):
         messages, transfer = [], 0.0
         for rank in layout.rollout_ranks:
@@ -70,7 +91,7 @@ def receive_from_rollouts(layout) -> Callable[[int], tuple[dict, dict, list[str]
             started = time.perf_counter()
             messages.append(transport.recv(layout.world, rank, Tag.TRAJECTORIES)[0])
             transfer += time.perf_counter() - started
-        stats = {key: max(m["stats"][key] for m in messages) for key in messages[0]["stats"]}
+        stats = merge_stats([m["stats"] for m in messages])
         stats["time/transfer"] = transfer
         samples = [text for m in messages for text in m["samples"]]
         return concat([m["batch"] for m in messages]), stats, samples
