@@ -83,7 +83,9 @@ class RolloutWorker:
         the share, up to `algorithm.max_extra_rounds` more rounds run fresh tasks (about as many as the
         step's keep rate says will fill the gap, never more than the share). A share still short after
         the last round is trained as it is (`rollout/groups_short`); groups kept beyond the share are
-        left out (`rollout/surplus_groups`).
+        left out (`rollout/surplus_groups`). `rollout/success_rate` and `rollout/reward_mean` are over the
+        first round, before any group was dropped: the policy's own numbers, where `episode/` metrics
+        describe the trained batch.
         """
         rc = self.config.rollout
         timers = LoopTimers()
@@ -91,11 +93,13 @@ class RolloutWorker:
         started = time.perf_counter()
         kept: list[list[Episode]] = []
         generated: list[Episode] = []
+        first_round: list[Episode] = []
         dropped = rounds = 0
         count = self.tasks
         while True:
             tasks = [task_index(rc.tasks_per_step, rounds, self.first_task, j) for j in range(count)]
             groups = self._run_tasks(step, tasks, len(generated), timers)
+            first_round = first_round or [e for group in groups for e in group]
             for group in groups:
                 generated.extend(group)
                 rewards = np.array([e.reward for e in group if e.finish != "error"], dtype=np.float32)
@@ -121,6 +125,8 @@ class RolloutWorker:
             "rollout/extra_rounds": float(rounds),
             "rollout/groups_short": float(max(0, self.tasks - len(kept))),
             "rollout/surplus_groups": float(max(0, len(kept) - self.tasks)),
+            "rollout/success_rate": float(np.mean([e.success for e in first_round])),
+            "rollout/reward_mean": float(np.mean([e.reward for e in first_round])),
         }
         return [e for group in kept[: self.tasks] for e in group], stats
 
@@ -180,18 +186,25 @@ def _no_trainer_reduce(array: np.ndarray) -> np.ndarray:
     )
 
 
-# Rollout stats that are the slowest rank's number; all others are counts summed over rollout ranks.
+# How rollout stats of several rollout ranks become one: the slowest rank's times and rounds; means and
+# rates over equal shares (every rank's first round is its share of the step's tasks) averaged; counts summed.
 MAX_STATS_PREFIXES = ("time/", "rollout/extra_rounds")
+MEAN_STATS_SUFFIXES = ("_mean", "_rate")
 
 
 def merge_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
     """One stats dict from every rollout rank's: times and rounds take the max (the slowest rank sets the
-    step's pace), counts such as `rollout/dropped_groups` are summed."""
+    step's pace), means and rates the mean, counts such as `rollout/dropped_groups` the sum."""
     names = sorted(set().union(*per_rank))
     merged = {}
     for name in names:
         values = [stats[name] for stats in per_rank if name in stats]
-        merged[name] = max(values) if name.startswith(MAX_STATS_PREFIXES) else float(sum(values))
+        if name.startswith(MAX_STATS_PREFIXES):
+            merged[name] = max(values)
+        elif name.endswith(MEAN_STATS_SUFFIXES):
+            merged[name] = float(np.mean(values))
+        else:
+            merged[name] = float(sum(values))
     return merged
 
 

@@ -9,7 +9,7 @@ from agentrl.env.api import TextEnv
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.engine import Engine, GenerateOutput
-from agentrl.rollout.worker import RolloutWorker, merge_stats, shard_for_trainers
+from agentrl.rollout.worker import RolloutWorker, merge_stats, shard_for_trainers, task_seed
 
 SHARE = 4  # tasks per rollout rank: tasks_per_step 8 over 2 rollout ranks
 GROUP = 4
@@ -95,6 +95,8 @@ def test_kept_groups_have_signal_and_fill_the_share(dapo_runs):
         )
         assert 0 <= stats["rollout/extra_rounds"] <= 3
         assert (stats["rollout/extra_rounds"] > 0) == (stats["rollout/dropped_groups"] > 0)
+        odd = [task_seed(0, step, task) % 2 for task in range(index * SHARE, (index + 1) * SHARE)]
+        assert stats["rollout/success_rate"] == np.mean(odd) / 2  # first round: half of each odd group says "1"
     total_dropped = sum(stats["rollout/dropped_groups"] for _, stats in dapo_runs.values())
     assert total_dropped > 0  # about half the seeds are even: the test exercised the refill
 
@@ -127,8 +129,6 @@ def test_grpo_keeps_every_group_in_one_round(tiny_model_dir):
 
 
 def w_seed(w, step, task):
-    from agentrl.rollout.worker import task_seed
-
     return task_seed(w.config.seed, step, task)
 
 
@@ -140,6 +140,8 @@ def test_counts_are_summed_and_times_maxed_over_rollout_ranks():
         ]
     )
     assert merged == {"time/rollout": 5.0, "rollout/dropped_groups": 7.0, "rollout/extra_rounds": 2.0}
+    rates = merge_stats([{"rollout/success_rate": 0.25, "rollout/reward_mean": 1.0}, {"rollout/success_rate": 0.75}])
+    assert rates == {"rollout/success_rate": 0.5, "rollout/reward_mean": 1.0}
 
 
 def test_uneven_shards_rotate_the_larger_chunks_and_may_be_empty(tiny_model_dir):
