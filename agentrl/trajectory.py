@@ -57,9 +57,10 @@ def state_key(value) -> int:
 
 
 def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray]:
-    """Concatenate episodes into flat arrays with `offsets` marking their boundaries."""
+    """Concatenate episodes into flat arrays with `offsets` marking their boundaries (no episodes: empty arrays)."""
     lengths = np.array([len(e.tokens) for e in episodes], dtype=np.int64)
-    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    starts = offsets[:-1]
     names = sorted({name for e in episodes for name in e.metrics})
     metrics = {
         METRIC_PREFIX + name: np.array([e.metrics.get(name, 0.0) for e in episodes], dtype=np.float32) for name in names
@@ -77,10 +78,10 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "turn_end": turns[:, 2].copy(),
         "turn_reward": np.array([r for e in episodes for r in e.turn_rewards], dtype=np.float32),
         "turn_state": np.array([k for e in episodes for k in e.turn_states], dtype=np.int64),
-        "tokens": np.concatenate([np.asarray(e.tokens, dtype=np.int64) for e in episodes]),
-        "loss_mask": np.concatenate([np.asarray(e.loss_mask, dtype=np.uint8) for e in episodes]),
-        "logprobs": np.concatenate([np.asarray(e.logprobs, dtype=np.float32) for e in episodes]),
-        "offsets": np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64),
+        "tokens": _flat([e.tokens for e in episodes], np.int64),
+        "loss_mask": _flat([e.loss_mask for e in episodes], np.uint8),
+        "logprobs": _flat([e.logprobs for e in episodes], np.float32),
+        "offsets": offsets,
         "group": np.array([e.group + group_offset for e in episodes], dtype=np.int64),
         "reward": np.array([e.reward for e in episodes], dtype=np.float32),
         "success": np.array([e.success for e in episodes], dtype=np.bool_),
@@ -89,6 +90,10 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "weight_version": np.array([e.weight_version for e in episodes], dtype=np.int64),
         "finish": np.array([FINISH_REASONS.index(e.finish) for e in episodes], dtype=np.int8),
     }
+
+
+def _flat(per_episode: list, dtype) -> np.ndarray:
+    return np.concatenate([np.zeros(0, dtype), *(np.asarray(values, dtype=dtype) for values in per_episode)])
 
 
 def concat(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

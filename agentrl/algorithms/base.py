@@ -225,8 +225,16 @@ class Algorithm:
         return False
 
     def keep_group(self, rewards: np.ndarray) -> bool:
-        """Rollout side: whether a finished group of episodes enters the batch (dynamic sampling)."""
+        """Rollout side: whether a finished group of episodes enters the batch (dynamic sampling).
+
+        `rewards`: float32, the group's episodes that did not fail (an env error), in order.
+        """
         return True
+
+    @property
+    def max_extra_rounds(self) -> int:
+        """Rollout side: rounds of fresh tasks a rollout rank may add when `keep_group` dropped groups."""
+        return 0
 
     def extra_models(self, place: Place) -> list[ExtraModel]:
         """Once, when the trainer starts: models trained beside the policy (a critic). None by default.

@@ -6,12 +6,21 @@ environment state (an "anchor state", recognised by a hash of the observation) f
 each turn's discounted return is normalised within it. Reference implementation: verl-agent
 (langfengQ/verl-agent, `gigpo/core_gigpo.py`: `compute_gigpo_outcome_advantage`, `build_step_group`,
 `step_norm_reward`, `compute_step_discounted_returns`); ROLL ships it as `adv_estimator: gigpo`.
+
+`GiGPO` below is the algorithm: each turn's advantage (`gigpo_advantages`) on that turn's generated
+tokens, PPO's clipped token loss. The anchor state of a turn is the env's `info["state_key"]` (reset
+info for the first turn, the previous step's info after that), else the observation text the turn
+answered (agentrl/rollout/agent_loop.py), hashed into the batch's `turn_state`.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Literal
 
+import numpy as np
+from pydantic import Field
+
+from agentrl.algorithms.base import PolicyGradient, PolicyGradientOptions
 from agentrl.algorithms.grpo import group_advantages
 
 
@@ -104,3 +113,75 @@ def gigpo_advantages(
     step = _group_relative(returns, step_group.reshape(-1), turn_valid, std_norm)
     advantages = np.where(turn_valid, episode[turn_episode] + step_weight * step, 0.0)
     return advantages.astype(np.float32)
+
+
+def per_turn_tokens(turn_values: np.ndarray, turn_start: np.ndarray, turn_end: np.ndarray, tokens: int) -> np.ndarray:
+    """(tokens,) float32: each turn's value on its generated tokens [turn_start, turn_end), 0 elsewhere."""
+    turn_start = np.asarray(turn_start, dtype=np.int64)
+    lengths = np.asarray(turn_end, dtype=np.int64) - turn_start
+    out = np.zeros(tokens, dtype=np.float32)
+    turn = np.repeat(np.arange(len(lengths)), lengths)
+    within = np.arange(len(turn)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    out[turn_start[turn] + within] = np.asarray(turn_values, dtype=np.float32)[turn]
+    return out
+
+
+def turn_rewards_with_final(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """The env's per-turn rewards, with what the episode reward adds beyond their sum (an `env.reward_fn`
+    score) on the episode's last turn, so the turn returns add up to the reward the episode level uses."""
+    turn_episode = batch["turn_episode"]
+    rewards = batch["turn_reward"].astype(np.float64)
+    if len(rewards) == 0:
+        return rewards
+    summed = np.bincount(turn_episode, weights=rewards, minlength=len(batch["reward"]))
+    last = np.flatnonzero(np.append(turn_episode[1:] != turn_episode[:-1], True))
+    episodes = turn_episode[last]
+    extra = batch["reward"][episodes].astype(np.float64) - summed[episodes]
+    # Below float32's resolution the difference is rounding (rewards travel as float32), not a score.
+    extra[np.abs(extra) <= 1e-6 * np.maximum(1.0, np.abs(summed[episodes]))] = 0.0
+    rewards[last] += extra
+    return rewards
+
+
+class GiGPOOptions(PolicyGradientOptions):
+    name: Literal["gigpo"] = "gigpo"
+    gamma: float = Field(
+        0.95, ge=0, le=1, description="Discount of later turns' rewards in a turn's return (verl-agent's gamma)."
+    )
+    step_weight: float = Field(
+        1.0,
+        ge=0,
+        description="Weight of the step-level (anchor-state) advantage added to the episode-level one "
+        "(verl-agent's step_advantage_w).",
+    )
+    std_norm: bool = Field(
+        True,
+        description="Divide by the group's std at both levels (verl-agent mode mean_std_norm); false: only "
+        "subtract the mean (mean_norm).",
+    )
+
+
+class GiGPO(PolicyGradient):
+    """Per-turn advantages A = A_episode + step_weight x A_step (`gigpo_advantages`) on each turn's tokens."""
+
+    name = "gigpo"
+    summary = (
+        "episode-level plus anchor-state step-level group advantages per turn (Feng et al. 2025, GiGPO, "
+        "arXiv:2505.10978; verl-agent gigpo, ROLL adv_estimator=gigpo)"
+    )
+    Options = GiGPOOptions
+    options: GiGPOOptions
+
+    def advantages(self, batch, valid):
+        per_turn = gigpo_advantages(
+            batch["reward"],
+            batch["group"],
+            valid,
+            batch["turn_episode"],
+            batch["turn_state"],
+            turn_rewards_with_final(batch),
+            self.options.gamma,
+            self.options.step_weight,
+            self.options.std_norm,
+        )
+        return per_turn_tokens(per_turn, batch["turn_start"], batch["turn_end"], len(batch["tokens"]))

@@ -76,3 +76,5 @@ register("reinforce_pp_baseline", "agentrl.algorithms.policy_gradient:ReinforceP
 register("gspo", "agentrl.algorithms.policy_gradient:GSPO")
 register("cispo", "agentrl.algorithms.policy_gradient:CISPO")
 register("ppo", "agentrl.algorithms.ppo:PPO")
+register("dapo", "agentrl.algorithms.dapo:DAPO")
+register("gigpo", "agentrl.algorithms.gigpo:GiGPO")

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import time
 
 import numpy as np
 
 from agentrl import preempt, transport
+from agentrl.algorithms import make_algorithm
+from agentrl.algorithms.base import AlgorithmContext
 from agentrl.failures import FailureTally, error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
 from agentrl.rollout.chat import ChatFormat
@@ -34,6 +37,14 @@ def make_engine(config, device: str, seed: int):
 
 def task_seed(seed: int, step: int, task: int) -> int:
     return int(np.random.SeedSequence([seed, step, task]).generate_state(1)[0])
+
+
+def task_index(tasks_per_step: int, round_: int, first_task: int, position: int) -> int:
+    """A task's index within its step (its group id, and with the step its seed): round 0 holds the step's
+    `tasks_per_step` tasks, each extra round of dynamic sampling the next `tasks_per_step` indices, and a
+    rollout rank draws only from its own share (`first_task + position`, position < its share), so no two
+    tasks of a run share (step, index) whatever the ranks and rounds."""
+    return tasks_per_step * round_ + first_task + position
 
 
 def engine_seed(seed: int, rollout_index: int) -> int:
@@ -63,28 +74,86 @@ class RolloutWorker:
         self.tasks = rc.tasks_per_step // rollout_count
         self.first_task = rollout_index * self.tasks
         self.loop = self.engine.event_loop or asyncio.new_event_loop()  # SGLang serves requests on its own loop
+        self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=_no_trainer_reduce))
 
     def collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
-        """All episodes of this rank's tasks for `step`, grouped by task; plus timing stats."""
-        episodes = [
-            Episode(group=task, task_seed=task_seed(self.config.seed, step, task))
-            for task in range(self.first_task, self.first_task + self.tasks)
-            for _ in range(self.config.rollout.group_size)
-        ]
+        """This rank's share of `step`'s groups (grouped by task), plus timing and dynamic-sampling stats.
+
+        Each finished group goes through the algorithm's `keep_group`; while groups are missing from
+        the share, up to `algorithm.max_extra_rounds` more rounds run fresh tasks (about as many as the
+        step's keep rate says will fill the gap, never more than the share). A share still short after
+        the last round is trained as it is (`rollout/groups_short`); groups kept beyond the share are
+        left out (`rollout/surplus_groups`). `rollout/success_rate` and `rollout/reward_mean` are over the
+        first round, before any group was dropped: the policy's own numbers, where `episode/` metrics
+        describe the trained batch.
+        """
+        rc = self.config.rollout
         timers = LoopTimers()
         busy_before = self.engine.busy_seconds
         started = time.perf_counter()
+        kept: list[list[Episode]] = []
+        generated: list[Episode] = []
+        first_round: list[Episode] = []
+        dropped = rounds = 0
+        count = self.tasks
+        while True:
+            tasks = [task_index(rc.tasks_per_step, rounds, self.first_task, j) for j in range(count)]
+            groups = self._run_tasks(step, tasks, len(generated), timers)
+            first_round = first_round or [e for group in groups for e in group]
+            for group in groups:
+                generated.extend(group)
+                rewards = np.array([e.reward for e in group if e.finish != "error"], dtype=np.float32)
+                if self.algorithm.keep_group(rewards):
+                    kept.append(group)
+                else:
+                    dropped += 1
+            missing = self.tasks - len(kept)
+            if missing <= 0 or rounds >= self.algorithm.max_extra_rounds:
+                break
+            rounds += 1
+            done = len(generated) // rc.group_size
+            count = min(self.tasks, math.ceil(missing * done / len(kept)) if kept else self.tasks)
+        self.report_errors(step, generated)
+        wall = time.perf_counter() - started
+        generate = self.engine.busy_seconds - busy_before
+        stats = {
+            "time/rollout": wall,
+            "time/generate": generate,
+            "time/env": max(0.0, wall - generate),
+            "rollout/generated_groups": float(len(generated) // rc.group_size),
+            "rollout/dropped_groups": float(dropped),
+            "rollout/extra_rounds": float(rounds),
+            "rollout/groups_short": float(max(0, self.tasks - len(kept))),
+            "rollout/surplus_groups": float(max(0, len(kept) - self.tasks)),
+            "rollout/success_rate": float(np.mean([e.success for e in first_round])),
+            "rollout/reward_mean": float(np.mean([e.reward for e in first_round])),
+        }
+        return [e for group in kept[: self.tasks] for e in group], stats
+
+    def _run_tasks(self, step: int, tasks: list[int], first_key: int, timers: LoopTimers) -> list[list[Episode]]:
+        """`group_size` episodes of each task, run concurrently; env keys (step, first_key + i) stay unique."""
+        size = self.config.rollout.group_size
+        episodes = [
+            Episode(group=task, task_seed=task_seed(self.config.seed, step, task))
+            for task in tasks
+            for _ in range(size)
+        ]
         runs = [
             run_episode(
-                self.engine, self.env, self.chat, self.sampling, self.limits, e, (step, i), timers, self.reward_fn
+                self.engine,
+                self.env,
+                self.chat,
+                self.sampling,
+                self.limits,
+                e,
+                (step, first_key + i),
+                timers,
+                self.reward_fn,
             )
             for i, e in enumerate(episodes)
         ]
         self.loop.run_until_complete(_gather(runs))
-        self.report_errors(step, episodes)
-        wall = time.perf_counter() - started
-        generate = self.engine.busy_seconds - busy_before
-        return episodes, {"time/rollout": wall, "time/generate": generate, "time/env": max(0.0, wall - generate)}
+        return [episodes[i : i + size] for i in range(0, len(episodes), size)]
 
     def report_errors(self, step: int, episodes: list[Episode]) -> None:
         """Print each new kind of episode error once (in full), so failures are seen, not just counted."""
@@ -105,14 +174,52 @@ class RolloutWorker:
             )
 
 
+def _no_trainer_reduce(array: np.ndarray) -> np.ndarray:
+    raise RuntimeError(
+        "an algorithm called AlgorithmContext.reduce on a rollout rank; reduce sums over trainer ranks and "
+        "exists only in the trainer's hooks (advantages, loss), not in rollout-side hooks such as keep_group"
+    )
+
+
+# How rollout stats of several rollout ranks become one: the slowest rank's times and rounds; means and
+# rates over equal shares (every rank's first round is its share of the step's tasks) averaged; counts summed.
+MAX_STATS_PREFIXES = ("time/", "rollout/extra_rounds")
+MEAN_STATS_SUFFIXES = ("_mean", "_rate")
+
+
+def merge_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """One stats dict from every rollout rank's: times and rounds take the max (the slowest rank sets the
+    step's pace), means and rates the mean, counts such as `rollout/dropped_groups` the sum."""
+    names = sorted(set().union(*per_rank))
+    merged = {}
+    for name in names:
+        values = [stats[name] for stats in per_rank if name in stats]
+        if name.startswith(MAX_STATS_PREFIXES):
+            merged[name] = max(values)
+        elif name.endswith(MEAN_STATS_SUFFIXES):
+            merged[name] = float(np.mean(values))
+        else:
+            merged[name] = float(sum(values))
+    return merged
+
+
 async def _gather(coroutines):
     return await asyncio.gather(*coroutines)
 
 
-def shard_for_trainers(episodes: list[Episode], trainers: int) -> list[list[Episode]]:
-    """Split whole groups evenly over trainer ranks (groups are contiguous)."""
+def shard_for_trainers(episodes: list[Episode], trainers: int, rotate: int = 0) -> list[list[Episode]]:
+    """Split whole groups over trainer ranks in contiguous chunks of sizes that differ by at most one.
+
+    When the groups do not divide evenly (dynamic sampling left a share short), the larger chunks
+    go to trainers `rotate`, `rotate + 1`, ... (mod trainers): each rollout rank passes its own
+    index, so the remainders of several rollout ranks land on different trainers. A trainer may
+    get no group at all (an empty shard); the trainer still joins every collective.
+    """
     groups = sorted({e.group for e in episodes})
-    owner = {group: index for index, chunk in enumerate(np.array_split(groups, trainers)) for group in chunk.tolist()}
+    base, extra = divmod(len(groups), trainers)
+    sizes = [base + ((index - rotate) % trainers < extra) for index in range(trainers)]
+    bounds = np.cumsum([0, *sizes])
+    owner = {group: index for index in range(trainers) for group in groups[bounds[index] : bounds[index + 1]]}
     shards: list[list[Episode]] = [[] for _ in range(trainers)]
     for episode in episodes:
         shards[owner[episode.group]].append(episode)
@@ -129,7 +236,7 @@ def run(config, layout, start_step: int, env_client, weight_sync) -> None:
         failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
         preempt.forward(layout.world, layout.trainer_ranks[0])  # before the batch, so it is seen at this step's end
         for trainer_index, (trainer_rank, shard) in enumerate(
-            zip(layout.trainer_ranks, shard_for_trainers(episodes, len(layout.trainer_ranks)), strict=True)
+            zip(layout.trainer_ranks, shard_for_trainers(episodes, len(layout.trainer_ranks), index), strict=True)
         ):
             samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
             message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}

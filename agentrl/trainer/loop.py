@@ -17,6 +17,8 @@ from agentrl.trainer import checkpoint
 from agentrl.trajectory import FINISH_REASONS, METRIC_PREFIX, concat
 from agentrl.transport import Tag
 
+# Sums logged as they are (`episode/NAME`), not divided by the episode count.
+COUNT_NAMES = ("count", "failed", "groups", "zero_signal_groups")
 # Per-episode sums whose TensorBoard name is not `episode/NAME_mean`.
 EPISODE_NAMES = {
     "count": "count",
@@ -39,6 +41,7 @@ def episode_sums(batch: dict[str, np.ndarray], version: int) -> dict[str, float]
         "response_tokens": float(np.sum(response)),
         "failed": float(finish_counts[FINISH_REASONS.index("error")]),
         "weight_lag": float((version - batch["weight_version"]).sum()),
+        **group_counts(batch),
     }
     sums.update(
         {key.removeprefix(METRIC_PREFIX): float(v.sum()) for key, v in batch.items() if key.startswith(METRIC_PREFIX)}
@@ -47,12 +50,28 @@ def episode_sums(batch: dict[str, np.ndarray], version: int) -> dict[str, float]
     return sums
 
 
+def group_counts(batch: dict[str, np.ndarray]) -> dict[str, float]:
+    """Groups (tasks) in the shard, and those without signal: fewer than two episodes that did not fail, or
+    all of them with the same reward (group-relative advantages are then 0; dynamic sampling drops such
+    groups on the rollout side)."""
+    valid = batch["finish"] != FINISH_REASONS.index("error")
+    groups, index = np.unique(batch["group"], return_inverse=True)
+    rewards = batch["reward"].astype(np.float64)
+    count = np.bincount(index, weights=valid, minlength=len(groups))
+    low = np.full(len(groups), np.inf)
+    high = np.full(len(groups), -np.inf)
+    np.minimum.at(low, index[valid], rewards[valid])
+    np.maximum.at(high, index[valid], rewards[valid])
+    zero_signal = (count < 2) | (high == low)
+    return {"groups": float(len(groups)), "zero_signal_groups": float(zero_signal.sum())}
+
+
 def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
-    """`episode/` scalars: sums become means per episode, except counts (`count`, `failed`)."""
+    """`episode/` scalars: sums become means per episode, except the counts in COUNT_NAMES."""
     count = max(totals["count"], 1.0)
     metrics = {}
     for name, value in totals.items():
-        if name in ("count", "failed"):
+        if name in COUNT_NAMES:
             metrics[f"episode/{name}"] = value
         elif name.startswith("finish_"):
             metrics[f"episode/{name}"] = value / count
@@ -69,6 +88,7 @@ def receive_from_rollouts(
     """`collect` for trainer ranks: this rank's shard from every rollout rank. The leader also takes stop requests
     that rollout and env ranks forwarded, and stops the run when the step's episodes failed alike
     (runtime.abort_on_failed_fraction)."""
+    from agentrl.rollout.worker import merge_stats
 
     def collect(step: int):
         messages, transfer = [], 0.0
@@ -79,7 +99,7 @@ def receive_from_rollouts(
             transfer += time.perf_counter() - started
         if layout.is_trainer_leader:
             preempt.take_forwarded(layout.world)
-        stats = {key: max(m["stats"][key] for m in messages) for key in messages[0]["stats"]}
+        stats = merge_stats([m["stats"] for m in messages])
         stats["time/transfer"] = transfer
         if layout.is_trainer_leader:
             abort_if_failing(step, FailureTally.merged([m["failures"] for m in messages]), abort_on_failed_fraction)

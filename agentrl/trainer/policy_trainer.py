@@ -118,7 +118,15 @@ class PolicyTrainer:
             offset += grad.numel()
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means."""
+        """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means.
+
+        Shards may differ in size between ranks and steps (dynamic sampling), down to none: an empty
+        shard trains on one placeholder episode that carries no trained token, so this rank still runs
+        the same collectives and reports the same stat names. A mini-batch with no trained token on any
+        rank takes no optimizer or scheduler step (AdamW's momentum would move the weights on no data).
+        """
+        if num_episodes(batch) == 0:
+            batch = _placeholder_batch()
         n = num_episodes(batch)
         valid = valid_episodes(batch)
         prepared = self.algorithm.prepare(batch, valid, lambda name: self._extra_outputs(batch, name))
@@ -156,14 +164,15 @@ class PolicyTrainer:
             self._sync_gradients(self.params)
             norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.optimizer.max_grad_norm)
             grad_norms.append(parallel.scalar(norm))
-            self.optimizer.step()
-            self.scheduler.step()
-            for extra in self.extras:
-                params = [p for p in extra.module.parameters() if p.requires_grad]
-                self._sync_gradients(params)
-                norm = torch.nn.utils.clip_grad_norm_(params, extra.max_grad_norm)
-                extra_norms[extra.name].append(parallel.scalar(norm))
-                extra.optimizer.step()
+            if global_tokens > 0:
+                self.optimizer.step()
+                self.scheduler.step()
+                for extra in self.extras:
+                    params = [p for p in extra.module.parameters() if p.requires_grad]
+                    self._sync_gradients(params)
+                    norm = torch.nn.utils.clip_grad_norm_(params, extra.max_grad_norm)
+                    extra_norms[extra.name].append(parallel.scalar(norm))
+                    extra.optimizer.step()
         names = sorted(sums)
         totals = self._allreduce(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
         sums = dict(zip(names, totals, strict=True))
@@ -335,6 +344,15 @@ class PolicyTrainer:
             k3 = torch.exp(log_ratio) - log_ratio - 1.0
             stats["mismatch_kl_k3"] = float((k3 * mask).sum()) if first else 0.0
         return stats
+
+
+def _placeholder_batch() -> dict[str, np.ndarray]:
+    """One failed two-token episode with no trained token: what an empty shard trains on (adds nothing)."""
+    from agentrl.trajectory import Episode, pack
+
+    episode = Episode(group=-1, task_seed=0, finish="error")
+    episode.extend([0, 0], mask=0)
+    return pack([episode])
 
 
 def _rows(batch, episodes, key: str, dtype) -> tuple[torch.Tensor, torch.Tensor, list[int]]:

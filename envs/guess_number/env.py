@@ -4,6 +4,10 @@ with `show_range`, the range that is still possible ("higher, between 6 and 10")
 Feedback matters: guessing blind succeeds within `max_guesses` only by luck, while a
 policy that reads the replies (binary search: guess the middle of the range) always
 succeeds when 2**max_guesses > high - low.
+
+`info["state_key"]` is (lowest possible, highest possible, guesses left): the remaining range
+and what is left to find the number in it, the whole state a turn acts in (turn-level
+algorithms such as GiGPO group turns by it).
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ class GuessNumberEnv(TextEnv):
         self.possible = (self.low, self.high)
         self.over = False
         prompt = f"Guess the number between {self.low} and {self.high}. You have {self.max_guesses} guesses."
-        return prompt, {"secret": self.secret}
+        return prompt, {"secret": self.secret, "state_key": self.state_key()}
 
     def step(self, action):
         if self.secret is None:
@@ -55,7 +59,8 @@ class GuessNumberEnv(TextEnv):
         out_of_guesses = self.guesses >= self.max_guesses
         self.over = out_of_guesses or guess == self.secret
         if guess == self.secret:
-            return "correct", 1.0, True, False, {"success": True, "guesses": self.guesses}
+            info = {"success": True, "guesses": self.guesses, "state_key": self.state_key()}
+            return "correct", 1.0, True, False, info
         lo, hi = self.possible
         reward = self.valid_reward if guess is not None and lo <= guess <= hi else 0.0
         if guess is None:
@@ -67,4 +72,9 @@ class GuessNumberEnv(TextEnv):
         self.possible = (lo, hi)
         if self.show_range:
             reply += f", between {lo} and {hi}"
-        return reply, reward, out_of_guesses, False, {"success": False, "guesses": self.guesses}
+        info = {"success": False, "guesses": self.guesses, "state_key": self.state_key()}
+        return reply, reward, out_of_guesses, False, info
+
+    def state_key(self) -> tuple[int, int, int]:
+        """(lowest possible, highest possible, guesses left)."""
+        return (*self.possible, self.max_guesses - self.guesses)

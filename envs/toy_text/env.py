@@ -3,6 +3,11 @@
 The observation draws or describes the state and lists the legal actions; the model answers
 with an action name or its number. An answer that names no action costs a turn, changes
 nothing, and is answered with the legal actions (`max_invalid` of them end the episode).
+
+`info["state_key"]` (reset and step) is the Gymnasium state (an int, or a tuple for Blackjack):
+turn-level algorithms (GiGPO) group the turns of a task's episodes that acted in the same state,
+which the observation text cannot tell them (`brief` lists the actions only at first, and an
+invalid answer changes the text but not the state).
 """
 
 from __future__ import annotations
@@ -93,7 +98,7 @@ class ToyTextEnv(TextEnv):
             f"Actions: {self.actions_text}.",
         ]
         observation = "\n".join(lines)
-        return observation, {"state": plain(self.state)}
+        return observation, {"state": plain(self.state), "state_key": plain(self.state)}
 
     def step(self, action):
         if self.state is None:
@@ -118,7 +123,13 @@ class ToyTextEnv(TextEnv):
             lines.append("Out of steps.")
         elif not self.brief:
             lines.append(f"Actions: {self.actions_text}.")
-        info = {"success": success, "invalid_action": False, "state": plain(self.state), "game_reward": reward}
+        info = {
+            "success": success,
+            "invalid_action": False,
+            "state": plain(self.state),
+            "state_key": plain(self.state),
+            "game_reward": reward,
+        }
         observation = "\n".join(line for line in lines if line)
         return observation, reward + self.shaping(previous, self.state), bool(terminated), truncated, info
 
@@ -137,7 +148,12 @@ class ToyTextEnv(TextEnv):
         ]
         if self.over:
             lines.append("Too many invalid actions." if too_many else "Out of steps.")
-        info = {"success": False, "invalid_action": True, "invalid_actions": self.invalid_answers}
+        info = {
+            "success": False,
+            "invalid_action": True,
+            "invalid_actions": self.invalid_answers,
+            "state_key": plain(self.state),
+        }
         return "\n".join(lines), self.invalid_reward, False, self.over, info
 
     def close(self):
