@@ -60,17 +60,23 @@ def cmd_train(args) -> int:
     """User errors found before training starts raise on every rank (main prints them once); later ones abort."""
     from agentrl import preempt
     from agentrl.config import load_config
+    from agentrl.run_dir import claim
     from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
 
     config = load_config(args.config, args.overrides)
     preempt.install()  # before the slow imports: a stop signal from now on is a graceful stop
-    _check_world_size(config)
+    world = _check_world_size(config)
     command = ["agentrl", "train", args.config, *args.overrides]
 
     def run():
-        from agentrl.train import train
+        lock = claim(config, command, world)  # before the slow imports: a refusal comes in a second
+        try:
+            from agentrl.train import train
 
-        return train(config, command)
+            return train(config, command)
+        finally:  # inside the wrapper: given back before an abort ends this process
+            if lock is not None:
+                lock.release()
 
     try:
         done = abort_on_exception(run)()
@@ -85,13 +91,14 @@ def cmd_train(args) -> int:
     return 0 if done >= config.steps else preempt.EXIT_STOPPED
 
 
-def _check_world_size(config) -> None:
-    """The layout against the job's size, before anything is loaded; the same answer on every rank."""
+def _check_world_size(config):
+    """The layout against the job's size, before anything is loaded (the same answer on every rank); the world."""
     from mpi4py import MPI
 
     from agentrl.layout import assign_roles
 
     assign_roles(config.layout, MPI.COMM_WORLD.Get_size())
+    return MPI.COMM_WORLD
 
 
 def cmd_supervise(args) -> int:

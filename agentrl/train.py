@@ -13,22 +13,20 @@ from agentrl import preempt, transport
 from agentrl.config import Config, save_config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.env.preflight import EnvUnusable, check_env_config
+from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
-from agentrl.run_lock import RunLock
 from agentrl.run_summary import RunSummary
 from agentrl.supervise import restart_count
-
-RESTART_LOCK_WAIT_S = 30.0  # a restarted job waits this long for its previous start's rank 0 to be gone
 
 
 def train(config: Config, command: list[str] | None = None) -> int:
     """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal).
 
-    `command` is how the user started the run, for the lock and the resume hint.
+    The caller holds the run_dir lock (`agentrl.run_dir.claim`); `command` is how the user
+    started the run, for the resume hint.
     """
     from mpi4py import MPI
 
@@ -42,84 +40,46 @@ def train(config: Config, command: list[str] | None = None) -> int:
         layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
     except UserError as error:  # the same sizes on every rank, so the same error everywhere
         raise RefusedOnEveryRank(str(error)) from None
-    lock = RunLock(config.run_dir) if layout.rank == 0 else None
-    try:
-        start_step = agree_on_start(config, layout, lock, command)
-        set_threads(config, layout)
-        seed_everything(config.seed + layout.rank)
+    start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
+    set_threads(config, layout)
+    seed_everything(config.seed + layout.rank)
 
-        done, success_by_step = None, None
-        if layout.single_process:
-            done, success_by_step = run_single_process(config, layout, start_step)
-        elif layout.role is Role.TRAINER:
-            done, success_by_step = run_trainer(config, layout, start_step)
-        elif layout.role is Role.ROLLOUT:
-            run_rollout(config, layout, start_step)
-        else:
-            run_env(config, layout)
-        transport.barrier(layout.world)
-        if layout.is_trainer_leader and not layout.single_process:
-            preempt.take_forwarded(layout.world)  # a request that came after the last step boundary
-        preempt.finish_forwarding()
-        done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
-        if layout.rank == 0:
-            summary = RunSummary(config, layout.size, start_step, done, time.monotonic() - started, command)
-            print(summary.text(success_by_step or {}, preempt.reason()), flush=True)
-        return done
-    finally:
-        if lock is not None:
-            lock.release()
-
-
-def agree_on_start(config: Config, layout: Layout, lock: RunLock | None, command: list[str] | None) -> int:
-    """Rank 0 prepares the run folder; every rank gets the start step, or every rank raises its refusal."""
-    outcome = None
+    done, success_by_step = None, None
+    if layout.single_process:
+        done, success_by_step = run_single_process(config, layout, start_step)
+    elif layout.role is Role.TRAINER:
+        done, success_by_step = run_trainer(config, layout, start_step)
+    elif layout.role is Role.ROLLOUT:
+        run_rollout(config, layout, start_step)
+    else:
+        run_env(config, layout)
+    transport.barrier(layout.world)
+    if layout.is_trainer_leader and not layout.single_process:
+        preempt.take_forwarded(layout.world)  # a request that came after the last step boundary
+    preempt.finish_forwarding()
+    done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
     if layout.rank == 0:
-        try:
-            outcome = ("start", prepare_run_dir(config, layout, lock, command))
-        except UserError as error:
-            lock.release()
-            outcome = ("refused", str(error))
-    kind, value = transport.bcast_object(layout.world, outcome)
-    if kind == "refused":
-        raise RefusedOnEveryRank(value)
-    return value
+        summary = RunSummary(config, layout.size, start_step, done, time.monotonic() - started, command)
+        print(summary.text(success_by_step or {}, preempt.reason()), flush=True)
+    return done
 
 
 def check_env_before_start(world, config: Config) -> None:
-    """Rank 0 builds the env once, before any rank loads torch or a model; if it is broken, every rank stops.
+    """Rank 0 builds the env once, before any rank loads a model; if it is broken, every rank stops.
 
-    The others wait in the broadcast of the outcome, so a refusal reaches them all and each
-    raises RefusedOnEveryRank (exit code 2, the reason printed once by rank 0).
+    The others wait for the verdict, so a refusal reaches them all and each raises
+    RefusedOnEveryRank (exit code 2, the reason printed once by rank 0).
     """
-    reason = None
-    if world.Get_rank() == 0:
-        try:
-            check_env_config(config.env.id, config.env.kwargs)
-        except EnvUnusable as error:
-            reason = str(error)
-    reason = transport.bcast_object(world, reason)
-    if reason is not None:
-        raise RefusedOnEveryRank(reason)
+    transport.agree_on_root(world, lambda: check_env_config(config.env.id, config.env.kwargs))
 
 
-def prepare_run_dir(config: Config, layout: Layout, lock: RunLock, command: list[str] | None) -> int:
-    """Rank 0: take the run folder, decide the start step, save the config, make sure the model loads."""
+def prepare_run_dir(config: Config, layout: Layout) -> int:
+    """Rank 0, in the claimed run folder: decide the start step, save the config, make sure the model loads."""
     from agentrl.trainer.model import ensure_model
 
     run_dir = Path(config.run_dir)
-    try:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        note = lock.acquire(command, wait_s=RESTART_LOCK_WAIT_S if restart_count() else 0.0)
-    except OSError as error:
-        raise UserError(
-            f"run_dir={run_dir} cannot be created or written ({error.strerror}: {error.filename}); "
-            "choose a folder you can write, e.g. run_dir=runs/NAME"
-        ) from None
-    if note:
-        print(f"agentrl: {note}", flush=True)
-    for config_note in config.notes:
-        print(f"agentrl: config: {config_note}", flush=True)
+    for note in config.notes:
+        print(f"agentrl: config: {note}", flush=True)
     start_step = resume_step(config)
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))

@@ -188,6 +188,24 @@ def allreduce_named(comm, values: dict[str, float]) -> dict[str, float]:
     return dict(zip(names, summed.tolist(), strict=True))
 
 
+def agree_on_root(comm, work: Callable[[], object], root: int = 0):
+    """`work()` on the root only; its result on every rank, or its UserError raised on every rank.
+
+    For checks only one rank can make (files, locks): the other ranks wait for the verdict
+    instead of being aborted, so a user error is one message and every rank exits alike.
+    """
+    outcome = None
+    if comm.Get_rank() == root:
+        try:
+            outcome = ("done", work())
+        except UserError as error:
+            outcome = ("refused", str(error))
+    kind, value = bcast_object(comm, outcome, root=root)
+    if kind == "refused":
+        raise RefusedOnEveryRank(value)
+    return value
+
+
 def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | None]:
     """Wrap an entry point: an uncaught exception on any rank ends every rank of the job.
 

@@ -187,7 +187,7 @@ def save(
         part.save(tmp)
     write_manifest(tmp, step, checksums)
     if final.exists():
-        shutil.rmtree(final)  # a damaged checkpoint of this step that resume skipped
+        _delete(final)  # a damaged checkpoint of this step that resume skipped
     os.replace(tmp, final)
     prune(run_dir, step, keep)
     return final
@@ -231,6 +231,13 @@ def prune(run_dir, saved_step: int, keep: int) -> None:
             shutil.rmtree(leftover, ignore_errors=True)
     older = [(step, path) for step, path in step_folders(run_dir) if step <= saved_step]
     for _, path in older[keep:]:
-        doomed = path.with_name(path.name + ".deleting")
-        os.replace(path, doomed)
+        _delete(path)
+
+
+def _delete(folder: Path) -> None:
+    """Rename, then delete: a kill midway leaves `step_N.deleting` (cleaned up later), never a partial `step_N`."""
+    doomed = folder.with_name(folder.name + ".deleting")
+    if doomed.exists():
         shutil.rmtree(doomed)
+    os.replace(folder, doomed)
+    shutil.rmtree(doomed)
