@@ -60,6 +60,7 @@ def cmd_train(args) -> int:
     """User errors found before training starts raise on every rank (main prints them once); later ones abort."""
     from agentrl import preempt
     from agentrl.config import load_config
+    from agentrl.env.preflight import refuse_unusable_env
     from agentrl.run_dir import claim
     from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
 
@@ -69,6 +70,7 @@ def cmd_train(args) -> int:
     command = ["agentrl", "train", args.config, *args.overrides]
 
     def run():
+        refuse_unusable_env(world, config.env)  # before anything is written: a broken env leaves no run folder
         lock = claim(config, command, world)  # before the slow imports: a refusal comes in a second
         try:
             from agentrl.train import train

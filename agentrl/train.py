@@ -28,9 +28,6 @@ def train(config: Config, command: list[str] | None = None) -> int:
     The caller holds the run_dir lock (`agentrl.run_dir.claim`); `command` is how the user
     started the run, for the resume hint.
     """
-    from mpi4py import MPI
-
-    check_env_before_start(MPI.COMM_WORLD, config)  # before the slow imports: a broken env stops the job in seconds
     from transformers.utils import logging as hf_logging
 
     started = time.monotonic()
@@ -62,15 +59,6 @@ def train(config: Config, command: list[str] | None = None) -> int:
         summary = RunSummary(config, layout.size, start_step, done, time.monotonic() - started, command)
         print(summary.text(success_by_step or {}, preempt.reason()), flush=True)
     return done
-
-
-def check_env_before_start(world, config: Config) -> None:
-    """Rank 0 builds the env once, before any rank loads a model; if it is broken, every rank stops.
-
-    The others wait for the verdict, so a refusal reaches them all and each raises
-    RefusedOnEveryRank (exit code 2, the reason printed once by rank 0).
-    """
-    transport.agree_on_root(world, lambda: check_env_config(config.env.id, config.env.kwargs))
 
 
 def prepare_run_dir(config: Config, layout: Layout) -> int:

@@ -20,6 +20,14 @@ class EnvUnusable(ConfigError):
     """The configured env cannot run a single episode; the message names env.id or env.kwargs and the fix."""
 
 
+def refuse_unusable_env(world, env_config) -> None:
+    """Rank 0 builds the env once, before any rank loads a model or writes the run folder; if it is broken,
+    every rank raises RefusedOnEveryRank (exit code 2, the reason printed once by rank 0)."""
+    from agentrl import transport
+
+    transport.agree_on_root(world, lambda: check_env_config(env_config.id, env_config.kwargs))
+
+
 def check_env_config(env_id: str, kwargs: dict) -> None:
     """Raise EnvUnusable unless `env_id` builds with `kwargs`, has text spaces and `reset(seed=0)` gives (str, dict)."""
     try:
