@@ -134,3 +134,22 @@ def test_toy_text_state_key_is_the_gymnasium_state():
     assert info["state_key"] == 1
     *_, info = host.handle("step", 0, "fly").value  # invalid: same state, different text
     assert info["state_key"] == 1 and info["invalid_action"]
+
+
+def test_without_the_step_level_it_trains_as_grpo():
+    from agentrl.algorithms.grpo import GRPO
+
+    episodes = [
+        episode(0, [(1, 0.1, 3), (2, 0.0, 5), (1, 1.0, 6)]),
+        episode(0, [(2, 0.1, 3), (1, 0.0, 4)]),
+        episode(1, [(3, 0.0, 3), (1, 0.5, 4)]),
+        episode(1, [(1, 0.0, 3), (2, 0.1, 4)]),
+    ]
+    batch = pack(episodes)
+    valid = np.ones(4, dtype=bool)
+    config = from_dict({"model": {"path": "unused"}})
+    grpo = GRPO(config.algorithm, AlgorithmContext(config=config, reduce=lambda a: a))
+    trained = batch["loss_mask"] == 1  # the loss sees advantages only where the mask is 1
+    np.testing.assert_array_equal(
+        gigpo(step_weight=0.0).advantages(batch, valid)[trained], grpo.advantages(batch, valid)[trained]
+    )
