@@ -27,7 +27,7 @@ def ppo_clip_loss(
 
     Schulman et al. 2017 (PPO); asymmetric ranges as DAPO's clip-higher (Yu et al. 2025); verl
     `compute_policy_loss_vanilla` (`verl/trainer/ppo/core_algos.py`). Without `dual_clip` the terms are
-    the same operations as `grpo.clipped_policy_loss`, so `(loss_tok * mask).sum()` equals its loss sum
+    `grpo.clipped_ratio_terms`, as in `grpo.clipped_policy_loss`, so `(loss_tok * mask).sum()` equals its loss sum
     bit for bit. clipped_tok marks tokens whose clipped term is the smaller (their gradient is zero).
 
     dual_clip = c > 1 (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"; verl's
@@ -35,11 +35,9 @@ def ppo_clip_loss(
     ratio ran far above 1 with a negative advantage cannot push an unbounded update; such tokens also count
     as clipped. Tokens with A >= 0 are untouched. No clamp on the log-ratio (as `clipped_policy_loss`).
     """
-    ratio = torch.exp(logp - old_logp)
-    unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
-    loss = -torch.minimum(unclipped, clipped)
-    was_clipped = (clipped < unclipped).float()
+    from agentrl.algorithms.grpo import clipped_ratio_terms
+
+    loss, was_clipped = clipped_ratio_terms(logp, old_logp, advantages, clip_low, clip_high)
     if dual_clip is None:
         return loss, was_clipped
     if not dual_clip > 1.0:
