@@ -167,11 +167,12 @@ class PolicyTrainer:
             if global_tokens > 0:
                 self.optimizer.step()
                 self.scheduler.step()
-                for extra in self.extras:
-                    params = [p for p in extra.module.parameters() if p.requires_grad]
-                    self._sync_gradients(params)
-                    norm = torch.nn.utils.clip_grad_norm_(params, extra.max_grad_norm)
-                    extra_norms[extra.name].append(parallel.scalar(norm))
+            for extra in self.extras:  # as the policy: synced and clipped every time, stepped only on data
+                params = [p for p in extra.module.parameters() if p.requires_grad]
+                self._sync_gradients(params)
+                norm = torch.nn.utils.clip_grad_norm_(params, extra.max_grad_norm)
+                extra_norms[extra.name].append(parallel.scalar(norm))
+                if global_tokens > 0:
                     extra.optimizer.step()
         names = sorted(sums)
         totals = self._allreduce(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()

@@ -32,7 +32,7 @@ def test_decoder_layers_of_a_causal_lm(tiny_model_dir):
 
 
 def test_decoder_layers_missing_names_the_fix():
-    with pytest.raises(ValueError, match=r"trainer\.fsdp=false"):
+    with pytest.raises(ValueError, match=r"parallelism\.fsdp=false"):
         parallel.decoder_layers(torch.nn.Linear(2, 2))
 
 

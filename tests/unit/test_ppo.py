@@ -228,3 +228,13 @@ def test_the_critic_follows_bf16_and_activation_checkpointing(tiny_model_dir):
     assert np.isfinite(metrics["train/value_loss"]) and metrics["train/critic_grad_norm"] > 0
     after = critic_weights(trainer)
     assert max(float((after[n] - before[n]).abs().max()) for n in before) > 1e-4
+
+
+def test_an_empty_shard_moves_neither_policy_nor_critic(tiny_model_dir):
+    trainer = ppo_trainer(tiny_model_dir)
+    policy, critic = [p.detach().clone() for p in trainer.params], critic_weights(trainer)
+    metrics = trainer.train_step(pack([]))  # dynamic sampling dropped every group of this rank
+    assert all(np.isfinite(v) for v in metrics.values()), metrics
+    assert metrics["train/critic_grad_norm"] == 0.0 and metrics["train/value_loss"] == 0.0
+    assert all(torch.equal(a, b) for a, b in zip(policy, trainer.params, strict=True))
+    assert all(torch.equal(critic[n], t) for n, t in critic_weights(trainer).items())
