@@ -226,7 +226,11 @@ def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | Non
                     "resume=true continues from the last checkpoint\n"
                 )
             _abort_world(EXIT_INTERRUPTED, grace_s=0.0)
-            raise
+            # Now, not at interpreter exit: the interrupted asyncio tasks and generators would
+            # print their half-finished state ("Task exception was never retrieved") on the way out.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(EXIT_INTERRUPTED)
         except UserError as error:
             sys.stdout.flush()
             sys.stderr.write(f"agentrl (rank {world_rank()}): {error}\n")
