@@ -70,7 +70,7 @@ def cmd_train(args) -> int:
     command = ["agentrl", "train", args.config, *args.overrides]
 
     def run():
-        refuse_unusable_env(world, config.env)  # before anything is written: a broken env leaves no run folder
+        refuse_unusable_env(world, config)  # before anything is written: a broken env leaves no run folder
         lock = claim(config, command, world)  # before the slow imports: a refusal comes in a second
         try:
             from agentrl.train import train
