@@ -16,6 +16,9 @@ FILE_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
 def load_rows(spec: str, field: str = "data.train"):
     """The `datasets.Dataset` that `spec` names; a UserError naming `field` and the path when it names none."""
+    import datasets
+
+    datasets.disable_progress_bars()  # one bar per rank per load would flood the job's output
     path = Path(spec)
     if path.is_dir():
         return _load_saved(path, field)
