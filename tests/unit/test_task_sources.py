@@ -62,3 +62,22 @@ def test_resume_positions_keep_the_position_or_start_the_next_epoch_when_the_ran
     assert resume_positions(None, ROWS, 2) == ([0, 0], None)
     positions, note = resume_positions(saved, ROWS, 3)  # epoch 2 of 2 ranks (12, 11 rows) was under way
     assert positions == [3 * 8, 3 * 8, 3 * 7] and "epoch 3" in note
+
+
+def test_extra_rounds_of_dynamic_sampling_consume_more_rows_and_the_position_counts_them(tiny_model_dir):
+    from tests.unit.test_dynamic_sampling import worker
+
+    dataset = rows(64)
+    made = worker(tiny_model_dir, {"name": "dapo", "max_extra_rounds": 3}, index=1)
+    made.task_source = DatasetTasks(dataset, "rows", 0, 1, 2)
+    reference = DatasetTasks(dataset, "rows", 0, 1, 2)
+    consumed = 0
+    for step in range(2):
+        episodes, stats = made.collect(step)
+        generated = int(stats["rollout/generated_groups"])
+        assert stats["rollout/extra_rounds"] >= 1 and generated > len({e.group for e in episodes})
+        consumed += generated
+        assert made.task_source.position() == {"consumed": consumed, "rows": 64}
+        served = list(dict.fromkeys((e.group, e.task_id) for e in made.generated))
+        assert [task_id for _, task_id in served] == [t.id for t in reference.take(step, range(generated))]
+        assert stats["data/epoch"] == consumed / 32
