@@ -81,7 +81,7 @@ class QAEnv(ToolEnv):
         if options is None:
             raise ValueError(
                 "the qa env serves dataset rows: set data.train to a .jsonl/.parquet file with 'prompt' and "
-                "'answer' columns (each row reaches reset as options)"
+                "'answer' columns (each row reaches reset as options; `agentrl check-env qa --data FILE`)"
             )
         if problem := self.check_row(options):
             raise ValueError(f"the qa env cannot serve this row: {problem}")

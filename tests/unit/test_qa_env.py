@@ -95,3 +95,14 @@ def test_rows_the_env_cannot_serve_are_named(row, problem):
 def test_without_a_row_it_asks_for_data_train():
     with pytest.raises(ValueError, match=r"set data\.train"):
         QAEnv().reset(seed=0)
+
+
+def test_check_env_passes_with_rows_and_names_the_missing_data_without(capsys):
+    from agentrl.cli import main
+    from agentrl.env.check import check_env
+
+    rows = [{"prompt": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+    assert check_env("qa", {"tools": ["calculator"]}, rows=rows) == []
+    assert main(["check-env", "qa", "--data", "launch/data/arith_val.jsonl"]) == 0
+    assert main(["check-env", "qa"]) == 1
+    assert "check-env qa --data FILE" in capsys.readouterr().out
