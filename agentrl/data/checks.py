@@ -37,13 +37,16 @@ def check_rows(rows, source: str, env, env_id: str, tasks_per_step: int, field: 
 
 
 def check_training_rows(config) -> dict:
-    """Load `data.train`, check it against the configured env, and return its first row (rank 0, before a run)."""
+    """Load `data.train` (and `data.val`, if set), check them against the configured env, and return the first
+    training row (rank 0, before a run)."""
     from agentrl.env.registry import make
 
     rows = load_rows(config.data.train, "data.train")
     env = make(config.env.id, **config.env.kwargs)
     try:
         check_rows(rows, config.data.train, env, config.env.id, config.rollout.tasks_per_step)
+        if config.data.val:
+            check_rows(load_rows(config.data.val, "data.val"), config.data.val, env, config.env.id, 1, "data.val")
     finally:
         env.close()
     return rows[0]

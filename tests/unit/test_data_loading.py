@@ -60,3 +60,23 @@ def test_a_missing_column_a_rejected_row_and_too_few_rows_name_the_file_and_the_
         check_rows(load_rows(spec), spec, env, "qa", 2)
     with pytest.raises(UserError, match=r"has 6 row\(s\), fewer than one step's tasks \(rollout.tasks_per_step=8\)"):
         check_rows(load_rows(str(tmp_path / "a.jsonl").replace("a.jsonl", "b.jsonl")), "b", env, "qa", 8)
+
+
+def test_the_run_check_covers_data_val_too(tmp_path):
+    from agentrl.config import from_dict
+    from agentrl.data.checks import check_training_rows
+
+    train = write_jsonl(tmp_path / "train.jsonl", ROWS)
+    val = write_jsonl(tmp_path / "val.jsonl", [{"id": "v0", "prompt": "q"}, {"id": "v1", "prompt": "q"}])
+    config = from_dict(
+        {
+            "model": {"path": "unused"},
+            "env": {"id": "qa"},
+            "rollout": {"tasks_per_step": 2},
+            "data": {"train": str(train), "val": str(val)},
+        }
+    )
+    with pytest.raises(UserError, match=r"data.val='.*val.jsonl' has no column\(s\) 'answer'"):
+        check_training_rows(config)
+    config.data.val = None
+    assert check_training_rows(config) == ROWS[0]
