@@ -206,8 +206,9 @@ def _no_trainer_reduce(array: np.ndarray) -> np.ndarray:
     )
 
 
-# How rollout stats of several rollout ranks become one: the slowest rank's times and rounds; means and
-# rates over equal shares (every rank's first round is its share of the step's tasks) averaged; counts summed.
+# How rollout stats of several rollout ranks become one: the slowest rank's times and rounds, the furthest
+# rank's data epoch; means and rates over equal shares (every rank's first round is its share of the step's
+# tasks) averaged; counts summed.
 MAX_STATS_PREFIXES = ("time/", "rollout/extra_rounds", "data/")
 MEAN_STATS_SUFFIXES = ("_mean", "_rate")
 
