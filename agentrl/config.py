@@ -149,6 +149,66 @@ class DataConfig(Section):
     shuffle: bool = Field(True, description="Shuffle the rows every epoch (from `seed` and the epoch number).")
 
 
+class EvalConfig(Section):
+    """Held-out evaluation on the rollout ranks between training steps, with its own sampling and seeds.
+
+    It never touches the training run's random streams: training is bit-identical with or without it.
+    `agentrl eval CONFIG --checkpoint PATH` runs the same evaluation on any checkpoint or model folder.
+    """
+
+    every: int = Field(0, ge=0, description="Evaluate every N training steps (on the weights of step N); 0: never.")
+    before_train: bool = Field(False, description="Also evaluate the starting weights, at step 0.")
+    split: Literal["val", "seeds"] | None = Field(
+        None,
+        description="`val`: the rows of `data.val`; `seeds`: env seeds `seeds[0]` .. `seeds[0] + seeds[1] - 1` "
+        "(seeded envs); None: `val` when `data.val` is set, else `seeds`.",
+    )
+    seeds: tuple[int, int] = Field(
+        (1_000_000, 64), description="`split: seeds`: [first seed, count] of the env seeds evaluated."
+    )
+    max_tasks: int | None = Field(
+        None, ge=1, description="Evaluate only the first N tasks of the split (file order); None: all of them."
+    )
+    n: int = Field(1, description="Episodes per task; pass@k is reported for k = 1, 2, 4, ... up to n.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of evaluation; 0: greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling threshold of evaluation.")
+    top_k: int = Field(-1, ge=-1, description="Top-k filter of evaluation; -1 disables it.")
+    seed: int = Field(
+        0,
+        description="Seed of evaluation's sampling (each episode's turns draw from seeds made from it, the task "
+        "and the sample), independent of the training seed and of the number of rollout ranks.",
+    )
+    dump_episodes: bool = Field(
+        False, description="Write each evaluation's episodes to run_dir/eval/episodes/step_NNNNNN.jsonl."
+    )
+
+    @field_validator("n")
+    @classmethod
+    def _at_least_one(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError("samples per task must be at least 1; set eval.n=1 (or more for pass@k)")
+        return value
+
+    @field_validator("seeds")
+    @classmethod
+    def _seed_range(cls, value: tuple[int, int]) -> tuple[int, int]:
+        if value[1] < 1:
+            raise ValueError("is [first seed, count]; the count must be at least 1, e.g. eval.seeds=[1000000,64]")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0 or self.before_train
+
+    def split_of(self, data_val: str | None) -> str:
+        """The split evaluated: `split`, or its default (val when data.val is set)."""
+        return self.split or ("val" if data_val else "seeds")
+
+    def due(self, step: int) -> bool:
+        """Whether an evaluation runs at `step` (before that step's rollout; `steps` itself: after the last)."""
+        return (step == 0 and self.before_train) or (step > 0 and self.every > 0 and step % self.every == 0)
+
+
 class OptimizerConfig(Section):
     """The policy's optimizer."""
 
@@ -299,6 +359,7 @@ class Config(Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
     algorithm: SerializeAsAny[AlgorithmSection] = Field(
         default_factory=_default_algorithm,
         description="The RL algorithm, chosen by `name`, with that algorithm's own options (`agentrl algorithms`).",
@@ -333,6 +394,16 @@ class Config(Section):
             raise ValueError(
                 f"rollout.max_new_tokens={self.rollout.max_new_tokens} must be below "
                 f"rollout.max_episode_tokens={self.rollout.max_episode_tokens}; raise the budget or lower the turn size"
+            )
+        if self.eval.n > 1 and self.eval.temperature == 0:
+            raise ValueError(
+                f"eval.n={self.eval.n} with eval.temperature=0 (greedy) would run the same episode {self.eval.n} "
+                "times; set eval.temperature above 0 (e.g. 1.0) for pass@k, or eval.n=1"
+            )
+        if self.eval.split == "val" and not self.data.val:
+            raise ValueError(
+                "eval.split=val evaluates the rows of data.val, but data.val is not set; name a file of held-out "
+                "rows (data.val=FILE.jsonl), or evaluate env seeds with eval.split=seeds"
             )
         if self.parallelism.fsdp and self.layout.trainer < 2:
             raise ValueError(

@@ -39,6 +39,16 @@ class RunLogger:
         )
         self.bar.update(1)
 
+    def log_scalars(self, step: int, metrics: dict[str, float]) -> None:
+        """Scalars at `step` that are not a training step's (evaluation): the progress bar stays put."""
+        for key, value in metrics.items():
+            self.writer.add_scalar(key, value, step)
+
+    def note(self, text: str) -> None:
+        """A line on the console that does not break the progress bar."""
+        self.bar.write(text, file=sys.stdout)
+        sys.stdout.flush()
+
     def samples(self, step: int, texts: list[str]) -> None:
         body = "\n\n---\n\n".join(f"```\n{text}\n```" for text in texts)
         self.writer.add_text("samples", body, step)

@@ -16,6 +16,7 @@ from agentrl.env.host import EnvHost
 from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
 from agentrl.errors import RefusedOnEveryRank, UserError
+from agentrl.evaluation.report import drop_from as drop_eval_from
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
 from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
@@ -76,6 +77,8 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     start_step = resume_step(config)
     if dropped := drop_dumps_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)
+    if dropped := drop_eval_from(run_dir, start_step):
+        print(f"agentrl: removed {dropped} eval report(s) and dump(s) of steps from {start_step} on", flush=True)
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
@@ -180,7 +183,7 @@ def env_host(config: Config, check: bool = True) -> EnvHost:
     """The host of this rank's envs; `check`: build one first, so a failure on this rank stops the job (rank 0's
     check passed, but this rank may lack a package or a file)."""
     if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
-        check_env_config(config.env.id, config.env.kwargs, reset=not config.data.train)
+        check_env_config(config.env.id, config.env.kwargs, reset=not (config.data.train or config.data.val))
     return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
 
 
@@ -243,7 +246,16 @@ def run_single_process(config: Config, layout: Layout, start_step: int, data_sta
         return pack(episodes), stats, sample_texts(config, step, episodes)
 
     logger = _logger(config, start_step)
-    done = train_loop(config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger, [recorder])
+    evaluate = None
+    if config.eval.enabled:
+        from agentrl.evaluation.report import RunEvaluation
+        from agentrl.evaluation.runner import Evaluator
+
+        evaluator = Evaluator(config, worker)
+        evaluate = RunEvaluation(config, lambda step: [evaluator.run(step, config.eval.dump_episodes)], logger)
+    done = train_loop(
+        config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger, [recorder], evaluate
+    )
     logger.close()
     return done, logger.success_by_step
 
@@ -266,7 +278,14 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
     recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if layout.is_trainer_leader else None
     collect = receive_from_rollouts(layout, config.runtime.abort_on_failed_fraction, recorder)
     extra = [recorder] if recorder is not None else []
-    done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger, extra)
+    evaluate = None
+    if config.eval.enabled and layout.is_trainer_leader:
+        from agentrl.evaluation.report import RunEvaluation, receive_results
+
+        evaluate = RunEvaluation(config, receive_results(layout), logger)
+    done = train_loop(
+        config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger, extra, evaluate
+    )
     if logger is None:
         return done, None
     logger.close()

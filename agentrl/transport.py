@@ -33,6 +33,7 @@ class Tag(IntEnum):
     ENV_REQUEST = 11
     ENV_REPLY = 12
     TRAJECTORIES = 21
+    EVAL = 22  # a rollout rank's evaluation results, to the trainer leader
     STOP_REQUEST = 31  # a rank that got a stop signal tells the trainer leader
 
 

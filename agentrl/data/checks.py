@@ -36,6 +36,19 @@ def check_rows(rows, source: str, env, env_id: str, tasks_per_step: int, field: 
             raise UserError(f"{where} row {index}{named}: env {env_id!r} rejects it: {problem}; fix or remove that row")
 
 
+def check_val_rows(config) -> dict:
+    """Load and check `data.val` alone (a run that evaluates it without data.train); its first row."""
+    from agentrl.env.registry import make
+
+    rows = load_rows(config.data.val, "data.val")
+    env = make(config.env.id, **config.env.kwargs)
+    try:
+        check_rows(rows, config.data.val, env, config.env.id, 1, "data.val")
+    finally:
+        env.close()
+    return rows[0]
+
+
 def check_training_rows(config) -> dict:
     """Load `data.train` (and `data.val`, if set), check them against the configured env, and return the first
     training row (rank 0, before a run)."""

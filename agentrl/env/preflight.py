@@ -20,19 +20,27 @@ class EnvUnusable(ConfigError):
     """The configured env cannot run a single episode; the message names env.id or env.kwargs and the fix."""
 
 
-def refuse_unusable_env(world, config) -> None:
+def refuse_unusable_env(world, config, evaluating: bool = False) -> None:
     """Rank 0 builds the env once, before any rank loads a model or writes the run folder; if it is broken,
     every rank raises RefusedOnEveryRank (exit code 2, the reason printed once by rank 0). With `data.train`,
     the rows are checked too, and the env is reset with the first one."""
     from agentrl import transport
 
-    transport.agree_on_root(world, lambda: check_run_inputs(config))
+    transport.agree_on_root(world, lambda: check_run_inputs(config, evaluating))
 
 
-def check_run_inputs(config) -> None:
+def check_run_inputs(config, evaluating: bool = False) -> None:
+    """`evaluating`: the run only evaluates (`agentrl eval`), so data.train is not read."""
     env = config.env
-    if not config.data.train:
-        check_env_config(env.id, env.kwargs)
+    evaluates_val = (config.eval.enabled or evaluating) and config.eval.split_of(config.data.val) == "val"
+    if not config.data.train or evaluating:
+        if not evaluates_val:
+            check_env_config(env.id, env.kwargs)
+            return
+        from agentrl.data.checks import check_val_rows
+
+        check_env_config(env.id, env.kwargs, reset=False)
+        check_env_config(env.id, env.kwargs, options=check_val_rows(config))
         return
     from agentrl.data.checks import check_training_rows
 

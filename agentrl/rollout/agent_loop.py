@@ -69,7 +69,7 @@ async def run_episode(
             episode.finish = "max_tokens"
             break
         started = time.perf_counter()
-        turn_sampling = _with_max_tokens(sampling, min(limits.max_new_tokens, budget))
+        turn_sampling = _for_turn(sampling, min(limits.max_new_tokens, budget), episode.turns)
         output = await engine.generate(episode.tokens, turn_sampling)
         timers.generate += time.perf_counter() - started
         versions.add(output.weight_version)
@@ -142,9 +142,18 @@ def _failed(episode: Episode, error: str) -> Episode:
     return episode
 
 
-def _with_max_tokens(sampling: SamplingParams, max_new_tokens: int) -> SamplingParams:
-    if sampling.max_new_tokens == max_new_tokens:
+def _for_turn(sampling: SamplingParams, max_new_tokens: int, turn: int) -> SamplingParams:
+    """The turn's sampling: its token budget, and with a per-episode seed (evaluation) a seed of its own per turn,
+    so turns do not replay one another's random draws."""
+    seed = sampling.seed if sampling.seed is None or turn == 0 else turn_seed(sampling.seed, turn)
+    if sampling.max_new_tokens == max_new_tokens and seed == sampling.seed:
         return sampling
     from dataclasses import replace
 
-    return replace(sampling, max_new_tokens=max_new_tokens)
+    return replace(sampling, max_new_tokens=max_new_tokens, seed=seed)
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    import numpy as np
+
+    return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])

@@ -63,6 +63,15 @@ class Engine(abc.ABC):
     def shutdown(self) -> None:  # noqa: B027
         """Release the engine's resources."""
 
+    def rng_state(self):
+        """The state of the engine's own sampling stream, or None when this process cannot restore it (SGLang).
+
+        Evaluation saves it and puts it back (`set_rng_state`), so training draws as if no evaluation ran."""
+        return None
+
+    def set_rng_state(self, state) -> None:  # noqa: B027
+        """Put back a state `rng_state` returned."""
+
     # ---- optional: GPU weight sync (agentrl/weights_gpu.py) and colocation --------------
 
     weight_group_size: int = 1  # processes this engine adds to a weight broadcast group

@@ -264,6 +264,12 @@ class TorchEngine(Engine):
         self.abort_all()
         self._worker.shutdown(wait=True)
 
+    def rng_state(self) -> torch.Tensor:
+        return self.generator.get_state()
+
+    def set_rng_state(self, state: torch.Tensor) -> None:
+        self.generator.set_state(state)
+
     def _empty_output(self, reason: FinishReason) -> GenerateOutput:
         return GenerateOutput(
             output_ids=np.zeros(0, dtype=np.int64),

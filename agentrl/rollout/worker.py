@@ -256,11 +256,24 @@ def run(config, layout, start_step: int, env_client, weight_sync, task_source: T
     """The rollout rank's loop; ends early when the trainer leader sends stop instead of weights.
 
     The message to the trainer leader also carries this rank's data position after the step (kept in
-    checkpoints) and, with rollout.dump_episodes, the step's episodes as dump records."""
+    checkpoints) and, with rollout.dump_episodes, the step's episodes as dump records. At a step due for
+    evaluation (`eval:`), this rank's share of the eval split runs first, on the same weights, and its
+    results go to the trainer leader; after the last step that needs the last weights, sent for it."""
     index = layout.rollout_ranks.index(layout.rank)
     worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device, task_source)
+    evaluator = None
+    if config.eval.enabled:
+        from agentrl.evaluation.runner import Evaluator
+
+        evaluator = Evaluator(config, worker, index, len(layout.rollout_ranks))
     weight_sync.receive(worker.engine)
-    for step in range(start_step, config.steps):
+    for step in range(start_step, config.steps + 1):
+        if evaluator is not None and config.eval.due(step):
+            from agentrl.evaluation.report import send_results
+
+            send_results(layout, step, evaluator.run(step, config.eval.dump_episodes))
+        if step == config.steps:
+            break
         episodes, stats = worker.collect(step)
         failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
         preempt.forward(layout.world, layout.trainer_ranks[0])  # before the batch, so it is seen at this step's end
@@ -273,7 +286,8 @@ def run(config, layout, start_step: int, env_client, weight_sync, task_source: T
                 message["data_position"] = worker.task_source.position()
                 message["episodes"] = worker.episode_records(step) if config.rollout.dump_episodes else []
             transport.send(layout.world, message, trainer_rank, Tag.TRAJECTORIES)
-        if step + 1 < config.steps and weight_sync.receive(worker.engine) is None:
+        more = step + 1 < config.steps or config.eval.due(config.steps)
+        if not more or weight_sync.receive(worker.engine) is None:
             break
     env_client.shutdown()
 

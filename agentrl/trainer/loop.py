@@ -113,15 +113,23 @@ def receive_from_rollouts(
     return collect
 
 
-def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, role_comm, logger, extra_state=()) -> int:
+def train_loop(
+    config, trainer, tokenizer, collect, weights, start_step: int, role_comm, logger, extra_state=(), evaluate=None
+) -> int:
     """`collect(step) -> (batch, rollout stats, sample texts)`; `weights`: the WeightSync to publish on, or None;
-    `extra_state`: more parts checkpoints save beside the trainer's own (the data position).
+    `extra_state`: more parts checkpoints save beside the trainer's own (the data position); `evaluate(step)`:
+    the evaluation at a step `config.eval.due` (before that step's batch; at `config.steps`, after the last
+    step, on weights published for it), given on the trainer leader only.
 
     Returns the number of steps done: `config.steps`, or fewer when a stop signal ended the run early
     (a checkpoint for them is written and the rollout ranks are told to stop).
     """
     done = start_step
-    for step in range(start_step, config.steps):
+    for step in range(start_step, config.steps + 1):
+        if evaluate is not None and config.eval.due(step):
+            evaluate(step)
+        if step == config.steps:
+            break
         started = time.perf_counter()
         batch, stats, samples = collect(step)
         received = time.perf_counter()
@@ -135,7 +143,7 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
             print(f"\nagentrl: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)
         if weights is not None and stopping:
             weights.stop()
-        elif weights is not None and done < config.steps:
+        elif weights is not None and (done < config.steps or config.eval.due(done)):
             weights.send(trainer.named_weights(), done)
         synced = time.perf_counter()
         saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping
