@@ -1,4 +1,4 @@
-"""The `agentrl` command: train | supervise | layout | envs | algorithms | check-env | config-doc."""
+"""The `agentrl` command: train | eval | supervise | layout | envs | algorithms | check-env | config-doc."""
 
 from __future__ import annotations
 
@@ -15,6 +15,20 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="train (run under mpirun/srun, or alone for single-process mode)")
     p.add_argument("config", help="YAML config, e.g. launch/configs/quickstart.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.group_size=8 steps=50")
+
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a checkpoint or model folder on the eval split (mpirun for several ranks, or alone)",
+        description="agentrl eval CONFIG [--checkpoint PATH] [--out DIR] [--dump] [key=value ...]",
+    )
+    p.add_argument("config", help="the run's YAML config (env, layout, eval: split, n, sampling)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.n=8 eval.temperature=1.0")
+    p.add_argument(
+        "--checkpoint",
+        help="RUN_DIR/checkpoints/step_N, a run folder (its newest) or a model folder; default model.path",
+    )
+    p.add_argument("--out", help="folder for report.json, tb/ and episodes/ (default RUN_DIR/eval/<checkpoint>)")
+    p.add_argument("--dump", action="store_true", help="also write the episodes, as training's episode dumps")
 
     p = sub.add_parser(
         "supervise",
@@ -104,6 +118,12 @@ def _check_world_size(config):
     return MPI.COMM_WORLD
 
 
+def cmd_eval(args) -> int:
+    from agentrl.evaluation.command import main as evaluate
+
+    return evaluate(args.config, args.overrides, args.checkpoint, args.out, args.dump)
+
+
 def cmd_supervise(args) -> int:
     from agentrl.supervise import supervise
 
@@ -175,6 +195,7 @@ def cmd_config_doc(args) -> int:
 
 COMMANDS = {
     "train": cmd_train,
+    "eval": cmd_eval,
     "supervise": cmd_supervise,
     "layout": cmd_layout,
     "envs": cmd_envs,

@@ -119,7 +119,7 @@ class Evaluator:
             self._task_result(index, task, episodes[i * n : (i + 1) * n])
             for i, (index, task) in enumerate(zip(self.indices, self.tasks, strict=True))
         ]
-        records = [episode_record(e, step) for e in episodes] if dump else []
+        records = [episode_record(e, step, trained=False) for e in episodes] if dump else []
         return {"tasks": results, "episodes": records, "wall_s": time.perf_counter() - started, "split": self.split}
 
     def _episode(self, episode: Episode, sampling, key):

@@ -1,0 +1,199 @@
+"""`agentrl eval CONFIG [--checkpoint PATH] [--out DIR] [--dump] [key=value ...]`: evaluate a model folder.
+
+The same SPMD program and layout as training (`mpirun -n N agentrl eval ...`): the rollout ranks load
+the model from the folder and run their share of the eval split, env ranks serve their envs, the
+trainer leader gathers the results and writes the report; other trainer ranks have nothing to do and
+wait (`layout.trainer=1` spares them). World size 1 does everything in one process.
+
+Writes to `--out` (default `run_dir/eval/checkpoint_step_NNNNNN` for a run's checkpoint, else
+`run_dir/eval/model_NAME`): `report.json` (metrics, per-task results, the model, the eval config,
+wall time), `tb/` (the `eval/` scalars at the checkpoint's step) and, with `--dump`,
+`episodes/step_NNNNNN.jsonl` in the training dumps' format.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl import transport
+from agentrl.errors import UserError
+
+WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
+STEP_NAME = re.compile(r"^step_(\d+)$")
+
+
+@dataclass(frozen=True)
+class Target:
+    model: str  # the folder (or hub id) the rollout ranks load
+    step: int  # the checkpoint's training step (0 for a model that is not a run's checkpoint)
+    out: str
+    note: str | None = None
+
+
+def resolve_target(config, checkpoint: str | None, out: str | None) -> Target:
+    """Rank 0: the model folder to evaluate, its step and where the report goes; UserError for a bad path."""
+    note = None
+    if checkpoint is None:
+        from agentrl.train import env_texts
+        from agentrl.trainer.model import ensure_model
+
+        ensure_model(config, lambda: env_texts(config))  # the config's own model.path (a tiny one is built)
+        model, step = config.model.path, 0
+    else:
+        path = Path(checkpoint)
+        if not path.is_dir():
+            raise UserError(
+                f"--checkpoint {checkpoint}: no such folder; pass a run's checkpoint folder "
+                "(RUN_DIR/checkpoints/step_NNNNNN), a run folder (its newest checkpoint) or a Hugging Face model folder"
+            )
+        if (path / "checkpoints").is_dir() and not (path / "config.json").is_file():
+            path, note = newest_checkpoint(path)
+        check_model_folder(path, checkpoint)
+        match = STEP_NAME.match(path.name)
+        model, step = str(path), int(match.group(1)) if match else 0
+    name = Path(model).name
+    run_checkpoint = Path(model).parent.name == "checkpoints" and STEP_NAME.match(name)
+    label = f"checkpoint_step_{step:06d}" if run_checkpoint else f"model_{name}"
+    default_out = Path(config.run_dir) / "eval" / label
+    return Target(model, step, str(Path(out) if out else default_out), note)
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[Path, str]:
+    from agentrl.trainer import checkpoint
+
+    found, damaged = checkpoint.newest_complete(run_dir)
+    if found is None:
+        raise UserError(
+            f"--checkpoint {run_dir} is a run folder without a complete checkpoint "
+            f"({len(damaged)} damaged or unfinished); pass a checkpoint folder or a model folder"
+        )
+    return found.path, f"--checkpoint {run_dir} is a run folder: evaluating its newest checkpoint, {found.path}"
+
+
+def check_model_folder(path: Path, given: str) -> None:
+    """A Hugging Face model folder: config.json, weights and a tokenizer."""
+    missing = []
+    if not (path / "config.json").is_file():
+        missing.append("config.json")
+    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
+        missing.append("weights (*.safetensors or pytorch_model*.bin)")
+    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
+        missing.append("a tokenizer (tokenizer.json / tokenizer_config.json)")
+    if missing:
+        raise UserError(
+            f"--checkpoint {given} is not a model folder: it has no {', '.join(missing)}; pass a run's checkpoint "
+            "folder (RUN_DIR/checkpoints/step_NNNNNN), a run folder, or a Hugging Face model folder"
+        )
+
+
+def evaluate(config, target: Target, command: list[str]) -> dict | None:
+    """This rank's part; the report on the rank that wrote it (rank 0), None elsewhere."""
+    from transformers.utils import logging as hf_logging
+
+    from agentrl.layout import Layout, Role, engine_gpus
+    from agentrl.train import seed_everything, set_threads
+
+    started = time.monotonic()
+    hf_logging.disable_progress_bar()
+    layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
+    set_threads(config, layout)
+    seed_everything(config.seed + layout.rank)
+    report = None
+    if layout.single_process:
+        evaluator = _evaluator(config, layout, target, None)
+        report = _write(config, target, [evaluator.run(target.step, config.eval.dump_episodes)], layout, started)
+    elif layout.is_trainer_leader:
+        from agentrl.evaluation.report import receive_results
+
+        report = _write(config, target, receive_results(layout)(target.step), layout, started)
+    elif layout.role is Role.ROLLOUT:
+        from agentrl.env.client import MPIEnvClient
+        from agentrl.evaluation.report import send_results
+
+        env_rank = layout.env_rank_for(layout.rank)
+        client = None if env_rank is None else MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
+        evaluator = _evaluator(config, layout, target, client)
+        send_results(layout, target.step, evaluator.run(target.step, config.eval.dump_episodes))
+        evaluator.worker.env.shutdown()
+    elif layout.role is Role.ENV:
+        from agentrl.train import run_env
+
+        run_env(config, layout)
+    transport.barrier(layout.world)  # idle trainer ranks wait here, polling
+    return report
+
+
+def _evaluator(config, layout, target: Target, env_client):
+    from agentrl.env.client import LocalEnvClient
+    from agentrl.evaluation.runner import Evaluator
+    from agentrl.rollout.worker import RolloutWorker
+    from agentrl.train import env_host
+
+    if env_client is None:
+        env_client = LocalEnvClient(env_host(config, check=not layout.single_process))
+    shard = 0 if layout.single_process else layout.rollout_ranks.index(layout.rank)
+    shards = 1 if layout.single_process else len(layout.rollout_ranks)
+    worker = RolloutWorker(config, env_client, shard, shards, layout.device)
+    worker.engine.weight_version = target.step  # episodes and dumps say which checkpoint they came from
+    return Evaluator(config, worker, shard, shards)
+
+
+def _write(config, target: Target, messages: list[dict], layout, started: float) -> dict:
+    from torch.utils.tensorboard import SummaryWriter
+
+    from agentrl.evaluation.report import scalars, summarize, write_json
+    from agentrl.rollout.episode_dump import write_step
+
+    out = Path(target.out)
+    report = summarize(config, target.step, messages, target.model, max(m["wall_s"] for m in messages))
+    report["command_wall_time_s"] = time.monotonic() - started
+    report["world_size"] = layout.size
+    write_json(out / "report.json", report)
+    writer = SummaryWriter(str(out / "tb"), purge_step=target.step)
+    for name, value in scalars(report).items():
+        writer.add_scalar(name, value, target.step)
+    writer.close()
+    if config.eval.dump_episodes:
+        write_step(out, target.step, [record for m in messages for record in m["episodes"]])
+    return report
+
+
+def main(config_path: str, overrides: list[str], checkpoint: str | None, out: str | None, dump: bool) -> int:
+    """`agentrl eval`: errors found before evaluating raise on every rank (the CLI prints them once)."""
+    from mpi4py import MPI
+
+    from agentrl.config import load_config
+    from agentrl.env.preflight import refuse_unusable_env
+    from agentrl.errors import RefusedOnEveryRank
+    from agentrl.evaluation.report import headline, table
+    from agentrl.layout import assign_roles
+    from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
+
+    config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])
+    world = MPI.COMM_WORLD
+    assign_roles(config.layout, world.Get_size())  # the layout against -n, the same answer on every rank
+    command = ["agentrl", "eval", config_path, *overrides]
+    target = transport.agree_on_root(world, lambda: resolve_target(config, checkpoint, out))
+    if target.note and world.Get_rank() == 0:
+        print(f"agentrl: {target.note}", flush=True)
+    config.model.path = target.model
+    refuse_unusable_env(world, config, evaluating=True)
+    try:
+        report = abort_on_exception(lambda: evaluate(config, target, command))()
+    except RefusedOnEveryRank:
+        raise
+    except UserError:
+        return 2
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception:
+        return 1
+    if report is not None:
+        print(table(report))
+        print(f"agentrl: {headline(report)}")
+        print(f"agentrl: model {target.model}; report {Path(target.out) / 'report.json'}")
+        print(f"  tensorboard   tensorboard --logdir {Path(target.out) / 'tb'}", flush=True)
+    return 0
