@@ -45,6 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--np", type=int, required=True, help="world size (ranks in the job)")
     p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (0: CPU)")
+    p.add_argument("--eval", action="store_true", help="the plan of `agentrl eval` (trainer ranks report or idle)")
 
     sub.add_parser("envs", help="list registered environment ids")
     sub.add_parser("algorithms", help="list registered RL algorithms (algorithm.name) with what each is")
@@ -137,7 +138,7 @@ def cmd_layout(args) -> int:
 
     config = load_config(args.config, args.overrides)
     rows = plan(config.layout, args.np, args.ranks_per_node, args.gpus_per_node, engine_gpus(config))
-    print(format_plan(rows, single_process=args.np == 1))
+    print(format_plan(rows, single_process=args.np == 1, evaluating=args.eval))
     if args.np == 1:
         print("world size 1: every role runs in this one process")
     return 0

@@ -126,11 +126,15 @@ def plan(
     return rows
 
 
-def format_plan(rows: list[RankPlan], single_process: bool = False) -> str:
+def format_plan(rows: list[RankPlan], single_process: bool = False, evaluating: bool = False) -> str:
+    """`evaluating` (`agentrl eval`): the trainer leader only gathers results and writes the report, and the
+    other trainer ranks idle; they load no model."""
     lines = ["rank  role     role_rank  node  device"]
     for row in rows:
         device = f"cuda:{row.gpu}" if row.gpu is not None else "cpu"
         role = "all" if single_process else row.role.value
+        if evaluating and row.role is Role.TRAINER and not single_process:
+            role, device = ("report" if row.role_rank == 0 else "idle"), "-"
         lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {device}")
     return "\n".join(lines)
 

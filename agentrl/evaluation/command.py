@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl import transport
-from agentrl.errors import UserError
+from agentrl.errors import EXIT_USER_ERROR, UserError
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 STEP_NAME = re.compile(r"^step_(\d+)$")
@@ -186,7 +186,7 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     except RefusedOnEveryRank:
         raise
     except UserError:
-        return 2
+        return EXIT_USER_ERROR  # abort_on_exception printed it
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception:

@@ -147,3 +147,18 @@ def test_layout_command_takes_overrides_after_options(capsys):
     assert main(["layout", config, "--np", "6", "--gpus-per-node", "8", "rollout.engine.tp_size=2"]) == 0
     devices = [line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]]
     assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:4", "cpu", "cpu"]
+
+
+def test_layout_of_agentrl_eval_shows_the_trainer_leader_reporting_and_the_other_trainers_idle(capsys):
+    from agentrl.cli import main
+
+    config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "quickstart.yaml")
+    assert main(["layout", config, "--np", "5", "--eval", "layout.trainer=2", "--gpus-per-node", "4"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(row[1], row[-1]) for row in rows] == [
+        ("report", "-"),
+        ("idle", "-"),
+        ("rollout", "cuda:2"),
+        ("rollout", "cuda:3"),
+        ("env", "cpu"),
+    ]
