@@ -125,3 +125,32 @@ def test_bad_eval_input_is_one_message(tmp_path, tiny_model_dir, extra, message)
     assert message in result.stderr
     assert result.stderr.count(message) == 1  # said once, by rank 0
     assert "Traceback" not in result.stderr
+
+
+def test_in_one_process_eval_leaves_training_bit_identical_and_agentrl_eval_agrees(tmp_path, tiny_model_dir):
+    import subprocess
+    import sys
+
+    from tests.mpi.helpers import job_env
+
+    def alone(args: list[str]) -> subprocess.CompletedProcess:
+        command = [sys.executable, "-m", "agentrl.cli", *args]
+        return subprocess.run(command, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=300)
+
+    quickstart = str(ROOT / "launch/configs/quickstart.yaml")
+    settings = {"eval.every": 1, "eval.seeds": "[7,4]", "eval.n": 2, "eval.temperature": 1.0, "steps": 2}
+    with_eval = small_run(tmp_path, tiny_model_dir, run_dir=tmp_path / "a", **settings)
+    assert_ok(alone(["train", quickstart, *with_eval]))
+    assert_ok(alone(["train", quickstart, *small_run(tmp_path, tiny_model_dir, run_dir=tmp_path / "b", steps=2)]))
+    evaluated, plain = scalars(tmp_path / "a"), scalars(tmp_path / "b")
+    assert [step for step, _ in evaluated["eval/pass@2"]] == [1, 2]
+    for tag in (t for t in plain if t.startswith(("episode/", "train/"))):
+        assert evaluated[tag] == plain[tag], tag
+    args = ["eval", quickstart, "--checkpoint", str(tmp_path / "a"), f"run_dir={tmp_path / 'a'}"]
+    args += [f"{key}={value}" for key, value in settings.items() if key.startswith("eval.")]
+    result = alone(args)
+    assert_ok(result)
+    assert "evaluating its newest checkpoint" in result.stdout
+    report = json.loads((tmp_path / "a" / "eval" / "checkpoint_step_000002" / "report.json").read_text())
+    during_run = json.loads((tmp_path / "a" / "eval" / "step_000002.json").read_text())
+    assert [t["rewards"] for t in report["tasks"]] == [t["rewards"] for t in during_run["tasks"]]
