@@ -601,7 +601,9 @@ def _table(rows: list[str]) -> list[str]:
 
 
 def _doc(section: type) -> str:
-    return (section.__doc__ or "").strip()
+    import inspect
+
+    return inspect.cleandoc(section.__doc__ or "")
 
 
 def _section_of(field) -> type | None:
