@@ -151,3 +151,24 @@ def test_rejection_sampling_sft_on_two_ranks_then_rl(tmp_path):
     assert [step for step, _ in sorted(scalars(resumed)["sft/loss"])] == list(range(STEPS))
     expected, got = weights(final), weights(resumed / "final")
     assert all(torch.equal(expected[name], got[name]) for name in expected), "resume changed the result"
+
+
+def test_fsdp_matches_replicated_ranks(tmp_path):
+    """parallelism.fsdp=true shards the model over the two ranks and trains to the weights the replicas reach."""
+    from agentrl.sft.episodes import episodes_to_sft
+
+    write_dumps(tmp_path / "episodes")
+    episodes_to_sft(tmp_path / "episodes", tmp_path / "train.jsonl")
+    short = {"sft.epochs": 1, "sft.batch_size": 8, "sft.micro_batch_size": 3, "checkpoint.every": 0}
+    for name, fsdp in (("replicated", "false"), ("fsdp", "true")):
+        result = mpirun(2, sft_args(tmp_path, tmp_path / name, **short, **{"parallelism.fsdp": fsdp}), timeout=600)
+        assert_ok(result)
+    replicated, sharded = weights(tmp_path / "replicated" / "final"), weights(tmp_path / "fsdp" / "final")
+    tied = set(sharded) - set(replicated)  # the gathered FSDP state also lists the tied output embedding
+    assert tied <= {"lm_head.weight"} and set(replicated) <= set(sharded)
+    for key in tied:
+        assert torch.equal(sharded[key], sharded["model.embed_tokens.weight"])
+    for key in replicated:
+        torch.testing.assert_close(sharded[key], replicated[key], rtol=1e-4, atol=1e-5, msg=key)
+    first = weights(tmp_path / "model")
+    assert any(not torch.equal(first[key], replicated[key]) for key in first)  # it trained
