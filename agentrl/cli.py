@@ -227,10 +227,8 @@ def cmd_check_env(args) -> int:
 
 def cmd_config_doc(args) -> int:
     from agentrl.config import config_reference
-    from agentrl.sft.config import sft_reference
 
     print(config_reference())
-    print(sft_reference())
     return 0
 
 

@@ -489,8 +489,11 @@ def config_reference() -> str:
     """Markdown tables per section: field, type (every Literal's choices), default, description.
 
     A section chosen by a key (`rollout.engine` by `backend`, `algorithm` by `name`) gets one
-    table per choice, so each choice's own options are listed where they apply.
+    table per choice, so each choice's own options are listed where they apply. The `agentrl sft`
+    config's own fields follow.
     """
+    from agentrl.sft.config import sft_reference
+
     top = [_row(name, field) for name, field in Config.model_fields.items() if _section_of(field) is None]
     out = ["### top level\n", *_table(top)]
     for name, field in Config.model_fields.items():
@@ -500,6 +503,7 @@ def config_reference() -> str:
             out.append(f"\n### `{name}`\n\n{_doc(section)}\n")
             out += _table(_section_rows(name, section))
             out += _choice_tables(name, section)
+    out.append(sft_reference())
     return "\n".join(out)
 
 
