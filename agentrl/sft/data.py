@@ -128,7 +128,7 @@ def tokenize_all(transcripts: list[Transcript], tokenizer: TranscriptTokenizer, 
         lengths.append(len(ids))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    return Packed(np.asarray(tokens, dtype=np.int64), np.asarray(masks, dtype=np.int8), offsets, truncated, dropped)
+    return Packed(np.asarray(tokens, dtype=np.int32), np.asarray(masks, dtype=np.int8), offsets, truncated, dropped)
 
 
 def describe(packed: Packed, name: str, max_seq_len: int) -> str:

@@ -68,6 +68,8 @@ def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packe
     val_packed = None
     if val is not None:
         val_packed = tokenize_all(val, tokenizer, config.sft.max_seq_len)
+        if not len(val_packed):
+            raise UserError(f"no transcript of {config.sft.val} has an assistant token within sft.max_seq_len")
         print(f"agentrl sft: {describe(val_packed, 'val', config.sft.max_seq_len)}", flush=True)
     total = config.sft.epochs * steps_per_epoch(config, len(packed))
     start = resume_step(types.SimpleNamespace(run_dir=config.run_dir, resume=config.resume, steps=total))
