@@ -68,11 +68,17 @@ def format_tool_call(call: dict) -> str:
 
 
 def assistant_text(message: dict) -> str:
-    """The text the model generates for an assistant message: its content, then its tool calls, one a line."""
+    """The text the model generates for an assistant message: its content, then its tool calls, one a line.
+
+    Content that already holds `<tool_call>` blocks is the model's own text (a dump may keep it beside the
+    parsed `tool_calls`): it is used as it is.
+    """
     content = _content(message)
     calls = message.get("tool_calls") or []
     if not isinstance(calls, list):
         raise TranscriptError("an assistant message's tool_calls must be a list")
+    if OPEN in content:
+        return content
     return "\n".join([*([content] if content else []), *(format_tool_call(call) for call in calls)])
 
 

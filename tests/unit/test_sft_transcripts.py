@@ -194,6 +194,11 @@ def test_roles_out_of_order_are_refused(messages, problem):
         episode_shape(messages)
 
 
+def test_raw_tool_call_text_is_kept_as_the_model_wrote_it():
+    raw = 'Let me compute.<tool_call>\n{"name":"calculator","arguments":{"expression":"6*7"}}\n</tool_call>'
+    assert assistant_text({"role": "assistant", "content": raw, "tool_calls": calls("6*7")}) == raw
+
+
 def test_raw_tool_call_text_allows_tool_messages(tokenizer):
     raw = '<tool_call>{"name": "calculator", "arguments": {"expression": "1"}}</tool_call>'
     messages = [
