@@ -109,7 +109,7 @@ def _content(message: dict) -> str:
 
 
 @dataclass
-class Turn:
+class Shape:
     """An episode's shape: system prompt, first user message, and (assistant text, observation or None) turns."""
 
     system: str | None
@@ -117,7 +117,7 @@ class Turn:
     turns: list[tuple[str, str | None]]
 
 
-def episode_shape(messages) -> Turn:
+def episode_shape(messages) -> Shape:
     """Check the roles' order and group the messages into an episode's turns; TranscriptError says what is wrong."""
     if not isinstance(messages, list) or not messages:
         raise TranscriptError("messages must be a non-empty list of {role, content} objects")
@@ -178,7 +178,7 @@ def episode_shape(messages) -> Turn:
     if not turns:
         raise TranscriptError("the transcript has no assistant turn, so nothing to train on")
     turns[-1] = (turns[-1][0], None)  # an observation after the last turn is never followed by a trained token
-    return Turn(system, first, turns)
+    return Shape(system, first, turns)
 
 
 class TranscriptTokenizer:
