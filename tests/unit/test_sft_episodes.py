@@ -91,7 +91,7 @@ def test_bad_dumps_are_named(tmp_path):
 
 def test_sft_config_errors_name_the_field(tmp_path):
     config = load_sft_config(ROOT / "launch/configs/sft_example.yaml")
-    assert config.sft.train == "examples/sft/calculator_train.jsonl" and config.optimizer.lr == 0.001
+    assert config.sft.train == "examples/sft/calculator_train.jsonl" and config.optimizer.lr == 0.003
     with pytest.raises(UserError, match=r"sft\.micro_batch_size=64 is above sft\.batch_size=16"):
         load_sft_config(ROOT / "launch/configs/sft_example.yaml", ["sft.micro_batch_size=64"])
     with pytest.raises(UserError, match=r"sft.epochs: Input should be greater than or equal to 1"):
