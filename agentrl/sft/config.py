@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError
 
 from agentrl.config import (
     CheckpointConfig,
@@ -34,7 +34,9 @@ class SFTSection(Section):
     val: str | None = Field(None, description="Held-out JSONL transcripts: `sft/val_loss` every `eval_every` steps.")
     epochs: int = Field(1, ge=1, description="Passes over the training transcripts (reshuffled each epoch from seed).")
     batch_size: int = Field(32, ge=1, description="Transcripts per optimizer step, all ranks together.")
-    micro_batch_size: int = Field(8, ge=1, description="Transcripts per forward/backward pass on one rank.")
+    micro_batch_size: int = Field(
+        8, ge=1, description="Transcripts per forward/backward pass on one rank (its share of a batch may be less)."
+    )
     max_seq_len: int = Field(
         1024, ge=8, description="Tokens per transcript; longer ones are cut at the end (counted and reported)."
     )
@@ -59,15 +61,6 @@ class SFTConfig(Section):
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
-
-    @model_validator(mode="after")
-    def _micro_fits(self) -> SFTConfig:
-        if self.sft.micro_batch_size > self.sft.batch_size:
-            raise ValueError(
-                f"sft.micro_batch_size={self.sft.micro_batch_size} is above sft.batch_size={self.sft.batch_size}; "
-                "lower it to at most the batch size"
-            )
-        return self
 
 
 # Sections the SFT config shares with the RL config (documented once, under the RL reference).

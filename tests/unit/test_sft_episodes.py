@@ -92,8 +92,8 @@ def test_bad_dumps_are_named(tmp_path):
 def test_sft_config_errors_name_the_field(tmp_path):
     config = load_sft_config(ROOT / "launch/configs/sft_example.yaml")
     assert config.sft.train == "examples/sft/calculator_train.jsonl" and config.optimizer.lr == 0.003
-    with pytest.raises(UserError, match=r"sft\.micro_batch_size=64 is above sft\.batch_size=16"):
-        load_sft_config(ROOT / "launch/configs/sft_example.yaml", ["sft.micro_batch_size=64"])
+    with pytest.raises(UserError, match=r"sft.max_seq_len: Input should be greater than or equal to 8"):
+        load_sft_config(ROOT / "launch/configs/sft_example.yaml", ["sft.max_seq_len=4"])
     with pytest.raises(UserError, match=r"sft.epochs: Input should be greater than or equal to 1"):
         load_sft_config(ROOT / "launch/configs/sft_example.yaml", ["sft.epochs=0"])
     with pytest.raises(UserError, match=r"sft.trian: unknown field"):
