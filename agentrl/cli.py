@@ -57,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("check-env", help="validate an environment")
     p.add_argument("env_id")
     p.add_argument("--kwargs", default="{}", help="constructor kwargs as YAML/JSON, e.g. '{high: 20}'")
+    p.add_argument("--data", help="rows to reset with (as data.train takes: jsonl, parquet, ...), e.g. for the qa env")
 
     sub.add_parser("config-doc", help="print the config reference as markdown")
 
@@ -89,7 +90,7 @@ def cmd_train(args) -> int:
     command = ["agentrl", "train", args.config, *args.overrides]
 
     def run():
-        refuse_unusable_env(world, config.env)  # before anything is written: a broken env leaves no run folder
+        refuse_unusable_env(world, config)  # before anything is written: a broken env leaves no run folder
         lock = claim(config, command, world)  # before the slow imports: a refusal comes in a second
         try:
             from agentrl.train import train
@@ -212,14 +213,20 @@ def cmd_check_env(args) -> int:
     from agentrl.env.check import inspect_env, time_random_episodes
 
     kwargs = yaml.safe_load(args.kwargs) or {}
-    report = inspect_env(args.env_id, kwargs)
+    rows = None
+    if args.data:
+        from agentrl.data.loading import load_rows
+
+        loaded = load_rows(args.data, "--data")
+        rows = [loaded[i] for i in range(min(len(loaded), 16))]
+    report = inspect_env(args.env_id, kwargs, rows=rows)
     problems = report.problems
     for problem in problems:
         print(f"FAIL {problem}")
     for warning in report.warnings:
         print(f"WARN {warning}")
     if not problems:
-        steps, seconds = time_random_episodes(args.env_id, kwargs)
+        steps, seconds = time_random_episodes(args.env_id, kwargs, rows=rows)
         print(f"5 random episodes: {steps} steps in {seconds * 1e3:.1f} ms ({seconds / steps * 1e3:.3f} ms/step)")
     print(f"{args.env_id}: {'ok' if not problems else f'{len(problems)} problem(s)'}")
     return 1 if problems else 0

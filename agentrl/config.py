@@ -113,7 +113,7 @@ class RolloutConfig(Section):
     """Generation and the multi-turn agent loop on rollout ranks."""
 
     tasks_per_step: int = Field(
-        16, ge=1, description="Distinct tasks (env seeds) per training step, all ranks together."
+        16, ge=1, description="Distinct tasks (env seeds or dataset rows) per training step, all ranks together."
     )
     group_size: int = Field(8, ge=2, description="Episodes per task; group baselines compare episodes within a group.")
     max_turns: int = Field(8, ge=1, description="Assistant turns before an episode is cut off.")
@@ -126,6 +126,27 @@ class RolloutConfig(Section):
         default_factory=TorchEngineConfig,
         description="The inference engine, chosen by `backend` (torch | sglang), with that engine's own options.",
     )
+    dump_episodes: bool = Field(
+        False,
+        description="Write every step's episodes (task id, reward, finish, chat messages with tool calls) to "
+        "run_dir/episodes/step_NNNNNN.jsonl (the trainer leader writes them).",
+    )
+
+
+class DataConfig(Section):
+    """Tasks from a dataset instead of env seeds: each row reaches the env as `reset(seed=..., options=row)`.
+
+    Rows are sharded over rollout ranks, shuffled per epoch from `seed`, and the position is saved in
+    every checkpoint, so a resumed run goes on with the next unseen row.
+    """
+
+    train: str | None = Field(
+        None,
+        description="Training rows: a .jsonl/.json or .parquet file, a folder written by `datasets.save_to_disk`, "
+        "or a hub dataset id (`name` or `name:split`); None: tasks are env seeds.",
+    )
+    val: str | None = Field(None, description="Held-out rows, in any form `train` takes (for evaluation).")
+    shuffle: bool = Field(True, description="Shuffle the rows every epoch (from `seed` and the epoch number).")
 
 
 class OptimizerConfig(Section):
@@ -277,6 +298,7 @@ class Config(Section):
     model: ModelConfig
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
     algorithm: SerializeAsAny[AlgorithmSection] = Field(
         default_factory=_default_algorithm,
         description="The RL algorithm, chosen by `name`, with that algorithm's own options (`agentrl algorithms`).",

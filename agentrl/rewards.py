@@ -2,7 +2,7 @@
 
     env:
       id: calculator
-      reward_fn: agentrl.rewards:number_match     # or exact_match, token_f1
+      reward_fn: agentrl.rewards:number_match     # or exact_match, token_f1, contains
 
 The reward functions read the episode's last turn (`completion`) and reset info's
 `"answer"` (see agentrl/rollout/reward_fn.py for every argument they may take); an env
@@ -82,5 +82,18 @@ def number_match(completion: str, answer) -> dict:
     return {"reward": float(success), "success": success}
 
 
+def contains_score(prediction: str, answers) -> bool:
+    """Whether any normalised answer appears, as whole words, in the normalised prediction."""
+    guess = f" {normalize(prediction)} "
+    return any(normalize(answer) and f" {normalize(answer)} " in guess for answer in _as_tuple(answers))
+
+
+def contains(completion: str, answer) -> dict:
+    success = answer is not None and contains_score(completion, answer)
+    return {"reward": float(success), "success": success}
+
+
 def _as_tuple(answers) -> tuple[str, ...]:
-    return (answers,) if isinstance(answers, str) else tuple(answers)
+    if isinstance(answers, str | int | float):
+        return (str(answers),)
+    return tuple(str(answer) for answer in answers)

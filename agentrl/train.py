@@ -18,6 +18,7 @@ from agentrl.env.registry import make
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
 from agentrl.rollout.chat import tools_as_text
+from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
 from agentrl.run_summary import RunSummary
 from agentrl.supervise import restart_count
 
@@ -38,16 +39,20 @@ def train(config: Config, command: list[str] | None = None) -> int:
     except UserError as error:  # the same sizes on every rank, so the same error everywhere
         raise RefusedOnEveryRank(str(error)) from None
     start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
+    data_start = None
+    if config.data.train:  # the same on every rank
+        shards = 1 if layout.single_process else len(layout.rollout_ranks)
+        data_start = transport.agree_on_root(layout.world, lambda: data_positions(config, start_step, shards))
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
 
     done, success_by_step = None, None
     if layout.single_process:
-        done, success_by_step = run_single_process(config, layout, start_step)
+        done, success_by_step = run_single_process(config, layout, start_step, data_start)
     elif layout.role is Role.TRAINER:
         done, success_by_step = run_trainer(config, layout, start_step)
     elif layout.role is Role.ROLLOUT:
-        run_rollout(config, layout, start_step)
+        run_rollout(config, layout, start_step, data_start)
     else:
         run_env(config, layout)
     transport.barrier(layout.world)
@@ -69,6 +74,8 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     for note in config.notes:
         print(f"agentrl: config: {note}", flush=True)
     start_step = resume_step(config)
+    if dropped := drop_dumps_from(run_dir, start_step):
+        print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
@@ -112,13 +119,49 @@ def resume_step(config: Config) -> int:
     return found.step
 
 
+def data_positions(config: Config, start_step: int, shards: int) -> list[int]:
+    """Rank 0: each rollout rank's rows consumed at `start_step`, from that checkpoint's data state."""
+    from agentrl.data.loading import load_rows
+    from agentrl.data.recorder import read_data_state
+    from agentrl.data.tasks import resume_positions
+    from agentrl.trainer import checkpoint
+
+    if not start_step:
+        return [0] * shards
+    saved = read_data_state(checkpoint.step_path(config.run_dir, start_step))
+    if saved is None:
+        print(f"agentrl: checkpoint step {start_step} holds no data position; data.train starts at its first row")
+    positions, note = resume_positions(saved, len(load_rows(config.data.train)), shards)
+    if note:
+        print(f"agentrl: {note}", flush=True)
+    return positions
+
+
+def task_source(config: Config, shard: int, shards: int, data_start: list[int] | None):
+    """This rollout rank's tasks: its share of data.train's rows from its saved position, or the env's seeds."""
+    from agentrl.data.loading import load_rows
+    from agentrl.data.tasks import DatasetTasks, SeededTasks
+
+    if not config.data.train:
+        return SeededTasks(config.seed)
+    rows = load_rows(config.data.train)
+    return DatasetTasks(rows, config.data.train, config.seed, shard, shards, data_start[shard], config.data.shuffle)
+
+
 def env_texts(config: Config, episodes: int = 64) -> list[str]:
-    """Observations and random digit actions from a few env episodes: the tiny tokenizer's corpus."""
+    """Observations and random digit actions from a few env episodes (on data.train's first rows, if set): the
+    tiny tokenizer's corpus."""
     rng = random.Random(0)
     texts = []
     env = make(config.env.id, **config.env.kwargs)
+    rows = None
+    if config.data.train:
+        from agentrl.data.loading import load_rows
+
+        rows = load_rows(config.data.train)
+        episodes = min(episodes, len(rows))
     for seed in range(episodes):
-        observation, _ = env.reset(seed=seed)
+        observation, _ = env.reset(seed=seed) if rows is None else env.reset(seed=seed, options=rows[seed])
         texts.append(observation)
         for _ in range(config.rollout.max_turns):
             action = str(rng.randint(0, 99))
@@ -136,8 +179,8 @@ def env_texts(config: Config, episodes: int = 64) -> list[str]:
 def env_host(config: Config, check: bool = True) -> EnvHost:
     """The host of this rank's envs; `check`: build one first, so a failure on this rank stops the job (rank 0's
     check passed, but this rank may lack a package or a file)."""
-    if check:
-        check_env_config(config.env.id, config.env.kwargs)
+    if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
+        check_env_config(config.env.id, config.env.kwargs, reset=not config.data.train)
     return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
 
 
@@ -176,8 +219,9 @@ def _logger(config: Config, start_step: int):
     return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count())
 
 
-def run_single_process(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float]]:
+def run_single_process(config: Config, layout: Layout, start_step: int, data_start) -> tuple[int, dict[int, float]]:
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
+    from agentrl.data.recorder import StepRecorder
     from agentrl.failures import FailureTally, abort_if_failing
     from agentrl.rollout.worker import RolloutWorker, sample_texts
     from agentrl.trainer.loop import train_loop
@@ -185,23 +229,28 @@ def run_single_process(config: Config, layout: Layout, start_step: int) -> tuple
     from agentrl.weights import InProcessWeightCopy
 
     trainer, tokenizer = _make_trainer(config, layout, start_step)
-    worker = RolloutWorker(config, LocalEnvClient(env_host(config, check=False)), 0, 1, layout.device)
+    tasks = task_source(config, 0, 1, data_start)
+    worker = RolloutWorker(config, LocalEnvClient(env_host(config, check=False)), 0, 1, layout.device, tasks)
     sync = InProcessWeightCopy(worker.engine)
     sync.send(trainer.named_weights(), start_step)
+    recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes)
 
     def collect(step: int):
         episodes, stats = worker.collect(step)
         abort_if_failing(step, FailureTally.of(episodes), config.runtime.abort_on_failed_fraction)
+        dumped = worker.episode_records(step) if config.rollout.dump_episodes else []
+        recorder.record(step, [tasks.position()], dumped)
         return pack(episodes), stats, sample_texts(config, step, episodes)
 
     logger = _logger(config, start_step)
-    done = train_loop(config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger)
+    done = train_loop(config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger, [recorder])
     logger.close()
     return done, logger.success_by_step
 
 
 def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float] | None]:
     """Steps done, and on the leader the success rate logged at each step."""
+    from agentrl.data.recorder import StepRecorder
     from agentrl.trainer.loop import receive_from_rollouts, train_loop
     from agentrl.trainer.model import init_trainer_group
     from agentrl.weights import GatherOnly
@@ -214,15 +263,17 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
         weights = make_weight_sync(config, layout)
     weights.send(trainer.named_weights(), start_step)
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
-    collect = receive_from_rollouts(layout, config.runtime.abort_on_failed_fraction)
-    done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger)
+    recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if layout.is_trainer_leader else None
+    collect = receive_from_rollouts(layout, config.runtime.abort_on_failed_fraction, recorder)
+    extra = [recorder] if recorder is not None else []
+    done = train_loop(config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger, extra)
     if logger is None:
         return done, None
     logger.close()
     return done, logger.success_by_step
 
 
-def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
+def run_rollout(config: Config, layout: Layout, start_step: int, data_start: list[int] | None) -> None:
     from agentrl.rollout import worker
     from agentrl.weights_gpu import make_weight_sync
 
@@ -232,7 +283,9 @@ def run_rollout(config: Config, layout: Layout, start_step: int) -> None:
     else:
         env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
     sync = make_weight_sync(config, layout)  # a process-group sync connects at its first receive
-    worker.run(config, layout, start_step, env_client, sync)
+    shard = layout.rollout_ranks.index(layout.rank)
+    tasks = task_source(config, shard, len(layout.rollout_ranks), data_start)
+    worker.run(config, layout, start_step, env_client, sync, tasks)
 
 
 def run_env(config: Config, layout: Layout) -> None:

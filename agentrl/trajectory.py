@@ -23,6 +23,9 @@ TURN_KEYS = ("turn_episode", "turn_start", "turn_end", "turn_reward", "turn_stat
 class Episode:
     group: int  # index of the task within the step; episodes of one task share it
     task_seed: int
+    task_id: str = ""  # the dataset row's id (or index), or the seed of a seeded task
+    task_options: dict | None = field(default=None, repr=False)  # env.reset's options: the dataset row, or None
+    data_source: str | None = None  # the row's `data_source` column, if any
     tokens: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
@@ -38,6 +41,8 @@ class Episode:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each turn's generated tokens
     turn_rewards: list[float] = field(default_factory=list)
     turn_states: list[int] = field(default_factory=list)
+    messages: list[dict] = field(default_factory=list, repr=False)  # the conversation as chat messages (dumps)
+    tools: list[dict] = field(default_factory=list, repr=False)  # the env's tool schemas
 
     def extend(self, ids, mask: int, logprobs=None) -> None:
         ids = [int(i) for i in ids]

@@ -6,14 +6,19 @@
 Each run is `mpirun -n N agentrl train CONFIG algorithm.name=NAME seed=S steps=K` in its own
 run_dir under --out; runs go one after another (the ranks of one run already fill the cores).
 Printed per run, from its TensorBoard events: success rate over the first 2% of steps (at
-least one) and over the last 10%, the wall time of the whole command, the median step time
-relative to grpo's, and for algorithms that log it, explained variance at the start and end.
-A markdown table follows, ready for the README.
+least one) and over the last 10%, the first step whose trailing 50-step mean reaches 0.8 and
+the wall time to it, the wall time of the whole command, the median step time relative to
+grpo's, and for algorithms that log it, explained variance at the start and end. A markdown
+table follows, ready for the README.
+
+Each finished row is appended to OUT/results.jsonl; `--resume` skips the runs already there,
+so a long table can be produced over several sittings.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -53,6 +58,33 @@ def window_means(points: list[tuple[int, float]]) -> tuple[float, float]:
     return float(values[:head].mean()), float(values[-tail:].mean())
 
 
+def steps_to(points: list[tuple[int, float]], target: float = 0.8, window: int = 50) -> int | None:
+    """The first step at which the mean of the last `window` points reaches `target` (None: never)."""
+    values = np.array([v for _, v in points])
+    if len(values) < window:
+        return None
+    trailing = np.convolve(values, np.ones(window) / window, mode="valid")
+    hits = np.flatnonzero(trailing >= target)
+    return int(points[hits[0] + window - 1][0]) if len(hits) else None
+
+
+def wall_at(run_dir: Path, step: int) -> float | None:
+    """Training seconds up to the end of `step`: TensorBoard wall times from the first step's event,
+    plus that first step's own duration (`time/step`)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = {}
+    for path in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
+        accumulator = EventAccumulator(str(path), size_guidance={"scalars": 0})
+        accumulator.Reload()
+        if "time/step" in accumulator.Tags()["scalars"]:
+            events.update((e.step, e) for e in accumulator.Scalars("time/step"))
+    if step not in events:
+        return None
+    first = events[min(events)]
+    return events[step].wall_time - first.wall_time + first.value
+
+
 def run(algorithm: str, env: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     config, ranks = ENVS[env]
     run_dir = out / f"{env}-{algorithm}-seed{seed}"
@@ -76,7 +108,10 @@ def run(algorithm: str, env: str, seed: int, steps: int, out: Path, extra: list[
     if not row["ok"]:
         (out / f"{run_dir.name}.log").write_bytes(result.stdout + result.stderr)
         return row
-    row["start"], row["end"] = window_means(scalars(run_dir, "episode/success_rate"))
+    success = scalars(run_dir, "episode/success_rate")
+    row["start"], row["end"] = window_means(success)
+    row["steps_to_0.8"] = steps_to(success)
+    row["wall_to_0.8_s"] = wall_at(run_dir, row["steps_to_0.8"]) if row["steps_to_0.8"] is not None else None
     row["step_s"] = float(np.median([v for _, v in scalars(run_dir, "time/step")]))
     variance = scalars(run_dir, "train/explained_variance")
     row["ev_start"], row["ev_end"] = window_means(variance) if variance else (None, None)
@@ -92,19 +127,30 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=None, help="default: 800 quickstart, 200 frozen_lake")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0])
     parser.add_argument("--out", type=Path, default=Path("runs/algorithms"))
+    parser.add_argument("--resume", action="store_true", help="skip runs already in OUT/results.jsonl")
     parser.add_argument("overrides", nargs="*", help="key=value added to every run")
     args = parser.parse_args()
     algorithms = args.algorithms or registered_names()
     args.out.mkdir(parents=True, exist_ok=True)
+    results = args.out / "results.jsonl"
+    done = [json.loads(line) for line in results.read_text().splitlines()] if args.resume and results.exists() else []
     rows = []
     for env in args.envs:
         for algorithm in algorithms:
             for seed in args.seeds:
-                row = run(algorithm, env, seed, args.steps or DEFAULT_STEPS[env], args.out, args.overrides)
+                steps = args.steps or DEFAULT_STEPS[env]
+                key = (algorithm, env, seed, steps)
+                previous = [r for r in done if (r["algorithm"], r["env"], r["seed"], r["steps"]) == key]
+                if previous:
+                    row = previous[-1]
+                else:
+                    row = run(algorithm, env, seed, steps, args.out, args.overrides)
+                    with results.open("a") as out:
+                        out.write(json.dumps(row) + "\n")
                 rows.append(row)
                 print(format_row(row, rows), flush=True)
-    print("\n| env | algorithm | seed | steps | success start -> end | wall | step time vs grpo |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| env | algorithm | seed | steps | success start -> end | steps (wall) to 0.8 | wall | step vs grpo |")
+    print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(markdown_row(row, rows))
     return 0 if all(row["ok"] for row in rows) else 1
@@ -129,11 +175,13 @@ def format_row(row: dict, rows: list[dict]) -> str:
 
 def markdown_row(row: dict, rows: list[dict]) -> str:
     if not row["ok"]:
-        return f"| {row['env']} | {row['algorithm']} | {row['seed']} | {row['steps']} | failed | | |"
+        return f"| {row['env']} | {row['algorithm']} | {row['seed']} | {row['steps']} | failed | | | |"
     ratio = relative_step(row, rows)
+    reached = row.get("steps_to_0.8")
+    to_target = f"{reached} ({row['wall_to_0.8_s'] / 60:.1f} min)" if reached is not None else "not reached"
     return (
         f"| {row['env']} | {row['algorithm']} | {row['seed']} | {row['steps']} | "
-        f"{row['start']:.2f} -> {row['end']:.2f} | {row['wall_s'] / 60:.1f} min | "
+        f"{row['start']:.2f} -> {row['end']:.2f} | {to_target} | {row['wall_s'] / 60:.1f} min | "
         f"{f'{ratio:.2f}x' if ratio else ''} |"
     )
 

@@ -27,12 +27,18 @@ class EnvReport:
     """Likely mistakes that do not break the API."""
 
 
-def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50) -> list[str]:
+def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50, rows=None) -> list[str]:
     """The problems `inspect_env` finds (warnings left out)."""
-    return inspect_env(env_id, kwargs, episodes, max_steps).problems
+    return inspect_env(env_id, kwargs, episodes, max_steps, rows).problems
 
 
-def inspect_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50) -> EnvReport:
+def reset(env, seed: int, rows: list[dict] | None):
+    """`env.reset(seed=seed)`, or with dataset rows (an env that serves data.train) a row as options."""
+    return env.reset(seed=seed) if not rows else env.reset(seed=seed, options=rows[seed % len(rows)])
+
+
+def inspect_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50, rows=None) -> EnvReport:
+    """`rows`: dataset rows passed to reset as options (`agentrl check-env ID --data FILE`)."""
     report = EnvReport()
     try:
         env = make(env_id, **kwargs)
@@ -41,28 +47,32 @@ def inspect_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 5
         return report
     if not spaces_are_text(env):
         report.warnings.append(f"{env_id} {not_text(env)}")
-    _check_episodes(env, env_id, kwargs, episodes, max_steps, report)
+    _check_episodes(env, env_id, kwargs, episodes, max_steps, report, rows)
     report.problems = sorted(set(report.problems), key=report.problems.index)
     return report
 
 
-def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: int, report: EnvReport) -> None:
+def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: int, report: EnvReport, rows) -> None:
     problems = report.problems
     tools = getattr(env, "tools", None) or []
     problems += check_tools(tools)
     problems += check_spaces(env)
-    first = env.reset(seed=123)
+    try:
+        first = reset(env, 123, rows)
+    except Exception as error:  # report, do not crash: this is a checker
+        problems.append(f"reset(seed=123) raised {type(error).__name__}: {error}")
+        return
     if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], str) and isinstance(first[1], dict)):
         problems.append(f"reset() must return (str, dict), got {first!r:.80}")
         return
     problems += check_observation(env, first[0], "reset")
-    again = make(env_id, **kwargs).reset(seed=123)
+    again = reset(make(env_id, **kwargs), 123, rows)
     if again[0] != first[0]:
         problems.append("reset(seed=123) twice gave different observations: seed the env via super().reset(seed=seed)")
     rng = random.Random(0)
     reports_success = False
     for episode in range(episodes):
-        env.reset(seed=episode)
+        reset(env, episode, rows)
         for _ in range(max_steps):
             out = env.step(random_action(rng, tools if not problems else []))
             if not (isinstance(out, tuple) and len(out) == 5):
@@ -193,13 +203,15 @@ def random_action(rng: random.Random, tools: list[dict]) -> str:
     return f"<tool_call>{json.dumps({'name': function['name'], 'arguments': arguments})}</tool_call>"
 
 
-def time_random_episodes(env_id: str, kwargs: dict, episodes: int = 5, max_steps: int = 50) -> tuple[int, float]:
+def time_random_episodes(
+    env_id: str, kwargs: dict, episodes: int = 5, max_steps: int = 50, rows=None
+) -> tuple[int, float]:
     """(steps, seconds) for a few short random episodes, reset and close included."""
     rng = random.Random(1)
     steps, started = 0, time.perf_counter()
     for episode in range(episodes):
         env = make(env_id, **kwargs)
-        env.reset(seed=episode)
+        reset(env, episode, rows)
         tools = getattr(env, "tools", None) or []
         for _ in range(max_steps):
             steps += 1

@@ -20,16 +20,29 @@ class EnvUnusable(ConfigError):
     """The configured env cannot run a single episode; the message names env.id or env.kwargs and the fix."""
 
 
-def refuse_unusable_env(world, env_config) -> None:
+def refuse_unusable_env(world, config) -> None:
     """Rank 0 builds the env once, before any rank loads a model or writes the run folder; if it is broken,
-    every rank raises RefusedOnEveryRank (exit code 2, the reason printed once by rank 0)."""
+    every rank raises RefusedOnEveryRank (exit code 2, the reason printed once by rank 0). With `data.train`,
+    the rows are checked too, and the env is reset with the first one."""
     from agentrl import transport
 
-    transport.agree_on_root(world, lambda: check_env_config(env_config.id, env_config.kwargs))
+    transport.agree_on_root(world, lambda: check_run_inputs(config))
 
 
-def check_env_config(env_id: str, kwargs: dict) -> None:
-    """Raise EnvUnusable unless `env_id` builds with `kwargs`, has text spaces and `reset(seed=0)` gives (str, dict)."""
+def check_run_inputs(config) -> None:
+    env = config.env
+    if not config.data.train:
+        check_env_config(env.id, env.kwargs)
+        return
+    from agentrl.data.checks import check_training_rows
+
+    check_env_config(env.id, env.kwargs, reset=False)
+    check_env_config(env.id, env.kwargs, options=check_training_rows(config))
+
+
+def check_env_config(env_id: str, kwargs: dict, options: dict | None = None, reset: bool = True) -> None:
+    """Raise EnvUnusable unless `env_id` builds with `kwargs`, has text spaces and `reset(seed=0, options=options)`
+    gives (str, dict); `reset=False` only builds it (an env that needs a dataset row, on a rank without rows)."""
     try:
         constructor = resolve(env_id)
     except (KeyError, ImportError, AttributeError, ValueError) as error:
@@ -46,7 +59,7 @@ def check_env_config(env_id: str, kwargs: dict) -> None:
             f"Fix env.kwargs or the env; `agentrl check-env {env_id}` runs the full check"
         ) from None
     try:
-        _check_shape(env_id, env)
+        _check_shape(env_id, env, options, reset)
     finally:
         env.close()
 
@@ -70,14 +83,17 @@ def _check_kwargs_fit(env_id: str, constructor, kwargs: dict) -> None:
         ) from None
 
 
-def _check_shape(env_id: str, env) -> None:
+def _check_shape(env_id: str, env, options: dict | None, reset: bool) -> None:
     if not spaces_are_text(env):
         raise EnvUnusable(f"env.id={env_id!r} {not_text(env)}")
+    if not reset:
+        return
     try:
-        first = env.reset(seed=0)
+        first = env.reset(seed=0) if options is None else env.reset(seed=0, options=options)
     except Exception as error:  # env code is user code
+        called = "reset(seed=0)" if options is None else "reset(seed=0, options=<the first row of data.train>)"
         raise EnvUnusable(
-            f"env.id={env_id!r}: reset(seed=0) raised {_raised(error)}"
+            f"env.id={env_id!r}: {called} raised {_raised(error)}"
             f"Fix the env; `agentrl check-env {env_id}` runs the full check"
         ) from None
     if not (isinstance(first, tuple) and len(first) == 2 and isinstance(first[0], str) and isinstance(first[1], dict)):

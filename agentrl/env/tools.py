@@ -169,6 +169,16 @@ class ToolEnv(TextEnv):
         }
         self.tools: list[dict] = [t.schema() for t in self._tools.values()]
 
+    def add_tool(self, function) -> None:
+        """Give this instance one more tool: a plain function (JSON-typed arguments, text result), described from
+        its name, signature and docstring like a `@tool` method."""
+        described = describe(function)
+        if described.name in self._tools:
+            raise ValueError(f"{type(self).__name__} already has a tool named {described.name!r}")
+        self._tools[described.name] = described
+        setattr(self, described.name, function)
+        self.tools = [t.schema() for t in self._tools.values()]
+
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed, options=options)
         self.turns, self.over = 0, False

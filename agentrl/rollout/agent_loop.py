@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import Engine, SamplingParams
+from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.rollout.reward_fn import RewardFunction
 from agentrl.trajectory import Episode, state_key
 
@@ -49,14 +50,16 @@ async def run_episode(
 ) -> Episode:
     timers = timers or LoopTimers()
     started = time.perf_counter()
-    result = await env.call("reset", key, episode.task_seed, None)
+    result = await env.call("reset", key, episode.task_seed, episode.task_options)
     timers.env += time.perf_counter() - started
     if not result.ok:
         return _failed(episode, result.error)
     observation, reset_info, tools = result.value
     task, transcript, info = observation, [], reset_info if isinstance(reset_info, dict) else {}
+    context = info.get("prompt_messages", ())  # messages a dataset row puts before its question (the qa env)
     episode.text = observation
-    episode.extend(chat.prompt_ids(observation, tools), mask=0)
+    episode.messages, episode.tools = chat.prompt_messages(observation, context), tools
+    episode.extend(chat.prompt_ids(observation, tools, context), mask=0)
     episode.prompt_len = len(episode.tokens)
     versions = set()
 
@@ -78,6 +81,7 @@ async def run_episode(
             episode.extend([chat.eos_id], mask=0)  # close the turn the model did not close
         action = chat.decode(output.output_ids)
         episode.turns += 1
+        episode.messages.append(assistant_message(action))
 
         started = time.perf_counter()
         result = await env.call("step", key, action)
@@ -100,6 +104,7 @@ async def run_episode(
             episode.finish = "max_tokens"
             break
         episode.extend(observation_ids, mask=0)
+        episode.messages += observation_messages(observation, episode.messages[-1])
     else:
         episode.finish = "max_turns"
 

@@ -40,17 +40,29 @@ class ChatFormat:
             messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
         )
 
-    def _head(self, tools_text: str = "") -> list[dict]:
-        system = "\n\n".join(part for part in (self.system_prompt, tools_text) if part)
+    def _head(self, tools_text: str = "", system_prompt: str | None = None) -> list[dict]:
+        system = "\n\n".join(part for part in (system_prompt or self.system_prompt, tools_text) if part)
         return [{"role": "system", "content": system}] if system else []
 
-    def prompt_ids(self, first_observation: str, tools: list[dict] | None = None) -> list[int]:
-        """The first prompt: system message, tools and the env's first observation, with the generation prompt."""
+    def prompt_messages(self, first_observation: str, context: list[dict] = ()) -> list[dict]:
+        """The first prompt as chat messages (tools aside): the system message, `context` (messages a dataset
+        row puts before its question; a system message there replaces env.system_prompt), the observation."""
+        context = list(context)
+        system = context.pop(0)["content"] if context and context[0].get("role") == "system" else None
+        return [*self._head(system_prompt=system), *context, {"role": "user", "content": first_observation}]
+
+    def prompt_ids(
+        self, first_observation: str, tools: list[dict] | None = None, context: list[dict] = ()
+    ) -> list[int]:
+        """The first prompt: system message, tools, `context` and the env's first observation, with the generation
+        prompt."""
+        messages = self.prompt_messages(first_observation, context)
         if tools and not self.template_renders_tools:
-            messages = [*self._head(tools_as_text(tools)), {"role": "user", "content": first_observation}]
-            text = self._render(messages, True)
+            system = messages[0]["content"] if messages[0]["role"] == "system" else None
+            rest = messages[1:] if system is not None else messages
+            text = self._render([*self._head(tools_as_text(tools), system), *rest], True)
         else:
-            text = self._render([*self._head(), {"role": "user", "content": first_observation}], True, tools)
+            text = self._render(messages, True, tools)
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     def _split_observation_template(self) -> tuple[str, str]:

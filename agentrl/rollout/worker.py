@@ -12,10 +12,12 @@ import numpy as np
 from agentrl import preempt, transport
 from agentrl.algorithms import make_algorithm
 from agentrl.algorithms.base import AlgorithmContext
+from agentrl.data.tasks import SeededTasks, TaskSource, task_seed  # noqa: F401 (task_seed: re-exported)
 from agentrl.failures import FailureTally, error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.episode_dump import episode_record
 from agentrl.rollout.reward_fn import RewardFunction
 from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trajectory import Episode, pack
@@ -35,10 +37,6 @@ def make_engine(config, device: str, seed: int):
     return TorchEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch_size=engine.max_batch_size, seed=seed)
 
 
-def task_seed(seed: int, step: int, task: int) -> int:
-    return int(np.random.SeedSequence([seed, step, task]).generate_state(1)[0])
-
-
 def task_index(tasks_per_step: int, round_: int, first_task: int, position: int) -> int:
     """A task's index within its step (its group id, and with the step its seed): round 0 holds the step's
     `tasks_per_step` tasks, each extra round of dynamic sampling the next `tasks_per_step` indices, and a
@@ -54,8 +52,17 @@ def engine_seed(seed: int, rollout_index: int) -> int:
 class RolloutWorker:
     """Owns an engine, the chat format and an env client; `collect(step)` runs one step's episodes."""
 
-    def __init__(self, config, env_client, rollout_index: int, rollout_count: int, device: str = "cpu"):
+    def __init__(
+        self,
+        config,
+        env_client,
+        rollout_index: int,
+        rollout_count: int,
+        device: str = "cpu",
+        task_source: TaskSource | None = None,
+    ):
         self.config = config
+        self.task_source = task_source or SeededTasks(config.seed)  # a dataset's rows, or the env's seeds
         rc = config.rollout
         self.env = env_client
         self.engine = make_engine(config, device, seed=engine_seed(config.seed, rollout_index))
@@ -75,6 +82,8 @@ class RolloutWorker:
         self.first_task = rollout_index * self.tasks
         self.loop = self.engine.event_loop or asyncio.new_event_loop()  # SGLang serves requests on its own loop
         self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=_no_trainer_reduce))
+        self.generated: list[Episode] = []  # the last step's episodes, trained or dropped (for episode dumps)
+        self.kept_groups: set[int] = set()
 
     def collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         """This rank's share of `step`'s groups (grouped by task), plus timing and dynamic-sampling stats.
@@ -114,6 +123,7 @@ class RolloutWorker:
             done = len(generated) // rc.group_size
             count = min(self.tasks, math.ceil(missing * done / len(kept)) if kept else self.tasks)
         self.report_errors(step, generated)
+        self.generated, self.kept_groups = generated, {group[0].group for group in kept[: self.tasks]}
         wall = time.perf_counter() - started
         generate = self.engine.busy_seconds - busy_before
         stats = {
@@ -127,6 +137,7 @@ class RolloutWorker:
             "rollout/surplus_groups": float(max(0, len(kept) - self.tasks)),
             "rollout/success_rate": float(np.mean([e.success for e in first_round])),
             "rollout/reward_mean": float(np.mean([e.reward for e in first_round])),
+            **self.task_source.stats(),
         }
         return [e for group in kept[: self.tasks] for e in group], stats
 
@@ -134,8 +145,14 @@ class RolloutWorker:
         """`group_size` episodes of each task, run concurrently; env keys (step, first_key + i) stay unique."""
         size = self.config.rollout.group_size
         episodes = [
-            Episode(group=task, task_seed=task_seed(self.config.seed, step, task))
-            for task in tasks
+            Episode(
+                group=index,
+                task_seed=task.seed,
+                task_id=task.id,
+                task_options=task.options,
+                data_source=(task.options or {}).get("data_source"),
+            )
+            for index, task in zip(tasks, self.task_source.take(step, tasks), strict=True)
             for _ in range(size)
         ]
         runs = [
@@ -153,7 +170,15 @@ class RolloutWorker:
             for i, e in enumerate(episodes)
         ]
         self.loop.run_until_complete(_gather(runs))
+        source = getattr(self.task_source, "source", None)
+        for episode in episodes:
+            if episode.error and source is not None:  # name the row the env choked on
+                episode.error = f"{source} row {episode.task_id}: {episode.error}"
         return [episodes[i : i + size] for i in range(0, len(episodes), size)]
+
+    def episode_records(self, step: int) -> list[dict]:
+        """The last step's episodes as dump records (rollout.dump_episodes), dropped groups included."""
+        return [episode_record(e, step, e.group in self.kept_groups) for e in self.generated]
 
     def report_errors(self, step: int, episodes: list[Episode]) -> None:
         """Print each new kind of episode error once (in full), so failures are seen, not just counted."""
@@ -181,9 +206,10 @@ def _no_trainer_reduce(array: np.ndarray) -> np.ndarray:
     )
 
 
-# How rollout stats of several rollout ranks become one: the slowest rank's times and rounds; means and
-# rates over equal shares (every rank's first round is its share of the step's tasks) averaged; counts summed.
-MAX_STATS_PREFIXES = ("time/", "rollout/extra_rounds")
+# How rollout stats of several rollout ranks become one: the slowest rank's times and rounds, the furthest
+# rank's data epoch; means and rates over equal shares (every rank's first round is its share of the step's
+# tasks) averaged; counts summed.
+MAX_STATS_PREFIXES = ("time/", "rollout/extra_rounds", "data/")
 MEAN_STATS_SUFFIXES = ("_mean", "_rate")
 
 
@@ -226,10 +252,13 @@ def shard_for_trainers(episodes: list[Episode], trainers: int, rotate: int = 0) 
     return shards
 
 
-def run(config, layout, start_step: int, env_client, weight_sync) -> None:
-    """The rollout rank's loop; ends early when the trainer leader sends stop instead of weights."""
+def run(config, layout, start_step: int, env_client, weight_sync, task_source: TaskSource | None = None) -> None:
+    """The rollout rank's loop; ends early when the trainer leader sends stop instead of weights.
+
+    The message to the trainer leader also carries this rank's data position after the step (kept in
+    checkpoints) and, with rollout.dump_episodes, the step's episodes as dump records."""
     index = layout.rollout_ranks.index(layout.rank)
-    worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device)
+    worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device, task_source)
     weight_sync.receive(worker.engine)
     for step in range(start_step, config.steps):
         episodes, stats = worker.collect(step)
@@ -240,6 +269,9 @@ def run(config, layout, start_step: int, env_client, weight_sync) -> None:
         ):
             samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
             message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
+            if trainer_index == 0:
+                message["data_position"] = worker.task_source.position()
+                message["episodes"] = worker.episode_records(step) if config.rollout.dump_episodes else []
             transport.send(layout.world, message, trainer_rank, Tag.TRAJECTORIES)
         if step + 1 < config.steps and weight_sync.receive(worker.engine) is None:
             break

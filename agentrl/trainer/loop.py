@@ -83,11 +83,12 @@ def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
 
 
 def receive_from_rollouts(
-    layout, abort_on_failed_fraction: float | None
+    layout, abort_on_failed_fraction: float | None, recorder=None
 ) -> Callable[[int], tuple[dict, dict, list[str]]]:
     """`collect` for trainer ranks: this rank's shard from every rollout rank. The leader also takes stop requests
-    that rollout and env ranks forwarded, and stops the run when the step's episodes failed alike
-    (runtime.abort_on_failed_fraction)."""
+    that rollout and env ranks forwarded, stops the run when the step's episodes failed alike
+    (runtime.abort_on_failed_fraction), and gives `recorder` (agentrl/data/recorder.py) the rollout ranks'
+    data positions and episode records."""
     from agentrl.rollout.worker import merge_stats
 
     def collect(step: int):
@@ -103,14 +104,18 @@ def receive_from_rollouts(
         stats["time/transfer"] = transfer
         if layout.is_trainer_leader:
             abort_if_failing(step, FailureTally.merged([m["failures"] for m in messages]), abort_on_failed_fraction)
+            if recorder is not None:
+                episodes = [record for m in messages for record in m.get("episodes", [])]
+                recorder.record(step, [m.get("data_position") for m in messages], episodes)
         samples = [text for m in messages for text in m["samples"]]
         return concat([m["batch"] for m in messages]), stats, samples
 
     return collect
 
 
-def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, role_comm, logger) -> int:
-    """`collect(step) -> (batch, rollout stats, sample texts)`; `weights`: the WeightSync to publish on, or None.
+def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, role_comm, logger, extra_state=()) -> int:
+    """`collect(step) -> (batch, rollout stats, sample texts)`; `weights`: the WeightSync to publish on, or None;
+    `extra_state`: more parts checkpoints save beside the trainer's own (the data position).
 
     Returns the number of steps done: `config.steps`, or fewer when a stop signal ended the run early
     (a checkpoint for them is written and the rollout ranks are told to stop).
@@ -163,7 +168,7 @@ def train_loop(config, trainer, tokenizer, collect, weights, start_step: int, ro
                 config.checkpoint.keep,
                 leader=logger is not None,
                 checksums=config.checkpoint.checksums,
-                extra_state=trainer.extra_state,
+                extra_state=[*trainer.extra_state, *extra_state],
             )
             transport.barrier(role_comm)
         if stopping:

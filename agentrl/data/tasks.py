@@ -1,0 +1,128 @@
+"""Task sources: where each episode's task comes from, behind one interface.
+
+    source.take(step, indices) -> [Task(id, seed, options), ...]     # env.reset(seed=task.seed, options=task.options)
+
+`SeededTasks` is the env's own task generator: a seed per (run seed, step, task index) and no
+options. `DatasetTasks` serves dataset rows (options=row): the rows of each epoch are shuffled
+from the run seed and the epoch number, dealt round-robin to the rollout ranks (rank r gets
+every R-th row of the epoch's order), and each rank walks its share with a counter of rows
+consumed. That counter is the data position a checkpoint keeps; extra rounds of dynamic
+sampling simply consume more rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+ID_COLUMN = "id"
+SHUFFLE_STREAM = 2**32 + 7  # keeps the epoch shuffles apart from the task and engine seed streams
+
+
+@dataclass(frozen=True)
+class Task:
+    id: str  # the row's `id` column, else its index in the dataset; for seeded tasks, the seed
+    seed: int
+    options: dict | None = None
+
+
+class TaskSource(Protocol):
+    def take(self, step: int, indices: list[int]) -> list[Task]:
+        """The tasks of `indices` (task indices within `step`, see rollout/worker.py task_index), in order."""
+
+    def position(self) -> dict | None:
+        """What a checkpoint keeps to continue where this source stopped (None: nothing to keep)."""
+
+    def stats(self) -> dict[str, float]:
+        """Scalars logged each step (dataset sources: `data/epoch`)."""
+
+
+def task_seed(seed: int, step: int, task: int) -> int:
+    return int(np.random.SeedSequence([seed, step, task]).generate_state(1)[0])
+
+
+class SeededTasks:
+    """The env generates each task from its seed: one per (run seed, step, task index)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+
+    def take(self, step: int, indices: list[int]) -> list[Task]:
+        seeds = [task_seed(self.seed, step, index) for index in indices]
+        return [Task(str(seed), seed) for seed in seeds]
+
+    def position(self) -> None:
+        return None
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+def epoch_order(size: int, seed: int, epoch: int, shuffle: bool = True) -> np.ndarray:
+    """Every row index once, in epoch `epoch`'s order (the same on every rank)."""
+    if not shuffle:
+        return np.arange(size)
+    return np.random.default_rng(np.random.SeedSequence([seed, SHUFFLE_STREAM, epoch])).permutation(size)
+
+
+def shard_size(size: int, shard: int, shards: int) -> int:
+    return len(range(shard, size, shards))
+
+
+class DatasetTasks:
+    """Rows of a dataset, this rank's share of each epoch in shuffled order; `consumed` rows already served."""
+
+    def __init__(self, rows, source: str, seed: int, shard: int, shards: int, consumed: int = 0, shuffle=True):
+        self.rows, self.source, self.seed = rows, source, seed
+        self.shard, self.shards, self.shuffle = shard, shards, shuffle
+        self.size = len(rows)
+        self.shard_size = shard_size(self.size, shard, shards)
+        if self.shard_size == 0:
+            raise ValueError(f"{source} has {self.size} rows, fewer than the {shards} rollout ranks")
+        self.consumed = consumed
+        self._epoch, self._order = -1, np.zeros(0, np.int64)
+        self.has_ids = ID_COLUMN in rows.column_names
+
+    def row_index(self, position: int) -> int:
+        """The dataset index of this rank's `position`-th row (counted over all epochs)."""
+        epoch, offset = divmod(position, self.shard_size)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._order = epoch_order(self.size, self.seed, epoch, self.shuffle)[self.shard :: self.shards]
+        return int(self._order[offset])
+
+    def take(self, step: int, indices: list[int]) -> list[Task]:
+        tasks = []
+        for index in indices:
+            row_index = self.row_index(self.consumed)
+            row = self.rows[row_index]
+            row_id = row.get(ID_COLUMN) if self.has_ids else None
+            tasks.append(Task(str(row_index if row_id is None else row_id), task_seed(self.seed, step, index), row))
+            self.consumed += 1
+        return tasks
+
+    def position(self) -> dict:
+        return {"consumed": self.consumed, "rows": self.size}
+
+    def stats(self) -> dict[str, float]:
+        return {"data/epoch": self.consumed / self.shard_size}
+
+
+def resume_positions(saved: dict | None, size: int, shards: int) -> tuple[list[int], str | None]:
+    """Each rollout rank's rows consumed when a run resumes from a checkpoint's data state, and a note when the
+    exact position cannot be kept (the rollout ranks or the dataset changed): then the run starts the next
+    epoch, so no row of the unfinished one repeats."""
+    if saved is None:
+        return [0] * shards, None
+    consumed = saved["consumed"]
+    if saved["rows"] == size and len(consumed) == shards:
+        return list(consumed), None
+    old_sizes = [shard_size(saved["rows"], shard, len(consumed)) for shard in range(len(consumed))]
+    epoch = max(-(-count // old) for count, old in zip(consumed, old_sizes, strict=True))
+    note = (
+        f"the checkpoint's data position is for {len(consumed)} rollout rank(s) over {saved['rows']} rows, this run "
+        f"has {shards} over {size}: starting data epoch {epoch} from its beginning"
+    )
+    return [epoch * shard_size(size, shard, shards) for shard in range(shards)], note

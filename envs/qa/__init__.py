@@ -1,0 +1,3 @@
+from envs.qa.env import QAEnv
+
+__all__ = ["QAEnv"]

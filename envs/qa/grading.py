@@ -1,0 +1,14 @@
+"""Reward functions the qa env grades answers with, by name: agentrl.rewards' ready-made ones or `module:function`."""
+
+from __future__ import annotations
+
+from agentrl.rollout.reward_fn import RewardFunction
+
+NAMED = ("exact_match", "number_match", "token_f1", "contains")
+
+
+def reward_by_name(name: str, field: str = "env.kwargs.reward_fn") -> RewardFunction:
+    """`exact_match`, `number_match`, `token_f1`, `contains` (agentrl/rewards.py) or a `module:function` path."""
+    if ":" not in name and name not in NAMED:
+        raise ValueError(f"{field}={name!r} names no reward function; use one of {', '.join(NAMED)} or module:function")
+    return RewardFunction(name if ":" in name else f"agentrl.rewards:{name}")
