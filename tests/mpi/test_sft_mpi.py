@@ -83,6 +83,9 @@ def weights(folder):
 def test_rejection_sampling_sft_on_two_ranks_then_rl(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from agentrl.sft.data import read_transcripts
+    from agentrl.sft.episodes import episodes_to_sft
+
     write_dumps(tmp_path / "episodes")
     result = subprocess.run(
         [
@@ -125,8 +128,12 @@ def test_rejection_sampling_sft_on_two_ranks_then_rl(tmp_path):
     )
 
     rl = tmp_path / "rl"
-    assert_ok(train(2, small_run(rl, final, steps=2)))
+    assert_ok(train(2, small_run(rl, final, steps=2, **{"rollout.dump_episodes": "true"})))
     assert sorted(step for step, _ in scalars(rl / "run")["episode/count"]) == [0, 1]
+    # The RL run's own dumps are SFT data again (every episode, successful or not, with --all).
+    report = episodes_to_sft(rl / "run" / "episodes", rl / "all.jsonl", success_only=False)
+    assert report.episodes == 2 * 4 * 4 and report.kept == report.episodes - report.failed
+    assert len(read_transcripts(rl / "all.jsonl")) == report.kept
 
     # The same run, stopped by a signal at its first step boundary and resumed: the same steps, the same weights.
     resumed = tmp_path / "resumed"
