@@ -82,7 +82,7 @@ class Slot:
         self.stamp[0] += 1  # even: complete
 
     def check(self, version: int, bucket: int, seen: int | None = None) -> int:
-        """The slot's sequence number, after checking it holds all of `bucket` of `version` (and no rewrite since `seen`)."""
+        """The slot's sequence number, once checked: it holds all of `bucket` of `version`, unchanged since `seen`."""
         sequence, stamped_version, stamped_bucket = (int(x) for x in self.stamp[:3])
         if sequence % 2 or (stamped_version, stamped_bucket) != (version, bucket) or seen not in (None, sequence):
             raise TornWeights(

@@ -15,15 +15,14 @@ import sys
 import time
 
 import torch
+from mpi4py import MPI
 
-os.environ.setdefault("AGENTRL_RANKS_PER_NODE", "2")
-
-from agentrl import transport  # noqa: E402
-from agentrl.config import LayoutConfig  # noqa: E402
-from agentrl.layout import Layout, Role  # noqa: E402
-from agentrl.rollout.torch_engine import TorchEngine  # noqa: E402
-from agentrl.trainer.model import load_causal_lm  # noqa: E402
-from agentrl.weights_shm import SharedMemoryWeights  # noqa: E402
+from agentrl import transport
+from agentrl.config import LayoutConfig
+from agentrl.layout import Layout, Role
+from agentrl.rollout.torch_engine import TorchEngine
+from agentrl.trainer.model import load_causal_lm
+from agentrl.weights_shm import SharedMemoryWeights
 
 BUCKET_MB = 0.02  # about 20 KiB: the tiny model goes through both slots many times
 
@@ -47,12 +46,13 @@ def flat(model) -> torch.Tensor:
 
 
 def main():
+    os.environ.setdefault("AGENTRL_RANKS_PER_NODE", "2")
     trainer, rollout, env = (int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,3,0").split(","))
     layout = Layout(LayoutConfig(trainer=trainer, rollout=rollout, env=env), gpus_per_node=0)
     model = load_causal_lm(sys.argv[1])
     held = []
     if layout.role is Role.ENV:
-        assert layout.weight_comm == layout.weight_comm.__class__(), "env ranks must stay out of the weight group"
+        assert layout.weight_comm == MPI.COMM_NULL, "env ranks must stay out of the weight group"
     else:
         sync = SharedMemoryWeights(layout.weight_comm, layout.node, BUCKET_MB)
     if layout.is_trainer_leader:
@@ -67,7 +67,7 @@ def main():
         node, leads = layout.node, sync.leaders_comm.Get_size()
         print(f"trainer on node {node}: {leads} node leaders get the broadcast", flush=True)
     elif layout.role is Role.ROLLOUT:
-        engine_class = SlowFirstBucket if layout.rank == layout.size - 1 else TorchEngine
+        engine_class = SlowFirstBucket if layout.rank == layout.rollout_ranks[-1] else TorchEngine
         engine = engine_class(model, pad_token_id=0)
         for version in (1, 2):
             assert sync.receive(engine) == version and engine.weight_version == version
