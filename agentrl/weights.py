@@ -17,6 +17,10 @@ import torch
 
 from agentrl import transport
 
+# Once a version's header has arrived its buckets follow at once: poll them closely (MPICH
+# progresses a non-blocking broadcast only inside MPI calls, so long sleeps stall it).
+TRANSFER_MAX_SLEEP_S = 2e-4
+
 
 class WeightSync(abc.ABC):
     @abc.abstractmethod
@@ -82,7 +86,7 @@ class MPIWeightBroadcast(WeightSync):
                 staging[filled : filled + size].copy_(_flat_bytes(tensor))
                 filled += size
                 del tensor  # a gathered tensor is freed before the next one is gathered
-            transport.bcast_array(self.comm, staging[:filled].numpy(), root=0)
+            transport.bcast_array(self.comm, staging[:filled].numpy(), root=0, max_sleep_s=TRANSFER_MAX_SLEEP_S)
 
     def stop(self) -> None:
         transport.bcast_object(self.comm, {"stop": True}, root=0)
@@ -97,7 +101,7 @@ class MPIWeightBroadcast(WeightSync):
             specs = manifest[start:end]
             sizes = [int(np.prod(shape)) * getattr(torch, dtype).itemsize for _, shape, dtype in specs]
             flat = np.empty(sum(sizes), dtype=np.uint8)
-            transport.bcast_array(self.comm, flat, root=0)
+            transport.bcast_array(self.comm, flat, root=0, max_sleep_s=TRANSFER_MAX_SLEEP_S)
             offset = 0
             for (name, shape, dtype), size in zip(specs, sizes, strict=True):
                 raw = torch.from_numpy(flat[offset : offset + size])

@@ -31,12 +31,11 @@ import numpy as np
 import torch
 
 from agentrl import transport
-from agentrl.weights import WeightSync, full_tensors, plan_buckets
+from agentrl.weights import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors, plan_buckets
 
 ALIGN = 64  # every tensor and slot starts on a cache line; any dtype is aligned there
 STAMP_BYTES = ALIGN  # per slot: int64 sequence, version, bucket index (then padding)
-# A barrier in the middle of a transfer ends within micro- to milliseconds: poll it closely.
-HANDOFF_MAX_SLEEP_S = 2e-4
+HANDOFF_MAX_SLEEP_S = TRANSFER_MAX_SLEEP_S  # a barrier in the middle of a transfer ends soon: poll it closely
 
 
 class TornWeights(RuntimeError):
