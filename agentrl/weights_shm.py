@@ -100,6 +100,12 @@ class SharedWindow:
         self.slots_count, self.capacity = slots, capacity
         self.win, memory = transport.allocate_shared(node_comm, slots * (STAMP_BYTES + capacity))
         self.slots = [Slot(memory, index * (STAMP_BYTES + capacity), capacity) for index in range(slots)]
+        if node_comm.Get_rank() == 0:  # MPI does not zero a new window: stamps start as (0, 0, 0)
+            for slot in self.slots:
+                slot.stamp[:] = 0
+        self.sync()
+        transport.barrier(node_comm)
+        self.sync()
 
     def fits(self, slots: int, capacity: int) -> bool:
         return self.slots_count >= slots and self.capacity >= capacity
