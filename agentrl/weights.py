@@ -68,6 +68,14 @@ class MPIWeightBroadcast(WeightSync):
     def __init__(self, comm, bucket_mb: float):
         self.comm = comm
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self._buffer = np.empty(0, dtype=np.uint8)
+
+    def _bucket_buffer(self, nbytes: int) -> np.ndarray:
+        """One bucket's buffer, kept between versions: fresh pages each time cost page faults (and MPI
+        registrations) that made a sync several times slower than the broadcast itself."""
+        if self._buffer.size < nbytes:
+            self._buffer = np.empty(nbytes, dtype=np.uint8)
+        return self._buffer[:nbytes]
 
     def send(self, named_tensors, version: int) -> None:
         """Gather (FSDP) and broadcast one bucket at a time: the extra memory is one bucket plus one tensor."""
@@ -79,7 +87,7 @@ class MPIWeightBroadcast(WeightSync):
         transport.bcast_object(self.comm, header, root=0)
         if not buckets:
             return
-        staging = torch.empty(max(sum(sizes[start:end]) for start, end in buckets), dtype=torch.uint8)
+        staging = torch.from_numpy(self._bucket_buffer(max(sum(sizes[start:end]) for start, end in buckets)))
         for start, end in buckets:
             filled = 0
             for (_, tensor), size in zip(full_tensors(named_tensors[start:end]), sizes[start:end], strict=True):
@@ -96,18 +104,19 @@ class MPIWeightBroadcast(WeightSync):
         if header["stop"]:
             return None
         manifest = header["manifest"]
-        received = []
+        engine.begin_weight_update()
         for start, end in header["buckets"]:
             specs = manifest[start:end]
             sizes = [int(np.prod(shape)) * getattr(torch, dtype).itemsize for _, shape, dtype in specs]
-            flat = np.empty(sum(sizes), dtype=np.uint8)
+            flat = self._bucket_buffer(sum(sizes))
             transport.bcast_array(self.comm, flat, root=0, max_sleep_s=TRANSFER_MAX_SLEEP_S)
-            offset = 0
+            received, offset = [], 0
             for (name, shape, dtype), size in zip(specs, sizes, strict=True):
                 raw = torch.from_numpy(flat[offset : offset + size])
                 received.append((name, raw.view(getattr(torch, dtype)).view(shape)))
                 offset += size
-        engine.load_weights(received, header["version"])
+            engine.load_weight_bucket(received)  # copied out before the next bucket reuses the buffer
+        engine.end_weight_update(header["version"])
         return header["version"]
 
 

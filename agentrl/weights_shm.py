@@ -155,7 +155,6 @@ class SharedMemoryWeights(WeightSync):
 
     def _window_for(self, slots: int, capacity: int) -> SharedWindow:
         if self.window is None or not self.window.fits(slots, capacity):
-            self._finish_pending()
             if self.window is not None:
                 self.window.free()
             self.window = SharedWindow(self.node_comm, slots, capacity)
@@ -179,6 +178,7 @@ class SharedMemoryWeights(WeightSync):
         """Every node fills its slots bucket by bucket; every rollout rank loads each bucket into `engine`."""
         manifest = header["manifest"]
         buckets, offsets, capacity = plan_layout(manifest, self.bucket_bytes)
+        self._finish_pending()  # the trainer leader: the last version's readers, done during its training step
         window = self._window_for(1 if len(buckets) == 1 else 2, capacity)
         node_size = self.node_comm.Get_size()
         if engine is not None:
