@@ -48,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--np", type=int, required=True, help="world size (ranks in the job)")
-    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        help="ranks per node (default: $AGENTRL_RANKS_PER_NODE, else all on one node)",
+    )
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (0: CPU)")
 
     sub.add_parser("envs", help="list registered environment ids")
@@ -179,10 +184,15 @@ def cmd_supervise(args) -> int:
 
 def cmd_layout(args) -> int:
     from agentrl.config import load_config
-    from agentrl.layout import engine_gpus, format_plan, plan
+    from agentrl.layout import engine_gpus, format_plan, plan, simulated_ranks_per_node
+    from agentrl.weights_gpu import resolve_weight_sync
 
     config = load_config(args.config, args.overrides)
-    rows = plan(config.layout, args.np, args.ranks_per_node, args.gpus_per_node, engine_gpus(config))
+    ranks_per_node = args.ranks_per_node or simulated_ranks_per_node()
+    sync = resolve_weight_sync(
+        config.weights.transport, config.layout.colocate, args.gpus_per_node > 0, config.layout.rollout
+    )
+    rows = plan(config.layout, args.np, ranks_per_node, args.gpus_per_node, engine_gpus(config), sync)
     print(format_plan(rows, single_process=args.np == 1))
     if args.np == 1:
         print("world size 1: every role runs in this one process")

@@ -193,13 +193,19 @@ class ParallelismConfig(Section):
 class WeightsConfig(Section):
     """Weights from the trainer leader to the rollout engines, versioned and in buckets."""
 
-    transport: Literal["auto", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
+    transport: Literal["auto", "shm", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto",
-        description="`mpi` (CPU), `nccl` (broadcast), `cuda_ipc` (colocated, same GPU), "
-        "`gloo` (the NCCL path's process-group broadcast on CPU); "
-        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else mpi.",
+        description="`shm` (CPU: written once per node into MPI shared memory, one broadcast per bucket across "
+        "nodes), `mpi` (CPU: a broadcast to every rollout rank), `nccl` (broadcast), `cuda_ipc` (colocated, "
+        "same GPU), `gloo` (the NCCL path's process-group broadcast on CPU); "
+        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else shm.",
     )
-    bucket_mb: float = Field(64.0, gt=0, description="Size of one broadcast bucket in MiB.")
+    bucket_mb: float = Field(
+        64.0,
+        gt=0,
+        description="Size of one bucket in MiB. `shm`: a model up to this size goes in one round; a larger one "
+        "through two slots of this size per node.",
+    )
 
 
 class AlgorithmSection(Section):
