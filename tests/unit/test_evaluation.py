@@ -102,7 +102,7 @@ def test_eval_schedule():
     assert [s for s in range(10) if config.eval.due(s)] == [0, 3, 6, 9]
     config = load_config(QUICKSTART, ["eval.every=3"])
     assert [s for s in range(10) if config.eval.due(s)] == [3, 6, 9]
-    assert not load_config(QUICKSTART).eval.enabled
+    assert not load_config(QUICKSTART, ["eval.every=0"]).eval.enabled
     assert load_config(QUICKSTART, ["eval.before_train=true"]).eval.due(0)
 
 
