@@ -22,6 +22,7 @@ row's `weight_version` is the version it was admitted under, the oldest that sha
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -82,8 +83,8 @@ class ContinuousTorchEngine(TorchEngine):
         layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
             raise ValueError(
-                f"the continuous torch engine needs full attention in every layer, the model has {sorted(layer_types)}; "
-                "set rollout.engine.scheduler=batch"
+                "the continuous torch engine needs full attention in every layer, the model has "
+                f"{sorted(layer_types)}; set rollout.engine.scheduler=batch"
             )
         self.sessions = KVSessionStore(kv_cache_bytes)
         self.stats.update(steps=0, prefills=0, prefill_tokens=0, reused_tokens=0, evictions=0)
@@ -172,9 +173,10 @@ class ContinuousTorchEngine(TorchEngine):
                         self._deliver(row, "abort")
                     batch.clear()
                     return
-                admitted, self._inbox = self._inbox[: self.max_batch_size - len(batch.rows)], self._inbox[
-                    self.max_batch_size - len(batch.rows) :
-                ]
+                admitted, self._inbox = (
+                    self._inbox[: self.max_batch_size - len(batch.rows)],
+                    self._inbox[self.max_batch_size - len(batch.rows) :],
+                )
             started = time.perf_counter()
             try:
                 with self._model_lock, torch.inference_mode():
@@ -332,10 +334,8 @@ class ContinuousTorchEngine(TorchEngine):
 
     @staticmethod
     def _call_soon(row: _Row, callback, *args) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for this row
             row.loop.call_soon_threadsafe(callback, *args)
-        except RuntimeError:  # the caller's loop is closed: nobody waits for this row
-            pass
 
 
 def _set_result(future: asyncio.Future, output: GenerateOutput) -> None:
