@@ -89,6 +89,7 @@ class ContinuousTorchEngine(TorchEngine):
         self.sessions = KVSessionStore(kv_cache_bytes)
         self.stats.update(steps=0, prefills=0, prefill_tokens=0, reused_tokens=0, evictions=0)
         self._inbox: list[_Row] = []
+        self._outbox: list[tuple[_Row, GenerateOutput | BaseException]] = []
         self._wake = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -172,6 +173,7 @@ class ContinuousTorchEngine(TorchEngine):
                     for row in admitted + batch.rows:
                         self._deliver(row, "abort")
                     batch.clear()
+                    self._send_results()
                     return
                 admitted, self._inbox = (
                     self._inbox[: self.max_batch_size - len(batch.rows)],
@@ -182,10 +184,9 @@ class ContinuousTorchEngine(TorchEngine):
                 with self._model_lock, torch.inference_mode():
                     self._step(batch, admitted)
             except Exception as exc:  # the rows in flight fail in their callers; the loop goes on
-                for row in admitted + batch.rows:
-                    if not row.future.done():
-                        self._call_soon(row, _set_exception, row.future, exc)
+                self._outbox += [(row, exc) for row in admitted + batch.rows]
                 batch.clear()
+            self._send_results()
             self.busy_seconds += time.perf_counter() - started
 
     def _step(self, batch: _RunningBatch, admitted: list[_Row]) -> None:
@@ -330,22 +331,27 @@ class ContinuousTorchEngine(TorchEngine):
                 "cached_tokens": row.cached_tokens,
             },
         )
-        self._call_soon(row, _set_result, row.future, output)
+        self._outbox.append((row, output))
 
-    @staticmethod
-    def _call_soon(row: _Row, callback, *args) -> None:
-        with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for this row
-            row.loop.call_soon_threadsafe(callback, *args)
+    def _send_results(self) -> None:
+        """Resolve the step's finished rows with one callback per event loop, so their callers wake together."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for row, result in self._outbox:
+            by_loop.setdefault(row.loop, []).append((row.future, result))
+        self._outbox = []
+        for loop, results in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these rows
+                loop.call_soon_threadsafe(_resolve_all, results)
 
 
-def _set_result(future: asyncio.Future, output: GenerateOutput) -> None:
-    if not future.done():
-        future.set_result(output)
-
-
-def _set_exception(future: asyncio.Future, exc: BaseException) -> None:
-    if not future.done():
-        future.set_exception(exc)
+def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseException]]) -> None:
+    for future, result in results:
+        if future.done():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
 
 
 def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
