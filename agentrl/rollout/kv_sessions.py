@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
-# Entries are bucketed by their first tokens; a lookup compares only the entries of its bucket.
+# Entries are bucketed by their first tokens; a lookup compares only the entries of its bucket
+# (and the few entries shorter than that, kept under the key of all they have).
 BUCKET_TOKENS = 8
 
 
@@ -63,7 +64,9 @@ class KVSessionStore:
         Proper: at least one prompt token is left to prefill, which gives the logits of the first new token.
         """
         best_id, best_len = None, 0
-        for entry_id in self._buckets.get(tuple(prompt[:BUCKET_TOKENS]), ()):
+        candidates = [self._buckets.get(tuple(prompt[:BUCKET_TOKENS]), ())]
+        candidates += [self._buckets.get(tuple(prompt[:n]), ()) for n in range(1, min(BUCKET_TOKENS, len(prompt)))]
+        for entry_id in (entry_id for bucket in candidates for entry_id in bucket):
             tokens = self._entries[entry_id].tokens
             n = len(tokens)
             if best_len < n < len(prompt) and prompt[n - 1] == tokens[-1] and prompt[:n] == tokens:
