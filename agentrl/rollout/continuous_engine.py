@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from agentrl.errors import UserError
 from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
@@ -82,7 +83,7 @@ class ContinuousTorchEngine(TorchEngine):
         super().__init__(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
         layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
-            raise ValueError(
+            raise UserError(
                 "the continuous torch engine needs full attention in every layer, the model has "
                 f"{sorted(layer_types)}; set rollout.engine.scheduler=batch"
             )
