@@ -97,7 +97,7 @@ class TorchEngineConfig(Section):
         "continuous",
         description="continuous: requests join the running batch at the next step and an episode's KV cache is "
         "kept between its turns; batch: the requests pending together run as one batch to completion, each "
-        "turn prefilled from its first token (the engine before 0.3).",
+        "turn prefilled from its first token (the earlier engine).",
     )
     kv_cache_mb: float = Field(
         256,
