@@ -193,3 +193,23 @@ def test_session_store_takes_the_longest_prefix_and_evicts_the_oldest():
     assert store.evictions == 1 and len(store) == 2
     assert store.take([*range(5), 1], version=0) is None
     assert store.take([1] * 11, version=1) is None  # computed under older weights
+
+
+def test_config_picks_the_scheduler(model):
+    from agentrl.config import TorchEngineConfig
+    from agentrl.rollout.torch_engine import TorchEngine, build_torch_engine
+
+    default = build_torch_engine(model, TorchEngineConfig(kv_cache_mb=2), pad_token_id=0, seed=0)
+    batch = build_torch_engine(model, TorchEngineConfig(scheduler="batch"), pad_token_id=0, seed=0)
+    assert isinstance(default, ContinuousTorchEngine) and default.sessions.budget_bytes == 2 << 20
+    assert type(batch) is TorchEngine
+    default.shutdown()
+    batch.shutdown()
+
+
+def test_sliding_window_models_are_refused_with_the_fix(model):
+    from agentrl.errors import UserError
+
+    model.config.layer_types = ["sliding_attention", "full_attention"]
+    with pytest.raises(UserError, match="scheduler=batch"):
+        make_engine(model)
