@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -36,6 +37,11 @@ from agentrl.errors import UserError
 from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
+
+# Waiting requests are admitted once they are this fraction of the running rows, or have
+# waited this many decode steps (environment variables: for measuring, see docs/engine.md).
+ADMIT_FRACTION = float(os.environ.get("AGENTRL_ADMIT_FRACTION", "0.25"))
+ADMIT_WAIT_STEPS = int(os.environ.get("AGENTRL_ADMIT_WAIT_STEPS", "2"))
 
 
 @dataclass(eq=False)
@@ -90,6 +96,7 @@ class ContinuousTorchEngine(TorchEngine):
         self.sessions = KVSessionStore(kv_cache_bytes)
         self.stats.update(steps=0, prefills=0, prefill_tokens=0, reused_tokens=0, evictions=0)
         self._inbox: list[_Row] = []
+        self._steps_waited = 0  # decode steps the waiting requests have waited to be admitted
         self._outbox: list[tuple[_Row, GenerateOutput | BaseException]] = []
         self._wake = threading.Condition()
         self._closed = False
@@ -176,10 +183,13 @@ class ContinuousTorchEngine(TorchEngine):
                     batch.clear()
                     self._send_results()
                     return
-                admitted, self._inbox = (
-                    self._inbox[: self.max_batch_size - len(batch.rows)],
-                    self._inbox[self.max_batch_size - len(batch.rows) :],
-                )
+                if self._should_admit(len(batch.rows)):
+                    room = self.max_batch_size - len(batch.rows)
+                    admitted, self._inbox = self._inbox[:room], self._inbox[room:]
+                    self._steps_waited = 0
+                else:
+                    admitted = []
+                    self._steps_waited += 1
             started = time.perf_counter()
             try:
                 with self._model_lock, torch.inference_mode():
@@ -189,6 +199,18 @@ class ContinuousTorchEngine(TorchEngine):
                 batch.clear()
             self._send_results()
             self.busy_seconds += time.perf_counter() - started
+
+    def _should_admit(self, running: int) -> bool:
+        """Admit the waiting requests now, or let them gather for a step or two.
+
+        Each admission costs one prefill pass, about as long as a decode step for small
+        models; a few late turns wait until they are a sizeable group (ADMIT_FRACTION of
+        the running rows) or have waited ADMIT_WAIT_STEPS steps.
+        """
+        waiting = len(self._inbox)
+        return waiting > 0 and (
+            running == 0 or waiting >= running * ADMIT_FRACTION or self._steps_waited >= ADMIT_WAIT_STEPS
+        )
 
     def _step(self, batch: _RunningBatch, admitted: list[_Row]) -> None:
         if self._kv_version != self.weight_version:
