@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -39,9 +38,9 @@ from agentrl.rollout.kv_sessions import KVSessionStore
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
-# waited this many decode steps (environment variables: for measuring, see docs/engine.md).
-ADMIT_FRACTION = float(os.environ.get("AGENTRL_ADMIT_FRACTION", "0.25"))
-ADMIT_WAIT_STEPS = int(os.environ.get("AGENTRL_ADMIT_WAIT_STEPS", "2"))
+# waited this many decode steps (measured in docs/engine.md).
+ADMIT_FRACTION = 0.25
+ADMIT_WAIT_STEPS = 2
 
 
 @dataclass(eq=False)
