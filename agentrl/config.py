@@ -93,6 +93,18 @@ class TorchEngineConfig(Section):
 
     backend: Literal["torch"] = "torch"
     max_batch_size: int = Field(256, ge=1, description="Most sequences decoded at once.")
+    scheduler: Literal["batch", "continuous"] = Field(
+        "batch",
+        description="batch: the requests pending together run as one batch to completion, each turn prefilled "
+        "from its first token; continuous: requests join the running batch at the next step and an episode's "
+        "KV cache is kept between its turns (docs/engine.md: not yet faster on every workload).",
+    )
+    kv_cache_mb: float = Field(
+        256,
+        ge=0,
+        description="Memory for KV caches kept between an episode's turns (continuous scheduler); the least "
+        "recently kept go first when it is full, and their episodes are prefilled again; 0 keeps none.",
+    )
 
 
 class SGLangEngineConfig(Section):

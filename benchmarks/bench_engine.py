@@ -1,20 +1,32 @@
-"""Sampling throughput: TorchEngine vs Hugging Face `model.generate`, same model, same prompts.
+"""Sampling throughput: the continuous torch engine vs the batch torch engine vs Hugging Face `model.generate`.
 
-    python benchmarks/bench_engine.py --batch-sizes 16,32,64 --new-tokens 64 --repeats 5
+    python benchmarks/bench_engine.py --shapes 64x2x4,256x4x8 --batch-sizes 32 --repeats 5
 
-Builds a tiny random Qwen2 (hidden 256, 4 layers, 8 heads: about 4M parameters) into a
-temporary directory and loads it back with `from_pretrained`. For each batch size it
-times (a) `model.generate(do_sample=True, max_new_tokens=N, min_new_tokens=N)` on the
-left-padded batch and (b) one `TorchEngine.generate` per prompt awaited together, with
-no stop ids, so both produce exactly N tokens per row. Every repeat times both, in
-alternating order; the table reports median tokens/s of each and their ratio
-(engine / generate). Both apply the same top-k/top-p (top_k=50 is generate's default).
+For each model shape (hidden x layers x heads; a tiny random Qwen2 built into a temporary
+directory and loaded back with `from_pretrained`; 64x2x4 is the quickstart's) and each
+workload it times, in one run, side by side:
 
-`--workload ragged` gives each row its own budget of N/8..N new tokens, as turns of
-agent episodes have: `generate` stops each row at its budget through a per-row stopping
-criterion (finished rows are padded but still computed until the longest is done), the
-engine drops a row from the batch when it is done. Only the tokens each row was asked
-for count, for both.
+- `generate`: `model.generate(do_sample=True, ...)` on the left-padded batch;
+- `batch`: `TorchEngine` (rollout.engine.scheduler=batch): the requests pending together
+  run as one batch to completion;
+- `continuous`: `ContinuousTorchEngine` (scheduler=continuous): rows join and leave the
+  running batch at every step; an episode's KV cache is kept between its turns.
+
+Workloads (no stop ids, so every row produces exactly the tokens it was asked for; only
+those count, for all three; every one applies the same top-k/top-p):
+
+- `fixed`: one turn, N new tokens per row.
+- `ragged`: one turn, N/8..N new tokens per row. `generate` stops each row at its budget
+  through a per-row stopping criterion (finished rows still computed until the longest is
+  done); the engines drop a row when it is done.
+- `multiturn`: the agentic shape: every row is an episode of T turns (default 8), each
+  turn with its own budget of N/8..N tokens, followed by an observation of 8..16 tokens
+  appended to the conversation (an env step, optionally taking --env-ms). The engines
+  serve one coroutine per episode that awaits `generate` with the whole conversation each
+  turn; `generate` runs turn by turn over the episodes' whole conversations.
+
+Every repeat times all three in rotating order; the table reports the median tokens/s of
+each and the ratios continuous/generate and continuous/batch.
 """
 
 from __future__ import annotations
@@ -31,6 +43,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from agentrl.models.tiny import build_tiny_model
+from agentrl.rollout.continuous_engine import ContinuousTorchEngine
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.torch_engine import TorchEngine
 
@@ -42,20 +55,21 @@ TEXTS = [
     "Reinforcement learning improves the policy from its own samples.",
     "0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15",
 ]
+CONTENDERS = ("generate", "batch", "continuous")
 
 
 def parse_args():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-sizes", default="16,32,64", help="comma-separated batch sizes")
-    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--shapes", default="64x2x4,256x4x8", help="model shapes, hidden x layers x heads")
+    parser.add_argument("--batch-sizes", default="32", help="comma-separated batch sizes (episodes in multiturn)")
+    parser.add_argument("--new-tokens", type=int, default=32, help="N: tokens per row (fixed), most per turn otherwise")
+    parser.add_argument("--turns", type=int, default=8, help="turns per episode (multiturn)")
+    parser.add_argument("--env-ms", type=float, default=0.0, help="time one env step takes (multiturn)")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--heads", type=int, default=8)
-    parser.add_argument("--top-k", type=int, default=50, help="applied by both (50 is generate's default)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="applied by both")
+    parser.add_argument("--top-k", type=int, default=50, help="applied by all (50 is generate's default)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="applied by all")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")
-    parser.add_argument("--workload", default="fixed,ragged", help="fixed: N tokens per row; ragged: N/8..N per row")
+    parser.add_argument("--workload", default="fixed,ragged,multiturn", help="fixed, ragged, multiturn")
     return parser.parse_args()
 
 
@@ -65,11 +79,23 @@ def make_prompts(tokenizer, batch_size: int) -> list[list[int]]:
     return [encoded[row % len(encoded)][: 4 + row % 13] for row in range(batch_size)]
 
 
-def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    width = max(map(len, prompts))
-    input_ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in prompts])
-    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return input_ids, attention_mask
+class Workload:
+    """Per-row, per-turn token budgets and observations, the same for every contender."""
+
+    def __init__(self, kind: str, prompts: list[list[int]], tokenizer, args):
+        self.kind, self.prompts, self.env_s = kind, prompts, args.env_ms / 1000
+        turns = args.turns if kind == "multiturn" else 1
+        generator = torch.Generator().manual_seed(len(prompts))
+        low = args.new_tokens if kind == "fixed" else max(1, args.new_tokens // 8)
+        shape = (len(prompts), turns)
+        self.budgets = torch.randint(low, args.new_tokens + 1, shape, generator=generator).tolist()
+        vocab = [i for i in range(tokenizer.vocab_size) if i not in tokenizer.all_special_ids]
+        lengths = torch.randint(8, 17, shape, generator=generator).tolist()
+        self.observations = [
+            [[vocab[(row * 31 + turn * 7 + i) % len(vocab)] for i in range(n)] for turn, n in enumerate(row_lengths)]
+            for row, row_lengths in enumerate(lengths)
+        ]
+        self.tokens = sum(map(sum, self.budgets))
 
 
 class RowBudgets(StoppingCriteria):
@@ -83,103 +109,126 @@ class RowBudgets(StoppingCriteria):
         return (input_ids.shape[1] - self.prompt_width) >= self.budgets
 
 
-def row_budgets(batch_size: int, args) -> list[int]:
-    if args.current_workload == "fixed":
-        return [args.new_tokens] * batch_size
-    generator = torch.Generator().manual_seed(batch_size)
-    low = max(1, args.new_tokens // 8)
-    return torch.randint(low, args.new_tokens + 1, (batch_size,), generator=generator).tolist()
+def hf_generate_turn(model, histories: list[list[int]], budgets: list[int], pad_id: int, args) -> list[list[int]]:
+    width = max(map(len, histories))
+    input_ids = torch.tensor([[pad_id] * (width - len(h)) + h for h in histories])
+    attention_mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories])
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=True,
+        max_new_tokens=max(budgets),
+        min_new_tokens=min(budgets),
+        stopping_criteria=StoppingCriteriaList([RowBudgets(width, budgets)]),
+        temperature=1.0,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        pad_token_id=pad_id,
+    )
+    assert out.shape[1] - width == max(budgets)
+    return [out[row, width : width + budget].tolist() for row, budget in enumerate(budgets)]
 
 
-def time_hf_generate(model, prompts, pad_id: int, args) -> float:
-    input_ids, attention_mask = left_pad(prompts, pad_id)
-    budgets = row_budgets(len(prompts), args)
-    stopping = StoppingCriteriaList([RowBudgets(input_ids.shape[1], budgets)])
+def time_hf_generate(model, work: Workload, pad_id: int, args) -> float:
+    histories = [list(p) for p in work.prompts]
     start = time.perf_counter()
     with torch.inference_mode():
-        out = model.generate(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            do_sample=True,
-            max_new_tokens=max(budgets),
-            min_new_tokens=min(budgets),
-            stopping_criteria=stopping,
-            temperature=1.0,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            pad_token_id=pad_id,
-        )
-    elapsed = time.perf_counter() - start
-    assert out.shape[1] - input_ids.shape[1] == max(budgets)
-    return elapsed
+        for turn in range(len(work.budgets[0])):
+            outputs = hf_generate_turn(model, histories, [b[turn] for b in work.budgets], pad_id, args)
+            for row, output in enumerate(outputs):
+                histories[row] += output + work.observations[row][turn]
+            if work.env_s:
+                time.sleep(work.env_s)  # every episode's env step, in parallel
+    return time.perf_counter() - start
 
 
-def sampling(budget: int, args) -> SamplingParams:
-    return SamplingParams(max_new_tokens=budget, temperature=1.0, top_k=args.top_k, top_p=args.top_p)
-
-
-def time_engine(engine, loop, prompts, args) -> float:
-    budgets = row_budgets(len(prompts), args)
+def time_engine(engine, loop, work: Workload, args) -> float:
+    async def episode(row: int) -> int:
+        history, produced = list(work.prompts[row]), 0
+        for turn, budget in enumerate(work.budgets[row]):
+            sampling = SamplingParams(max_new_tokens=budget, temperature=1.0, top_k=args.top_k, top_p=args.top_p)
+            out = await engine.generate(history, sampling)
+            assert len(out.output_ids) == budget
+            produced += budget
+            history += out.output_ids.tolist() + work.observations[row][turn]
+            if work.env_s:
+                await asyncio.sleep(work.env_s)
+        return produced
 
     async def run_all():
-        return await asyncio.gather(
-            *(engine.generate(p, sampling(budget, args)) for p, budget in zip(prompts, budgets, strict=True))
-        )
+        return await asyncio.gather(*(episode(row) for row in range(len(work.prompts))))
 
-    batches_before = engine.stats["batches"]
     start = time.perf_counter()
-    outputs = loop.run_until_complete(run_all())
+    produced = loop.run_until_complete(run_all())
     elapsed = time.perf_counter() - start
-    assert [len(o.output_ids) for o in outputs] == budgets
-    assert engine.stats["batches"] == batches_before + 1, "the engine should serve the prompts as one batch"
+    assert sum(produced) == work.tokens
     return elapsed
+
+
+def bench_shape(shape: str, args) -> None:
+    hidden, layers, heads = map(int, shape.split("x"))
+    torch.manual_seed(0)
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
+        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        model.generation_config.eos_token_id = None  # the engines get no stop ids either
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    pad_id = tokenizer.pad_token_id
+    biggest = max(1024, *map(int, args.batch_sizes.split(",")))
+    engines = {
+        "batch": TorchEngine(model, pad_token_id=pad_id, max_batch_size=biggest),
+        "continuous": ContinuousTorchEngine(model, pad_token_id=pad_id, max_batch_size=biggest),
+    }
+    loop = asyncio.new_event_loop()
+    params = sum(p.numel() for p in model.parameters())
+    print(
+        f"\nmodel: Qwen2 hidden={hidden} layers={layers} heads={heads} vocab={model.config.vocab_size} "
+        f"params={params / 1e6:.2f}M; threads={torch.get_num_threads()}; N={args.new_tokens} turns={args.turns} "
+        f"env_ms={args.env_ms} top_k={args.top_k} top_p={args.top_p}; median of {args.repeats} repeats"
+    )
+    header = f"{'workload':>9} | {'batch':>5} | " + " | ".join(f"{name + ' tok/s':>16}" for name in CONTENDERS)
+    print(header + f" | {'cont/generate':>13} | {'cont/batch':>10}")
+    print("-" * len(header) + "-+-" + "-" * 13 + "-+-" + "-" * 10)
+
+    def run(name: str, work: Workload) -> float:
+        if name == "generate":
+            return time_hf_generate(model, work, pad_id, args)
+        return time_engine(engines[name], loop, work, args)
+
+    for kind in args.workload.split(","):
+        for batch_size in map(int, args.batch_sizes.split(",")):
+            work = Workload(kind, make_prompts(tokenizer, batch_size), tokenizer, args)
+            for name in CONTENDERS:  # warm-up
+                run(name, work)
+            times = {name: [] for name in CONTENDERS}
+            for repeat in range(args.repeats):
+                # Rotate which goes first, so none always runs in another's wake.
+                order = CONTENDERS[repeat % 3 :] + CONTENDERS[: repeat % 3]
+                for name in order:
+                    times[name].append(run(name, work))
+            rates = {name: work.tokens / statistics.median(times[name]) for name in CONTENDERS}
+            cells = " | ".join(f"{rates[name]:>16.0f}" for name in CONTENDERS)
+            print(
+                f"{kind:>9} | {batch_size:>5} | {cells} | {rates['continuous'] / rates['generate']:>13.2f} | "
+                f"{rates['continuous'] / rates['batch']:>10.2f}",
+                flush=True,
+            )
+    stats = engines["continuous"].stats
+    print(
+        f"continuous engine, whole run: {stats['prefill_tokens']} tokens prefilled, {stats['reused_tokens']} reused "
+        f"from kept KV caches, {stats['evictions']} evictions, {stats['steps']} decode steps, "
+        f"{stats['prefills']} prefills"
+    )
+    loop.close()
+    for engine in engines.values():
+        engine.shutdown()
 
 
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(
-            Path(tmp) / "model", TEXTS, hidden_size=args.hidden, num_layers=args.layers, num_heads=args.heads
-        )
-        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    pad_id = tokenizer.pad_token_id
-    engine = TorchEngine(model, pad_token_id=pad_id, max_batch_size=max(1024, *map(int, args.batch_sizes.split(","))))
-    loop = asyncio.new_event_loop()
-
-    params = sum(p.numel() for p in model.parameters())
-    print(
-        f"model: Qwen2 hidden={args.hidden} layers={args.layers} heads={args.heads} vocab={model.config.vocab_size} "
-        f"params={params / 1e6:.2f}M dtype={model.dtype}; threads={torch.get_num_threads()}; "
-        f"new_tokens={args.new_tokens} top_k={args.top_k} top_p={args.top_p}; median of {args.repeats} repeats"
-    )
-    print(f"{'workload':>8} | {'batch':>5} | {'generate tok/s':>14} | {'engine tok/s':>12} | {'ratio':>5}")
-    print(f"{'-' * 8}-+-{'-' * 5}-+-{'-' * 14}-+-{'-' * 12}-+-{'-' * 5}")
-    for workload, batch_size in (
-        (w, b) for w in args.workload.split(",") for b in map(int, args.batch_sizes.split(","))
-    ):
-        args.current_workload = workload
-        prompts = make_prompts(tokenizer, batch_size)
-        time_hf_generate(model, prompts, pad_id, args)  # warm-up
-        time_engine(engine, loop, prompts, args)
-        hf_times, engine_times = [], []
-        for repeat in range(args.repeats):
-            # Alternate which goes first, so neither always runs in the other's wake.
-            if repeat % 2 == 0:
-                hf_times.append(time_hf_generate(model, prompts, pad_id, args))
-                engine_times.append(time_engine(engine, loop, prompts, args))
-            else:
-                engine_times.append(time_engine(engine, loop, prompts, args))
-                hf_times.append(time_hf_generate(model, prompts, pad_id, args))
-        tokens = sum(row_budgets(batch_size, args))
-        hf_rate = tokens / statistics.median(hf_times)
-        engine_rate = tokens / statistics.median(engine_times)
-        ratio = engine_rate / hf_rate
-        print(f"{workload:>8} | {batch_size:>5} | {hf_rate:>14.0f} | {engine_rate:>12.0f} | {ratio:>5.2f}", flush=True)
-    loop.close()
-    engine.shutdown()
+    for shape in args.shapes.split(","):
+        bench_shape(shape, args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,8 @@
-"""The built-in rollout backend: batched sampling with a KV cache, in plain torch.
+"""The built-in rollout backend: batched sampling with a KV cache, in plain torch (the batch scheduler).
+
+`continuous_engine.ContinuousTorchEngine` builds on this one (same sampler, same weight
+loading) with continuous batching and KV reuse across turns; `build_torch_engine` picks
+one from the config (rollout.engine.scheduler).
 
 Concurrent `generate` calls on one event loop are gathered by a scheduler task and run
 as one batch: prompts are left-padded, prefilled together, then decoded one token per
@@ -468,6 +472,21 @@ class TorchEngine(Engine):
             **extra,
         )
         return out.logits[:, -1, :]
+
+
+def build_torch_engine(model, config, *, pad_token_id: int, seed: int) -> TorchEngine:
+    """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler."""
+    if config.scheduler == "batch":
+        return TorchEngine(model, pad_token_id=pad_token_id, max_batch_size=config.max_batch_size, seed=seed)
+    from agentrl.rollout.continuous_engine import ContinuousTorchEngine
+
+    return ContinuousTorchEngine(
+        model,
+        pad_token_id=pad_token_id,
+        max_batch_size=config.max_batch_size,
+        seed=seed,
+        kv_cache_bytes=int(config.kv_cache_mb * (1 << 20)),
+    )
 
 
 def _takes_ready_made_sdpa_masks(model) -> bool:

@@ -30,11 +30,11 @@ def make_engine(config, device: str, seed: int):
         from agentrl.rollout.sglang_engine import SGLangEngine
 
         return SGLangEngine.from_config(config, device, seed)
-    from agentrl.rollout.torch_engine import TorchEngine
+    from agentrl.rollout.torch_engine import build_torch_engine
 
     model = load_causal_lm(config.model.path, config.model.dtype, device)
     tokenizer = load_tokenizer(config.model.path)
-    return TorchEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch_size=engine.max_batch_size, seed=seed)
+    return build_torch_engine(model, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
 
 
 def task_index(tasks_per_step: int, round_: int, first_task: int, position: int) -> int:

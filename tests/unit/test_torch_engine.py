@@ -1,4 +1,4 @@
-"""The torch rollout engine against plain forward passes and Hugging Face `generate`."""
+"""The torch rollout engines (batch and continuous scheduler) against plain forward passes and HF `generate`."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.models.tiny import build_tiny_model
+from agentrl.rollout.continuous_engine import ContinuousTorchEngine
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.torch_engine import TorchEngine, _RowSampling, _sample
 
@@ -22,6 +23,9 @@ TEXTS = [
     "0 1 2 3 4 5 6 7 8 9",
 ]
 PROMPTS = ["The quick", "12 + 30 =", "A small model learns to", "7"]
+ENGINE_CLASSES = pytest.mark.parametrize(
+    "engine_class", [TorchEngine, ContinuousTorchEngine], ids=["batch", "continuous"]
+)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +43,9 @@ def model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir).eval()
 
 
-@pytest.fixture
-def engine(model, tokenizer):
-    engine = TorchEngine(model, pad_token_id=tokenizer.pad_token_id, seed=0)
+@pytest.fixture(params=[TorchEngine, ContinuousTorchEngine], ids=["batch", "continuous"])
+def engine(request, model, tokenizer):
+    engine = request.param(model, pad_token_id=tokenizer.pad_token_id, seed=0)
     yield engine
     engine.shutdown()
 
@@ -87,9 +91,10 @@ def test_logprobs_match_a_full_forward_pass(engine, model, prompts, temperature)
     assert worst < 1e-4
 
 
-def test_eager_attention_gets_plain_2d_masks(model_dir, tokenizer, prompts):
+@ENGINE_CLASSES
+def test_eager_attention_gets_plain_2d_masks(engine_class, model_dir, tokenizer, prompts):
     eager = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
-    engine = TorchEngine(eager, pad_token_id=tokenizer.pad_token_id)
+    engine = engine_class(eager, pad_token_id=tokenizer.pad_token_id)
     assert not engine._takes_ready_masks
     outputs = generate_all(engine, prompts, SamplingParams(max_new_tokens=8, temperature=0.7))
     engine.shutdown()
@@ -203,11 +208,12 @@ def test_sampled_tokens_follow_the_filtered_distribution():
     torch.testing.assert_close(logprobs, full.log()[tokens])
 
 
-def test_sampling_is_reproducible(model, tokenizer, prompts):
+@ENGINE_CLASSES
+def test_sampling_is_reproducible(engine_class, model, tokenizer, prompts):
     sampling = SamplingParams(max_new_tokens=8, temperature=1.0, top_k=20, top_p=0.9)
     runs = []
     for _ in range(2):
-        engine = TorchEngine(model, pad_token_id=tokenizer.pad_token_id, seed=123)
+        engine = engine_class(model, pad_token_id=tokenizer.pad_token_id, seed=123)
         runs.append([o.output_ids for o in generate_all(engine, prompts, sampling)])
         engine.shutdown()
     for a, b in zip(*runs, strict=True):

@@ -1,0 +1,404 @@
+"""The torch engine with continuous batching and KV reuse across an episode's turns.
+
+One worker thread runs a decode loop. At every step it
+
+1. admits the requests that arrived since the last step: each takes the stored KV cache
+   of its longest token prefix, if any (`kv_sessions.KVSessionStore`), and only the rest
+   of its prompt is prefilled; the admitted rows are prefilled together and join the
+   running batch;
+2. samples one token for every running row (the same sampler as `TorchEngine`);
+3. lets finished rows leave: their results go back to their event loop at once and their
+   KV cache (minus the last sampled token, which was never fed) goes to the store;
+4. feeds the sampled tokens of the rows still running through the model.
+
+Rows of different lengths share one KV tensor per layer, each row right-aligned, with an
+explicit attention mask and position ids; columns no row uses any more are trimmed.
+
+A new weight version makes every cached key and value stale: the store is emptied and the
+running rows are prefilled again (prompt and output so far) under the new weights. A
+row's `weight_version` is the version it was admitted under, the oldest that shaped it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from agentrl.errors import UserError
+from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
+from agentrl.rollout.kv_sessions import KVSessionStore
+from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
+
+# Waiting requests are admitted once they are this fraction of the running rows, or have
+# waited this many decode steps (measured in docs/engine.md).
+ADMIT_FRACTION = 0.25
+ADMIT_WAIT_STEPS = 2
+
+
+@dataclass(eq=False)
+class _Row:
+    """One request, from `generate` until its result is delivered."""
+
+    prompt: list[int]
+    sampling: SamplingParams
+    loop: asyncio.AbstractEventLoop
+    future: asyncio.Future
+    abort_epoch: int
+    stop_ids: frozenset[int] = frozenset()
+    generator: torch.Generator | None = None
+    output: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    version: int | None = None
+    cached_tokens: int = 0
+
+    @property
+    def sequence(self) -> list[int]:
+        return self.prompt + self.output
+
+
+class _RunningBatch:
+    """The rows being decoded, their KV cache, attention mask, next positions and pending logits."""
+
+    def __init__(self):
+        self.rows: list[_Row] = []
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # (rows, cache width), 1 where a column holds one of the row's tokens
+        self.positions: torch.Tensor | None = None  # (rows,), position of each row's next token
+        self.logits: torch.Tensor | None = None  # (rows, vocab), the next token's logits
+        self.sampling: _RowSampling | None = None
+
+    def clear(self) -> None:
+        self.__init__()
+
+
+class ContinuousTorchEngine(TorchEngine):
+    """Serve a Hugging Face causal LM with continuous batching and KV reuse across turns."""
+
+    def __init__(
+        self, model, *, pad_token_id: int, max_batch_size: int = 256, seed: int = 0, kv_cache_bytes: int = 256 << 20
+    ):
+        super().__init__(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
+        layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
+        if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
+            raise UserError(
+                "the continuous torch engine needs full attention in every layer, the model has "
+                f"{sorted(layer_types)}; set rollout.engine.scheduler=batch"
+            )
+        self.sessions = KVSessionStore(kv_cache_bytes)
+        self.stats.update(steps=0, prefills=0, prefill_tokens=0, reused_tokens=0, evictions=0)
+        self._inbox: list[_Row] = []
+        self._steps_waited = 0  # decode steps the waiting requests have waited to be admitted
+        self._outbox: list[tuple[_Row, GenerateOutput | BaseException]] = []
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._batch = _RunningBatch()
+        self._kv_version = self.weight_version
+
+    # ---- requests (event loop side) ----------------------------------------------------
+
+    async def generate(self, input_ids: list[int] | np.ndarray, sampling: SamplingParams) -> GenerateOutput:
+        prompt = np.asarray(input_ids, dtype=np.int64).reshape(-1).tolist()
+        if not prompt:
+            raise ValueError("generate needs a non-empty prompt")
+        if sampling.max_new_tokens <= 0:
+            return self._empty_output("length")
+        if self._closed:
+            return self._empty_output("abort")
+        loop = asyncio.get_running_loop()
+        row = _Row(
+            prompt,
+            sampling,
+            loop,
+            loop.create_future(),
+            self._abort_epoch,
+            stop_ids=frozenset(sampling.stop_token_ids),
+            generator=_seeded_generator(sampling.seed, self.device) if sampling.seed is not None else None,
+        )
+        queue = self._queues.setdefault(loop, _LoopQueue())
+        queue.pending.append(row)
+        if queue.scheduler is None or queue.scheduler.done():
+            queue.scheduler = loop.create_task(self._hand_over(queue))
+        return await row.future
+
+    async def _hand_over(self, queue: _LoopQueue) -> None:
+        """Pass the requests of one burst (all the coroutines woken together) to the worker at once."""
+        try:
+            while queue.pending:
+                await self._wait_for_quiet(queue)
+                rows, queue.pending = queue.pending, []
+                rows = [row for row in rows if not row.future.done()]
+                with self._wake:
+                    self._inbox.extend(rows)
+                    if self._thread is None:
+                        self._thread = threading.Thread(target=self._serve, name="torch-engine", daemon=True)
+                        self._thread.start()
+                    self._wake.notify()
+        finally:
+            queue.scheduler = None
+
+    def shutdown(self) -> None:
+        self.abort_all()
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+            thread = self._thread
+        if thread is not None:
+            thread.join()
+        self._worker.shutdown(wait=True)
+
+    # ---- weights: a new version makes cached KV stale -----------------------------------
+
+    def load_weights(self, named_tensors, version: int) -> None:
+        super().load_weights(named_tensors, version)
+        with self._model_lock:
+            self.sessions.clear()
+
+    def end_weight_update(self, version: int) -> None:
+        super().end_weight_update(version)
+        with self._model_lock:
+            self.sessions.clear()
+
+    # ---- the decode loop (worker thread) ------------------------------------------------
+
+    def _serve(self) -> None:
+        batch = self._batch
+        while True:
+            with self._wake:
+                while not self._inbox and not batch.rows and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    admitted, self._inbox = self._inbox, []
+                    for row in admitted + batch.rows:
+                        self._deliver(row, "abort")
+                    batch.clear()
+                    self._send_results()
+                    return
+                if self._should_admit(len(batch.rows)):
+                    room = self.max_batch_size - len(batch.rows)
+                    admitted, self._inbox = self._inbox[:room], self._inbox[room:]
+                    self._steps_waited = 0
+                else:
+                    admitted = []
+                    self._steps_waited += 1
+            started = time.perf_counter()
+            try:
+                with self._model_lock, torch.inference_mode():
+                    self._step(batch, admitted)
+            except Exception as exc:  # the rows in flight fail in their callers; the loop goes on
+                self._outbox += [(row, exc) for row in admitted + batch.rows]
+                batch.clear()
+            self._send_results()
+            self.busy_seconds += time.perf_counter() - started
+
+    def _should_admit(self, running: int) -> bool:
+        """Admit the waiting requests now, or let them gather for a step or two.
+
+        Each admission costs one prefill pass, about as long as a decode step for small
+        models; a few late turns wait until they are a sizeable group (ADMIT_FRACTION of
+        the running rows) or have waited ADMIT_WAIT_STEPS steps.
+        """
+        waiting = len(self._inbox)
+        return waiting > 0 and (
+            running == 0 or waiting >= running * ADMIT_FRACTION or self._steps_waited >= ADMIT_WAIT_STEPS
+        )
+
+    def _step(self, batch: _RunningBatch, admitted: list[_Row]) -> None:
+        if self._kv_version != self.weight_version:
+            self.sessions.clear()
+            admitted = batch.rows + admitted  # prefilled again under the new weights
+            batch.clear()
+            self._kv_version = self.weight_version
+        epoch = self._abort_epoch
+        for row in admitted:
+            if row.abort_epoch != epoch:
+                self._deliver(row, "abort")
+        admitted = [row for row in admitted if row.abort_epoch == epoch and not row.future.done()]
+        if any(row.abort_epoch != epoch for row in batch.rows):
+            self._leave(batch, [row.abort_epoch != epoch for row in batch.rows], "abort")
+        if admitted:
+            self._admit(batch, admitted)
+        if not batch.rows:
+            return
+
+        self.stats["steps"] += 1
+        tokens, logprobs = _sample(batch.logits, batch.sampling, self.generator)
+        finished, reasons = [], []
+        for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            row.output.append(token)
+            row.logprobs.append(logprob)
+            stopped = token in row.stop_ids
+            finished.append(stopped or len(row.output) >= row.sampling.max_new_tokens)
+            reasons.append("stop" if stopped else "length")
+        self.stats["generated_tokens"] += len(batch.rows)
+        if any(finished):
+            keep = self._leave(batch, finished, reasons)
+            if keep is None:
+                return
+            tokens = tokens[keep]
+        batch.mask = F.pad(batch.mask, (0, 1), value=1)
+        mask = batch.mask.bool()[:, None, None, :] if self._takes_ready_masks else batch.mask
+        batch.logits = self._last_logits(tokens[:, None], mask, batch.positions[:, None], batch.cache)
+        batch.positions += 1
+
+    def _leave(self, batch: _RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
+        """Deliver the finished rows, keep their KV for a next turn; return the positions of the rows left."""
+        for index, (row, done) in enumerate(zip(batch.rows, finished, strict=True)):
+            if not done:
+                continue
+            reason = reasons if isinstance(reasons, str) else reasons[index]
+            if reason != "abort" and self.sessions.budget_bytes > 0:
+                self._store(batch, index, row)
+            self._deliver(row, reason)
+        keep_list = [index for index, done in enumerate(finished) if not done]
+        if not keep_list:
+            batch.clear()
+            return None
+        keep = torch.tensor(keep_list, device=self.device)
+        batch.rows = [batch.rows[index] for index in keep_list]
+        batch.cache.batch_select_indices(keep)
+        batch.mask = batch.mask[keep]
+        batch.positions = batch.positions[keep]
+        batch.logits = batch.logits[keep]
+        batch.sampling.select(keep)
+        used = batch.mask.any(dim=0)
+        first = int(used.int().argmax())
+        if first > 0:  # columns only departed rows used
+            batch.mask = batch.mask[:, first:]
+            for layer in batch.cache.layers:
+                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+        return keep
+
+    def _store(self, batch: _RunningBatch, index: int, row: _Row) -> None:
+        columns = batch.mask[index].nonzero().squeeze(1)
+        tokens = row.sequence[:-1]  # the last sampled token was never fed through the model
+        assert len(columns) == len(tokens), (len(columns), len(tokens))
+        layers = [
+            (layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
+            for layer in batch.cache.layers
+        ]
+        evictions = self.sessions.evictions
+        self.sessions.put(tokens, layers, self._kv_version)
+        self.stats["evictions"] += self.sessions.evictions - evictions
+
+    def _admit(self, batch: _RunningBatch, rows: list[_Row]) -> None:
+        """Prefill `rows` (each after its stored KV, if any) together, then append them to the running batch."""
+        entries = [self.sessions.take(row.sequence, self._kv_version) if len(self.sessions) else None for row in rows]
+        past = [len(entry.tokens) if entry is not None else 0 for entry in entries]
+        new = [row.sequence[n:] for row, n in zip(rows, past, strict=True)]
+        past_width, new_width = max(past), max(map(len, new))
+        ids = torch.full((len(rows), new_width), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), past_width + new_width), dtype=torch.long)
+        positions = torch.zeros((len(rows), new_width), dtype=torch.long)
+        for i, (tokens, n) in enumerate(zip(new, past, strict=True)):
+            ids[i, new_width - len(tokens) :] = torch.tensor(tokens)
+            mask[i, past_width - n : past_width] = 1
+            mask[i, past_width + new_width - len(tokens) :] = 1
+            positions[i, new_width - len(tokens) :] = torch.arange(n, n + len(tokens))
+        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+
+        cache = DynamicCache(config=self.model.config)
+        if past_width:
+            _fill_cache(cache, _right_aligned_past(entries, past_width))
+        logits = self._last_logits(ids, mask, positions, cache)
+
+        for row, n in zip(rows, past, strict=True):
+            row.cached_tokens = row.cached_tokens or n
+            if row.version is None:
+                row.version = self._kv_version
+        self.stats["prefills"] += 1
+        self.stats["batches"] += 1
+        self.stats["requests"] += sum(1 for row in rows if not row.output)
+        self.stats["prompt_tokens"] += sum(len(row.prompt) for row in rows if not row.output)
+        self.stats["prefill_tokens"] += sum(map(len, new))
+        self.stats["reused_tokens"] += sum(past)
+        self._append(batch, rows, cache, mask, positions[:, -1] + 1, logits)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
+
+    def _append(self, batch: _RunningBatch, rows, cache: DynamicCache, mask, positions, logits) -> None:
+        if not batch.rows:
+            batch.rows, batch.cache, batch.mask, batch.positions, batch.logits = rows, cache, mask, positions, logits
+        else:
+            width = max(batch.mask.shape[1], mask.shape[1])
+            for old, added in zip(batch.cache.layers, cache.layers, strict=True):
+                old.keys = torch.cat([_pad_left(old.keys, width), _pad_left(added.keys, width)])
+                old.values = torch.cat([_pad_left(old.values, width), _pad_left(added.values, width)])
+            batch.mask = torch.cat(
+                [F.pad(batch.mask, (width - batch.mask.shape[1], 0)), F.pad(mask, (width - mask.shape[1], 0))]
+            )
+            batch.rows = batch.rows + rows
+            batch.positions = torch.cat([batch.positions, positions])
+            batch.logits = torch.cat([batch.logits, logits])
+        batch.sampling = _RowSampling([row.sampling for row in batch.rows], self.vocab_size, self.device)
+        batch.sampling.generators = [row.generator for row in batch.rows]
+        batch.sampling.seeded_rows = [(i, row.generator) for i, row in enumerate(batch.rows) if row.generator]
+
+    def _deliver(self, row: _Row, reason: FinishReason) -> None:
+        output = GenerateOutput(
+            output_ids=np.asarray(row.output, dtype=np.int64),
+            logprobs=np.asarray(row.logprobs, dtype=np.float32),
+            finish_reason=reason,
+            weight_version=self.weight_version if row.version is None else row.version,
+            meta={
+                "prompt_tokens": len(row.prompt),
+                "completion_tokens": len(row.output),
+                "cached_tokens": row.cached_tokens,
+            },
+        )
+        self._outbox.append((row, output))
+
+    def _send_results(self) -> None:
+        """Resolve the step's finished rows with one callback per event loop, so their callers wake together."""
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for row, result in self._outbox:
+            by_loop.setdefault(row.loop, []).append((row.future, result))
+        self._outbox = []
+        for loop, results in by_loop.items():
+            with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these rows
+                loop.call_soon_threadsafe(_resolve_all, results)
+
+
+def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseException]]) -> None:
+    for future, result in results:
+        if future.done():
+            continue
+        if isinstance(result, BaseException):
+            future.set_exception(result)
+        else:
+            future.set_result(result)
+
+
+def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero columns on the left of the sequence dimension (-2) up to `width`."""
+    missing = width - tensor.shape[-2]
+    return F.pad(tensor, (0, 0, missing, 0)) if missing else tensor
+
+
+def _right_aligned_past(entries, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns."""
+    template = next(entry for entry in entries if entry is not None).layers
+    layers = []
+    for layer, (key0, value0) in enumerate(template):
+        keys = key0.new_zeros((len(entries), key0.shape[1], width, key0.shape[3]))
+        values = value0.new_zeros((len(entries), value0.shape[1], width, value0.shape[3]))
+        for i, entry in enumerate(entries):
+            if entry is not None:
+                key, value = entry.layers[layer]
+                keys[i, :, width - key.shape[2] :] = key[0]
+                values[i, :, width - value.shape[2] :] = value[0]
+        layers.append((keys, values))
+    return layers
+
+
+def _fill_cache(cache: DynamicCache, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    for cache_layer, (keys, values) in zip(cache.layers, layers, strict=True):
+        cache_layer.lazy_initialization(keys, values)
+        cache_layer.keys, cache_layer.values = keys, values

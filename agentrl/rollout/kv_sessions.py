@@ -1,0 +1,92 @@
+"""KV caches kept between an episode's turns, found again by token prefix, evicted under a memory budget.
+
+When a request finishes, the continuous torch engine stores the keys and values of every
+token it computed (prompt and output but the last sampled token) with those tokens. The
+episode's next turn sends the whole conversation again: its token ids start with the
+stored ones, so the engine takes the stored cache and prefills only the rest (the closing
+token and the observation). Matching by tokens, not by an episode key, needs nothing from
+the caller (SGLang's radix cache behaves the same way) and can never pair a cache with
+tokens it was not computed from.
+
+Entries carry the weight version they were computed under; a new version empties the
+store. Least recently stored entries go first when the budget is exceeded.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import torch
+
+# Entries are bucketed by their first tokens; a lookup compares only the entries of its bucket
+# (and the few entries shorter than that, kept under the key of all they have).
+BUCKET_TOKENS = 8
+
+
+@dataclass
+class KVEntry:
+    tokens: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values, each (1, heads, len(tokens), dim)
+    version: int
+    nbytes: int
+
+
+class KVSessionStore:
+    """Finished requests' KV caches, looked up by the longest stored token prefix of a new prompt."""
+
+    def __init__(self, budget_bytes: int):
+        self.budget_bytes = int(budget_bytes)
+        self.nbytes = 0
+        self.evictions = 0
+        self._entries: OrderedDict[int, KVEntry] = OrderedDict()
+        self._buckets: dict[tuple[int, ...], set[int]] = {}
+        self._next_id = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def put(self, tokens: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]], version: int) -> None:
+        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+        if not tokens or nbytes > self.budget_bytes:
+            return
+        while self._entries and self.nbytes + nbytes > self.budget_bytes:
+            self._drop(next(iter(self._entries)))
+            self.evictions += 1
+        entry_id, self._next_id = self._next_id, self._next_id + 1
+        self._entries[entry_id] = KVEntry(list(tokens), layers, version, nbytes)
+        self._buckets.setdefault(tuple(tokens[:BUCKET_TOKENS]), set()).add(entry_id)
+        self.nbytes += nbytes
+
+    def take(self, prompt: list[int], version: int) -> KVEntry | None:
+        """Remove and return the entry whose tokens are the longest proper prefix of `prompt`, if any.
+
+        Proper: at least one prompt token is left to prefill, which gives the logits of the first new token.
+        """
+        best_id, best_len = None, 0
+        candidates = [self._buckets.get(tuple(prompt[:BUCKET_TOKENS]), ())]
+        candidates += [self._buckets.get(tuple(prompt[:n]), ()) for n in range(1, min(BUCKET_TOKENS, len(prompt)))]
+        for entry_id in (entry_id for bucket in candidates for entry_id in bucket):
+            tokens = self._entries[entry_id].tokens
+            n = len(tokens)
+            if best_len < n < len(prompt) and prompt[n - 1] == tokens[-1] and prompt[:n] == tokens:
+                best_id, best_len = entry_id, n
+        if best_id is None:
+            return None
+        entry = self._drop(best_id)
+        return entry if entry.version == version else None
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._buckets.clear()
+        self.nbytes = 0
+
+    def _drop(self, entry_id: int) -> KVEntry:
+        entry = self._entries.pop(entry_id)
+        bucket_key = tuple(entry.tokens[:BUCKET_TOKENS])
+        bucket = self._buckets[bucket_key]
+        bucket.discard(entry_id)
+        if not bucket:
+            del self._buckets[bucket_key]
+        self.nbytes -= entry.nbytes
+        return entry

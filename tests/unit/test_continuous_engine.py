@@ -1,0 +1,217 @@
+"""The continuous torch engine: rows join a running batch, and an episode's KV cache is kept between turns."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from agentrl.models.tiny import build_tiny_model
+from agentrl.rollout.continuous_engine import ContinuousTorchEngine
+from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.kv_sessions import KVSessionStore
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "12 + 30 = 42", "A small model learns to add numbers."]
+OBSERVATION = [7, 8, 9, 10, 11]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", TEXTS, hidden_size=64, num_layers=2, num_heads=4)
+
+
+@pytest.fixture
+def model(model_dir):
+    return AutoModelForCausalLM.from_pretrained(model_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def prompts(model_dir):
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return [tokenizer(text)["input_ids"][: 3 + 2 * i] for i, text in enumerate(TEXTS * 2)]
+
+
+def make_engine(model, **kwargs):
+    return ContinuousTorchEngine(model, pad_token_id=0, seed=0, **kwargs)
+
+
+def full_forward_logprobs(model, prompt, output_ids, temperature=1.0):
+    ids = torch.tensor([list(prompt) + output_ids.tolist()])
+    with torch.no_grad():
+        logits = model(ids).logits[0].float()
+    logprobs = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
+    return logprobs.gather(1, torch.from_numpy(output_ids)[:, None]).squeeze(1).numpy()
+
+
+def run_episodes(engine, prompts, turns, sampling_for, model=None, between=None):
+    """One coroutine per episode: generate, append the output and an observation, repeat.
+
+    Returns per episode the list of (conversation sent, output) of every turn; with `model`,
+    checks every turn's logprobs against one unpadded forward pass of the whole conversation.
+    """
+
+    async def episode(index, prompt):
+        history, turns_seen = list(prompt), []
+        for turn in range(turns):
+            out = await engine.generate(history, sampling_for(index, turn))
+            turns_seen.append((list(history), out))
+            if model is not None:
+                expected = full_forward_logprobs(model, history, out.output_ids, sampling_for(index, turn).temperature)
+                np.testing.assert_allclose(out.logprobs, expected, atol=1e-4)
+            history += out.output_ids.tolist() + OBSERVATION[: 1 + (index + turn) % len(OBSERVATION)]
+            if between is not None:
+                await between(index, turn)
+        return turns_seen
+
+    async def run():
+        return await asyncio.gather(*(episode(i, p) for i, p in enumerate(prompts)))
+
+    return asyncio.run(run())
+
+
+def ragged(index, turn):
+    return SamplingParams(max_new_tokens=2 + (3 * index + 5 * turn) % 7, temperature=0.8)
+
+
+def test_later_turns_prefill_only_the_new_tokens_and_keep_logprobs_exact(model, prompts):
+    engine = make_engine(model)
+    episodes = run_episodes(engine, prompts, 4, ragged, model=model)
+    engine.shutdown()
+    for turns in episodes:
+        assert turns[0][1].meta["cached_tokens"] == 0
+        for (previous_history, previous), (_, out) in itertools.pairwise(turns):
+            # Every token the previous turn computed is reused: its prompt and its output but the last token.
+            assert out.meta["cached_tokens"] == len(previous_history) + len(previous.output_ids) - 1
+    stats = engine.stats
+    sent = sum(len(history) for turns in episodes for history, _ in turns)
+    assert stats["reused_tokens"] + stats["prefill_tokens"] == sent
+    assert stats["reused_tokens"] > 2 * stats["prefill_tokens"]
+
+
+def test_kept_kv_gives_the_same_greedy_tokens_as_prefilling_everything(model, prompts):
+    greedy = lambda index, turn: SamplingParams(max_new_tokens=3 + (index + turn) % 5, temperature=0.0)  # noqa: E731
+    runs = []
+    for budget in (256 << 20, 0):
+        engine = make_engine(model, kv_cache_bytes=budget)
+        runs.append(run_episodes(engine, prompts, 4, greedy))
+        engine.shutdown()
+        assert (engine.stats["reused_tokens"] > 0) == (budget > 0)
+    for kept, fresh in zip(*runs, strict=True):
+        for (_, a), (_, b) in zip(kept, fresh, strict=True):
+            np.testing.assert_array_equal(a.output_ids, b.output_ids)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_a_request_joins_the_running_batch_and_leaves_before_it(model, prompts):
+    engine = make_engine(model)
+
+    async def run():
+        long = asyncio.create_task(engine.generate(prompts[0], SamplingParams(max_new_tokens=400)))
+        while engine.stats["steps"] < 5:  # the long row is decoding
+            await asyncio.sleep(0.002)
+        short = await engine.generate(prompts[1], SamplingParams(max_new_tokens=3))
+        assert not long.done(), "the short request should not wait for the long one"
+        return short, await long
+
+    short, long = asyncio.run(run())
+    engine.shutdown()
+    assert len(short.output_ids) == 3 and len(long.output_ids) == 400
+    assert engine.stats["prefills"] == 2 and engine.stats["largest_batch"] == 2
+    for prompt, out in ((prompts[1], short), (prompts[0], long)):
+        np.testing.assert_allclose(out.logprobs, full_forward_logprobs(model, prompt, out.output_ids), atol=1e-4)
+
+
+def test_a_small_budget_evicts_and_evicted_episodes_are_prefilled_again(model, prompts):
+    probe = make_engine(model)
+    run_episodes(probe, prompts[:1], 1, lambda i, t: SamplingParams(max_new_tokens=4))
+    probe.shutdown()
+    one_entry = probe.sessions.nbytes
+    engine = make_engine(model, kv_cache_bytes=3 * one_entry)  # room for about two of six episodes
+    run_episodes(engine, prompts, 3, ragged, model=model)
+    engine.shutdown()
+    assert engine.stats["evictions"] > 0
+    assert engine.sessions.nbytes <= 3 * one_entry
+    assert engine.stats["reused_tokens"] > 0
+
+
+def test_new_weights_drop_kept_kv(model, prompts):
+    engine = make_engine(model)
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    generator = torch.Generator().manual_seed(1)
+    perturbed = {name: t + 0.3 * torch.randn(t.shape, generator=generator) for name, t in original.items()}
+
+    async def between(index, turn):
+        if turn == 0 and index == 0:
+            engine.load_weights(perturbed, version=5)
+
+    episodes = run_episodes(engine, prompts[:1], 2, ragged, between=between)
+    engine.shutdown()
+    (history, out) = episodes[0][1]
+    assert out.weight_version == 5 and out.meta["cached_tokens"] == 0 and len(engine.sessions) == 1
+    np.testing.assert_allclose(out.logprobs, full_forward_logprobs(model, history, out.output_ids, 0.8), atol=1e-4)
+
+
+def test_rows_running_during_a_weight_update_are_prefilled_again(model, prompts):
+    engine = make_engine(model)
+    original = {name: p.detach().clone() for name, p in model.named_parameters()}
+    perturbed = {name: t * 1.5 for name, t in original.items()}
+
+    async def run():
+        task = asyncio.create_task(engine.generate(prompts[2], SamplingParams(max_new_tokens=900)))
+        while engine.stats["steps"] < 3:
+            await asyncio.sleep(0.002)
+        prefills = engine.stats["prefills"]
+        await asyncio.get_running_loop().run_in_executor(None, engine.load_weights, perturbed, 2)
+        return await task, prefills
+
+    out, prefills_before_update = asyncio.run(run())
+    engine.shutdown()
+    assert len(out.output_ids) == 900 and out.weight_version == -1  # the oldest version that shaped it
+    assert engine.stats["prefills"] == prefills_before_update + 1  # the running row was prefilled again
+    # The last tokens were decoded under the new weights from a cache computed under them.
+    tail = full_forward_logprobs(model, prompts[2], out.output_ids)[-20:]
+    np.testing.assert_allclose(out.logprobs[-20:], tail, atol=1e-4)
+
+
+def test_session_store_takes_the_longest_prefix_and_evicts_the_oldest():
+    def entry(n):
+        return [(torch.zeros(1, 1, n, 2), torch.zeros(1, 1, n, 2))]
+
+    store = KVSessionStore(budget_bytes=2 * 16 * 10)  # 16 bytes per token: two ten-token entries
+    store.put(list(range(10)), entry(10), version=0)
+    store.put(list(range(5)), entry(5), version=0)
+    assert store.take(list(range(10)), version=0).tokens == list(range(5))  # proper prefix only
+    store.put(list(range(5)), entry(5), version=0)
+    assert store.take(list(range(12)), version=0).tokens == list(range(10))
+    assert store.take([0, 1, 2, 3, 9, 9], version=0) is None
+    store.put([1] * 10, entry(10), version=0)
+    store.put([2] * 10, entry(10), version=0)  # over budget: the oldest goes
+    assert store.evictions == 1 and len(store) == 2
+    assert store.take([*range(5), 1], version=0) is None
+    assert store.take([1] * 11, version=1) is None  # computed under older weights
+
+
+def test_config_picks_the_scheduler(model):
+    from agentrl.config import TorchEngineConfig
+    from agentrl.rollout.torch_engine import TorchEngine, build_torch_engine
+
+    continuous = build_torch_engine(
+        model, TorchEngineConfig(scheduler="continuous", kv_cache_mb=2), pad_token_id=0, seed=0
+    )
+    default = build_torch_engine(model, TorchEngineConfig(), pad_token_id=0, seed=0)
+    assert isinstance(continuous, ContinuousTorchEngine) and continuous.sessions.budget_bytes == 2 << 20
+    assert type(default) is TorchEngine
+    continuous.shutdown()
+    default.shutdown()
+
+
+def test_sliding_window_models_are_refused_with_the_fix(model):
+    from agentrl.errors import UserError
+
+    model.config.layer_types = ["sliding_attention", "full_attention"]
+    with pytest.raises(UserError, match="scheduler=batch"):
+        make_engine(model)
