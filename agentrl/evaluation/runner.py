@@ -62,13 +62,16 @@ def sample_seed(seed: int, index: int, sample: int) -> int:
 
 @contextmanager
 def training_streams_kept(engine):
-    """Save the engine's sampling stream and the process's global generators; put them back afterwards."""
+    """Save the engine's sampling stream and the process's global generators; put them back afterwards, and drop
+    the KV caches eval's episodes left in the engine (an evaluation always follows a weight update, which drops
+    them too, so training's next step finds the engine as it would have without evaluation)."""
     engine_state = engine.rng_state()
     python_state, numpy_state, torch_state = random.getstate(), np.random.get_state(), torch.get_rng_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     try:
         yield
     finally:
+        engine.drop_cached_prefixes()  # the KV caches of eval's episodes, which a training turn could reuse
         if engine_state is not None:
             engine.set_rng_state(engine_state)
         random.setstate(python_state)

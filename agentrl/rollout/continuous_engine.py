@@ -145,6 +145,10 @@ class ContinuousTorchEngine(TorchEngine):
         finally:
             queue.scheduler = None
 
+    def drop_cached_prefixes(self) -> None:
+        with self._model_lock:
+            self.sessions.clear()
+
     def shutdown(self) -> None:
         self.abort_all()
         with self._wake:

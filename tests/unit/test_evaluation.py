@@ -160,3 +160,44 @@ def test_a_run_checkpoint_reports_next_to_its_run(tiny_model_dir, tmp_path):
     assert target.out == str(tmp_path / "run" / "eval" / "checkpoint_step_000012")
     other = resolve_target(config, str(tiny_model_dir), str(tmp_path / "out"))
     assert other.step == 0 and other.out == str(tmp_path / "out")
+
+
+@pytest.mark.parametrize("scheduler", ["batch", "continuous"])
+def test_evaluation_puts_the_engines_and_global_random_streams_back_and_drops_its_kv_caches(tiny_model_dir, scheduler):
+    import asyncio
+    import random
+
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.evaluation.runner import training_streams_kept
+    from agentrl.rollout.continuous_engine import ContinuousTorchEngine
+    from agentrl.rollout.torch_engine import TorchEngine
+
+    engine_class = ContinuousTorchEngine if scheduler == "continuous" else TorchEngine
+    engine = engine_class(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), pad_token_id=0, seed=5)
+
+    def draws():
+        return engine.generator.get_state(), random.random(), float(np.random.rand()), float(torch.rand(1))
+
+    async def generate():
+        sampling = SamplingParams(max_new_tokens=4, seed=11)
+        return await asyncio.gather(*(engine.generate([1, 2, 3 + i], sampling) for i in range(3)))
+
+    before = engine.generator.get_state().clone()
+    with training_streams_kept(engine):
+        asyncio.run(generate())
+        random.random(), np.random.rand(), torch.rand(3)
+        assert not torch.equal(engine.generator.get_state(), before)  # eval's draws moved the engine's stream
+        assert scheduler == "batch" or len(engine.sessions) > 0  # KV caches kept for a next turn
+    assert torch.equal(engine.generator.get_state(), before)
+    if scheduler == "continuous":
+        assert len(engine.sessions) == 0
+    state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    first = draws()
+    random.setstate(state[0]), np.random.set_state(state[1]), torch.set_rng_state(state[2])
+    with training_streams_kept(engine):
+        random.random(), np.random.rand(), torch.rand(3)
+    assert draws()[1:] == first[1:]
+    engine.shutdown()
