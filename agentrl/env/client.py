@@ -94,8 +94,9 @@ class MPIEnvClient(TickBatchingClient):
                     return
             try:
                 results, _ = transport.recv(self.comm, self.server, Tag.ENV_REPLY, self.timeout_s, self.polling)
-            except TimeoutError:
-                error = TimeoutError(f"timed out waiting for {what}")
+            except Exception as error:  # raised where the episodes await, so the rank fails instead of hanging
+                if isinstance(error, TimeoutError):
+                    error = TimeoutError(f"timed out waiting for {what}")
                 with self.changed:
                     lost, self.in_flight = list(self.in_flight), deque()
                 for futures in lost:
@@ -120,15 +121,17 @@ def _settle_soon(futures: list[asyncio.Future], results: list | None = None, err
     if not futures:
         return
 
+    if results is not None and len(results) != len(futures):
+        error = RuntimeError(f"an env rank answered {len(results)} requests with {len(futures)} asked")
+
     def settle() -> None:
-        outcomes = [None] * len(futures) if results is None else results
-        for future, result in zip(futures, outcomes, strict=True):
+        for index, future in enumerate(futures):
             if future.done():  # its episode was cancelled meanwhile
                 continue
             if error is not None:
                 future.set_exception(error)
             else:
-                future.set_result(result)
+                future.set_result(results[index])
 
     with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits these any more
         futures[0].get_loop().call_soon_threadsafe(settle)
