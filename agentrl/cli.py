@@ -1,4 +1,5 @@
-"""The `agentrl` command: train | supervise | layout | envs | algorithms | check-env | config-doc."""
+"""The `agentrl` command: train | sft | episodes-to-sft | supervise | layout | envs | algorithms | check-env |
+config-doc."""
 
 from __future__ import annotations
 
@@ -16,6 +17,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config", help="YAML config, e.g. launch/configs/quickstart.yaml")
     p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.group_size=8 steps=50")
 
+    p = sub.add_parser("sft", help="supervised fine-tuning on chat transcripts (mpirun for several ranks, or alone)")
+    p.add_argument("config", help="SFT YAML config, e.g. launch/configs/sft_example.yaml")
+    p.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.epochs=3 run_dir=runs/sft2")
+
+    p = sub.add_parser(
+        "episodes-to-sft",
+        help="turn dumped RL episodes into SFT transcripts (successful ones by default)",
+        description="agentrl episodes-to-sft RUN_DIR/episodes OUT.jsonl [--min-reward R] [--all]",
+    )
+    p.add_argument("episodes", help="a run's episodes folder (RUN_DIR/episodes, from rollout.dump_episodes=true)")
+    p.add_argument("out", help="JSONL file to write, for sft.train")
+    p.add_argument("--min-reward", type=float, default=None, help="keep only episodes with at least this reward")
+    keep = p.add_mutually_exclusive_group()
+    keep.add_argument(
+        "--success-only", dest="success_only", action="store_true", default=True, help="keep successful ones (default)"
+    )
+    keep.add_argument("--all", dest="success_only", action="store_false", help="keep unsuccessful episodes too")
+
     p = sub.add_parser(
         "supervise",
         help="run a training launch and relaunch it with resume=true when it crashes",
@@ -29,7 +48,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("config")
     p.add_argument("overrides", nargs="*")
     p.add_argument("--np", type=int, required=True, help="world size (ranks in the job)")
-    p.add_argument("--ranks-per-node", type=int, default=None, help="ranks per node (default: all on one node)")
+    p.add_argument(
+        "--ranks-per-node",
+        type=int,
+        default=None,
+        help="ranks per node (default: $AGENTRL_RANKS_PER_NODE, else all on one node)",
+    )
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (0: CPU)")
 
     sub.add_parser("envs", help="list registered environment ids")
@@ -94,6 +118,53 @@ def cmd_train(args) -> int:
     return 0 if done >= config.steps else preempt.EXIT_STOPPED
 
 
+def cmd_sft(args) -> int:
+    """As cmd_train: errors before training raise on every rank, later ones abort the job."""
+    from mpi4py import MPI
+
+    from agentrl import preempt
+    from agentrl.run_dir import claim
+    from agentrl.sft.config import load_sft_config
+    from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
+
+    config = load_sft_config(args.config, args.overrides)
+    preempt.install()
+    world = MPI.COMM_WORLD
+    command = ["agentrl", "sft", args.config, *args.overrides]
+
+    def run():
+        lock = claim(config, command, world)
+        try:
+            from agentrl.sft.run import run_sft
+
+            return run_sft(config, world, command)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    try:
+        done, total = abort_on_exception(run)()
+    except RefusedOnEveryRank:
+        raise
+    except UserError:
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except Exception:
+        return 1
+    return 0 if done >= total else preempt.EXIT_STOPPED
+
+
+def cmd_episodes_to_sft(args) -> int:
+    from pathlib import Path
+
+    from agentrl.sft.episodes import episodes_to_sft
+
+    report = episodes_to_sft(args.episodes, args.out, args.success_only, args.min_reward)
+    print(report.text(Path(args.out)))
+    return 0
+
+
 def _check_world_size(config):
     """The layout against the job's size, before anything is loaded (the same answer on every rank); the world."""
     from mpi4py import MPI
@@ -113,10 +184,15 @@ def cmd_supervise(args) -> int:
 
 def cmd_layout(args) -> int:
     from agentrl.config import load_config
-    from agentrl.layout import engine_gpus, format_plan, plan
+    from agentrl.layout import engine_gpus, format_plan, plan, simulated_ranks_per_node
+    from agentrl.weights_gpu import resolve_weight_sync
 
     config = load_config(args.config, args.overrides)
-    rows = plan(config.layout, args.np, args.ranks_per_node, args.gpus_per_node, engine_gpus(config))
+    ranks_per_node = args.ranks_per_node or simulated_ranks_per_node()
+    sync = resolve_weight_sync(
+        config.weights.transport, config.layout.colocate, args.gpus_per_node > 0, config.layout.rollout
+    )
+    rows = plan(config.layout, args.np, ranks_per_node, args.gpus_per_node, engine_gpus(config), sync)
     print(format_plan(rows, single_process=args.np == 1))
     if args.np == 1:
         print("world size 1: every role runs in this one process")
@@ -175,6 +251,8 @@ def cmd_config_doc(args) -> int:
 
 COMMANDS = {
     "train": cmd_train,
+    "sft": cmd_sft,
+    "episodes-to-sft": cmd_episodes_to_sft,
     "supervise": cmd_supervise,
     "layout": cmd_layout,
     "envs": cmd_envs,

@@ -193,13 +193,19 @@ class ParallelismConfig(Section):
 class WeightsConfig(Section):
     """Weights from the trainer leader to the rollout engines, versioned and in buckets."""
 
-    transport: Literal["auto", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
+    transport: Literal["auto", "shm", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto",
-        description="`mpi` (CPU), `nccl` (broadcast), `cuda_ipc` (colocated, same GPU), "
-        "`gloo` (the NCCL path's process-group broadcast on CPU); "
-        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else mpi.",
+        description="`shm` (CPU: written once per node into MPI shared memory, one broadcast per bucket across "
+        "nodes), `mpi` (CPU: a broadcast to every rollout rank), `nccl` (broadcast), `cuda_ipc` (colocated, "
+        "same GPU), `gloo` (the NCCL path's process-group broadcast on CPU); "
+        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else shm.",
     )
-    bucket_mb: float = Field(64.0, gt=0, description="Size of one broadcast bucket in MiB.")
+    bucket_mb: float = Field(
+        64.0,
+        gt=0,
+        description="Size of one bucket in MiB. `shm`: a model up to this size goes in one round; a larger one "
+        "through two slots of this size per node.",
+    )
 
 
 class AlgorithmSection(Section):
@@ -511,8 +517,11 @@ def config_reference() -> str:
     """Markdown tables per section: field, type (every Literal's choices), default, description.
 
     A section chosen by a key (`rollout.engine` by `backend`, `algorithm` by `name`) gets one
-    table per choice, so each choice's own options are listed where they apply.
+    table per choice, so each choice's own options are listed where they apply. The `agentrl sft`
+    config's own fields follow.
     """
+    from agentrl.sft.config import sft_reference
+
     top = [_row(name, field) for name, field in Config.model_fields.items() if _section_of(field) is None]
     out = ["### top level\n", *_table(top)]
     for name, field in Config.model_fields.items():
@@ -522,6 +531,7 @@ def config_reference() -> str:
             out.append(f"\n### `{name}`\n\n{_doc(section)}\n")
             out += _table(_section_rows(name, section))
             out += _choice_tables(name, section)
+    out.append(sft_reference())
     return "\n".join(out)
 
 

@@ -7,6 +7,7 @@ index among GPU-using ranks; env ranks never take a GPU.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from enum import Enum
 
@@ -20,6 +21,44 @@ class Role(str, Enum):
 
 
 GPU_ROLES = (Role.TRAINER, Role.ROLLOUT)
+# Group ranks into simulated nodes of this many consecutive ranks, in place of the real
+# hosts (Split_type(COMM_TYPE_SHARED)): tests of the cross-node paths on one machine.
+RANKS_PER_NODE_VARIABLE = "AGENTRL_RANKS_PER_NODE"
+
+
+def simulated_ranks_per_node() -> int | None:
+    """$AGENTRL_RANKS_PER_NODE as a positive int, or None when unset; ConfigError for anything else."""
+    value = os.environ.get(RANKS_PER_NODE_VARIABLE, "").strip()
+    if not value:
+        return None
+    if not value.isdigit() or int(value) < 1:
+        raise ConfigError(
+            f"{RANKS_PER_NODE_VARIABLE}={value!r} must be a positive whole number of ranks per simulated node "
+            f"(e.g. {RANKS_PER_NODE_VARIABLE}=2), or unset to group ranks by their real host"
+        )
+    return int(value)
+
+
+def weight_roles(roles: list[Role], nodes: list[int], transport: str = "shm") -> list[str]:
+    """Each rank's part in a weight sync: `send` (trainer leader), `bcast+shm` (first rollout rank of a
+    node without the trainer leader: receives the one broadcast into the node's window), `shm`
+    (reads the window), `mpi`/`...` (another transport's receiver) or `-` (not in the weight group)."""
+    leader = roles.index(Role.TRAINER)
+    led_nodes: set[int] = {nodes[leader]}
+    parts = []
+    for rank, (role, node) in enumerate(zip(roles, nodes, strict=True)):
+        if rank == leader:
+            parts.append("send")
+        elif role is not Role.ROLLOUT:
+            parts.append("-")
+        elif transport != "shm":
+            parts.append(transport)
+        elif node in led_nodes:
+            parts.append("shm")
+        else:
+            led_nodes.add(node)
+            parts.append("bcast+shm")
+    return parts
 
 
 def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
@@ -104,6 +143,7 @@ class RankPlan:
     role_rank: int
     node: int
     gpu: int | None
+    weights: str = "-"
 
 
 def plan(
@@ -112,26 +152,28 @@ def plan(
     ranks_per_node: int | None = None,
     gpus_per_node: int = 0,
     rollout_gpus: int = 1,
+    weights_transport: str = "shm",
 ):
     """The whole job's placement, as `agentrl layout` prints it (no MPI needed)."""
     roles = assign_roles(layout, world_size)
     per_node = ranks_per_node or world_size
     nodes = [rank // per_node for rank in range(world_size)]
     gpus = bind_gpus(roles, nodes, gpus_per_node, layout.colocate and world_size > 1, rollout_gpus)
+    parts = weight_roles(roles, nodes, weights_transport) if world_size > 1 else ["in-process"]
     counters: dict[Role, int] = {}
     rows = []
-    for rank, (role, node, gpu) in enumerate(zip(roles, nodes, gpus, strict=True)):
-        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu))
+    for rank, (role, node, gpu, part) in enumerate(zip(roles, nodes, gpus, parts, strict=True)):
+        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu, part))
         counters[role] = counters.get(role, 0) + 1
     return rows
 
 
 def format_plan(rows: list[RankPlan], single_process: bool = False) -> str:
-    lines = ["rank  role     role_rank  node  device"]
+    lines = ["rank  role     role_rank  node  device  weights"]
     for row in rows:
         device = f"cuda:{row.gpu}" if row.gpu is not None else "cpu"
         role = "all" if single_process else row.role.value
-        lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {device}")
+        lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {device:<6}  {row.weights}")
     return "\n".join(lines)
 
 
@@ -155,15 +197,21 @@ class Layout:
         # The weight group: trainer leader (root 0 inside it) plus every rollout rank.
         in_weight_group = self.rank == self.trainer_ranks[0] or self.role is Role.ROLLOUT
         self.weight_comm = self.world.Split(color=0 if in_weight_group else MPI.UNDEFINED, key=self.rank)
-        node_comm = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+        per_node = simulated_ranks_per_node()
+        if per_node is None:
+            node_comm = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
+            hosts = self.world.allgather(MPI.Get_processor_name())
+            self.nodes = [hosts.index(host) for host in hosts]  # a node's id: its first rank
+        else:
+            self.nodes = [rank // per_node for rank in range(self.size)]
+            node_comm = self.world.Split(color=self.nodes[self.rank], key=self.rank)
+        self.node = self.nodes[self.rank]
         self.node_rank, self.node_size = node_comm.Get_rank(), node_comm.Get_size()
         node_comm.Free()
         if gpus_per_node is None:
             gpus_per_node = _visible_gpus()
-        hosts = self.world.allgather(MPI.Get_processor_name())
-        nodes = [hosts.index(host) for host in hosts]
         colocate = layout.colocate and not self.single_process
-        self.gpu = bind_gpus(self.roles, nodes, gpus_per_node, colocate, rollout_gpus)[self.rank]
+        self.gpu = bind_gpus(self.roles, self.nodes, gpus_per_node, colocate, rollout_gpus)[self.rank]
 
     @property
     def is_trainer_leader(self) -> bool:

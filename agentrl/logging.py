@@ -5,6 +5,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+RL_POSTFIX = {
+    "reward": ("episode/reward_mean", ".3f"),
+    "success": ("episode/success_rate", ".2f"),
+    "tok_s": ("perf/tokens_per_s", ".0f"),
+}
+
 
 class RunLogger:
     """TensorBoard events in `run_dir/tb` and a progress bar, from `start_step` on.
@@ -14,14 +20,27 @@ class RunLogger:
     redo), so every step is shown once.
     """
 
-    def __init__(self, run_dir: str, total_steps: int, start_step: int, progress: bool = True, restarts: int = 0):
+    def __init__(
+        self,
+        run_dir: str,
+        total_steps: int,
+        start_step: int,
+        progress: bool = True,
+        restarts: int = 0,
+        postfix: dict[str, tuple[str, str]] | None = None,
+        desc: str = "train",
+    ):
+        """`postfix`: what the bar shows, {label: (metric name, format)}; RL's reward, success and tokens/s by
+        default."""
         from torch.utils.tensorboard import SummaryWriter
         from tqdm import tqdm
 
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step)
         self.bar = tqdm(
-            total=total_steps, initial=start_step, disable=not progress, desc="train", file=sys.stderr, mininterval=1.0
+            total=total_steps, initial=start_step, disable=not progress, desc=desc, file=sys.stderr, mininterval=1.0
         )
+        self.postfix = postfix or RL_POSTFIX
+        self.shown: dict[str, str] = {}
         self.restarts = restarts
         self.success_by_step: dict[int, float] = {}
 
@@ -31,12 +50,10 @@ class RunLogger:
         self.writer.add_scalar("run/restarts", self.restarts, step)
         if "episode/success_rate" in metrics:
             self.success_by_step[step] = float(metrics["episode/success_rate"])
-        self.bar.set_postfix(
-            reward=f"{metrics.get('episode/reward_mean', 0):.3f}",
-            success=f"{metrics.get('episode/success_rate', 0):.2f}",
-            tok_s=f"{metrics.get('perf/tokens_per_s', 0):.0f}",
-            refresh=False,
-        )
+        for label, (name, spec) in self.postfix.items():
+            if name in metrics:  # a metric logged only some steps (a held-out loss) keeps its last value
+                self.shown[label] = format(metrics[name], spec)
+        self.bar.set_postfix(self.shown, refresh=False)
         self.bar.update(1)
 
     def samples(self, step: int, texts: list[str]) -> None:

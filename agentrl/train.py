@@ -16,7 +16,7 @@ from agentrl.env.host import EnvHost
 from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
 from agentrl.errors import RefusedOnEveryRank, UserError
-from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan
+from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan, simulated_ranks_per_node
 from agentrl.rollout.chat import tools_as_text
 from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
 from agentrl.run_summary import RunSummary
@@ -79,7 +79,11 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
-    rows = plan(config.layout, layout.size, rollout_gpus=engine_gpus(config))
+    from agentrl.weights_gpu import resolve_weight_sync
+
+    on_gpu, rollouts = layout.device.startswith("cuda"), len(layout.rollout_ranks)
+    sync = resolve_weight_sync(config.weights.transport, config.layout.colocate, on_gpu, rollouts)
+    rows = plan(config.layout, layout.size, simulated_ranks_per_node(), 0, engine_gpus(config), sync)
     print(format_plan(rows, layout.single_process), flush=True)
     return start_step
 

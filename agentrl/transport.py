@@ -56,14 +56,21 @@ ENV_REQUEST_POLLING = Polling(fraction=0.01, min_s=0.5e-3)
 
 
 class Backoff:
-    """Sleeps that grow from MIN_SLEEP_S to MAX_SLEEP_S while nothing happens.
+    """Sleeps that grow from MIN_SLEEP_S to `max_sleep_s` while nothing happens.
 
     Without `polling` each sleep doubles the last; with it, each sleep is a fraction of the
     time waited so far.
     """
 
-    def __init__(self, timeout_s: float | None = None, what: str = "a message", polling: Polling | None = None):
+    def __init__(
+        self,
+        timeout_s: float | None = None,
+        what: str = "a message",
+        max_sleep_s: float = MAX_SLEEP_S,
+        polling: Polling | None = None,
+    ):
         self.delay = MIN_SLEEP_S
+        self.max_sleep_s = max_sleep_s
         self.started = time.monotonic()
         self.deadline = None if timeout_s is None else self.started + timeout_s
         self.what = what
@@ -74,26 +81,33 @@ class Backoff:
         if self.deadline is not None and now > self.deadline:
             raise TimeoutError(f"timed out waiting for {self.what}")
         if self.polling is not None:
-            return min(max(self.polling.fraction * (now - self.started), self.polling.min_s), MAX_SLEEP_S)
+            return min(max(self.polling.fraction * (now - self.started), self.polling.min_s), self.max_sleep_s)
         delay = self.delay
-        self.delay = min(self.delay * 2, MAX_SLEEP_S)
+        self.delay = min(self.delay * 2, self.max_sleep_s)
         return delay
 
     def sleep(self) -> None:
         time.sleep(self.next_delay())
 
 
-def wait_until(ready: Callable[[], object], timeout_s: float | None = None, what: str = "a message"):
-    """Poll `ready()` until it returns something truthy; return that."""
-    backoff = Backoff(timeout_s, what)
+def wait_until(
+    ready: Callable[[], object],
+    timeout_s: float | None = None,
+    what: str = "a message",
+    max_sleep_s: float = MAX_SLEEP_S,
+):
+    """Poll `ready()` until it returns something truthy; return that (sleeps between polls grow to max_sleep_s)."""
+    backoff = Backoff(timeout_s, what, max_sleep_s)
     while not (result := ready()):
         backoff.sleep()
     return result
 
 
-def wait(request, timeout_s: float | None = None, what: str = "an MPI request") -> None:
+def wait(
+    request, timeout_s: float | None = None, what: str = "an MPI request", max_sleep_s: float = MAX_SLEEP_S
+) -> None:
     """Complete a non-blocking MPI request without spinning."""
-    wait_until(request.Test, timeout_s, what)
+    wait_until(request.Test, timeout_s, what, max_sleep_s)
 
 
 def pickled(comm):
@@ -137,7 +151,7 @@ def try_recv(comm, source: int, tag: Tag):
 
 def recv(comm, source: int, tag: Tag, timeout_s: float | None = None, polling: Polling | None = None):
     """(obj, source) of the next message from `source` (MPI.ANY_SOURCE allowed), polling (see Backoff)."""
-    backoff = Backoff(timeout_s, f"a {tag.name} message", polling)
+    backoff = Backoff(timeout_s, f"a {tag.name} message", polling=polling)
     while True:
         found, obj, sender = try_recv(comm, source, tag)
         if found:
@@ -145,9 +159,9 @@ def recv(comm, source: int, tag: Tag, timeout_s: float | None = None, polling: P
         backoff.sleep()
 
 
-def bcast_array(comm, array: np.ndarray, root: int = 0) -> None:
+def bcast_array(comm, array: np.ndarray, root: int = 0, max_sleep_s: float = MAX_SLEEP_S) -> None:
     """Broadcast a contiguous numpy array in place (non-blocking collective, polled)."""
-    wait(comm.Ibcast(array, root=root), what="a broadcast")
+    wait(comm.Ibcast(array, root=root), what="a broadcast", max_sleep_s=max_sleep_s)
 
 
 def bcast_object(comm, obj, root: int = 0):
@@ -182,6 +196,28 @@ def rendezvous_address(comm, root: int = 0) -> tuple[str, int]:
             probe.bind(("", 0))
             address = (host, probe.getsockname()[1])
     return bcast_object(comm, address, root=root)
+
+
+def allocate_shared(node_comm, nbytes: int):
+    """(window, its memory as a uint8 array on every rank): `nbytes` of node-local shared memory owned by rank 0.
+
+    Collective over `node_comm`, whose ranks must share memory (one node). The window is
+    left in a passive-target epoch (`Lock_all`), which `Win.Sync` (the memory barrier
+    between processes' views) needs.
+    """
+    from mpi4py import MPI
+
+    window = MPI.Win.Allocate_shared(nbytes if node_comm.Get_rank() == 0 else 0, 1, comm=node_comm)
+    buffer, _ = window.Shared_query(0)
+    memory = np.ndarray(buffer=buffer, dtype=np.uint8, shape=(nbytes,))
+    window.Lock_all(MPI.MODE_NOCHECK)
+    return window, memory
+
+
+def free_shared(window) -> None:
+    """Collective over the window's communicator; no array viewing its memory may be used afterwards."""
+    window.Unlock_all()
+    window.Free()
 
 
 def barrier(comm) -> None:

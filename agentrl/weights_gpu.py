@@ -241,11 +241,11 @@ def resolve_weight_sync(choice: str, colocate: bool, on_gpu: bool, rollout_ranks
         if colocate and on_gpu:
             # NCCL refuses two ranks of one group on one GPU; more than one colocated pair goes over MPI for now.
             return "cuda_ipc" if rollout_ranks == 1 else "mpi"
-        return "nccl" if on_gpu else "mpi"
+        return "nccl" if on_gpu else "shm"
     if choice == "nccl" and not on_gpu:
         raise ConfigError(
             "weights.transport=nccl needs CUDA on the trainer and rollout ranks; this job has none. "
-            "Use weights.transport=mpi (or auto) on CPU"
+            "Use weights.transport=shm or mpi (or auto) on CPU"
         )
     if choice == "nccl" and colocate:
         raise ConfigError(
@@ -259,7 +259,7 @@ def resolve_weight_sync(choice: str, colocate: bool, on_gpu: bool, rollout_ranks
                 "or use weights.transport=nccl"
             )
         if not on_gpu:
-            raise ConfigError("weights.transport=cuda_ipc needs CUDA; use weights.transport=mpi on CPU")
+            raise ConfigError("weights.transport=cuda_ipc needs CUDA; use weights.transport=shm or mpi on CPU")
         if rollout_ranks != 1:
             raise ConfigError(
                 f"weights.transport=cuda_ipc shares the trainer leader's GPU with one rollout rank, but "
@@ -275,6 +275,10 @@ def make_weight_sync(config, layout, engine=None) -> WeightSync:
     bucket_mb = config.weights.bucket_mb
     if choice == "mpi":
         return MPIWeightBroadcast(layout.weight_comm, bucket_mb)
+    if choice == "shm":
+        from agentrl.weights_shm import SharedMemoryWeights
+
+        return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb)
     if choice in ("nccl", "gloo"):
         return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, choice, layout.device, engine)
     return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device)

@@ -145,5 +145,40 @@ def test_layout_command_takes_overrides_after_options(capsys):
 
     config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "qwen2.5-0.5b-4gpu.yaml")
     assert main(["layout", config, "--np", "6", "--gpus-per-node", "8", "rollout.engine.tp_size=2"]) == 0
-    devices = [line.split()[-1] for line in capsys.readouterr().out.splitlines()[1:]]
+    devices = [line.split()[4] for line in capsys.readouterr().out.splitlines()[1:]]
     assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:4", "cpu", "cpu"]
+
+
+def test_weights_column_names_the_node_leader_that_gets_the_broadcast():
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2)
+    assert [(r.node, r.weights) for r in rows] == [(0, "send"), (0, "shm"), (1, "bcast+shm"), (1, "shm")]
+    rows = plan(LayoutConfig(trainer=2, rollout=3, env=1), 6, ranks_per_node=2)  # node 0: trainers only
+    assert [r.weights for r in rows] == ["send", "-", "bcast+shm", "shm", "bcast+shm", "-"]
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2, weights_transport="mpi")
+    assert [r.weights for r in rows] == ["send", "mpi", "mpi", "-"]
+
+
+def test_simulated_nodes_come_from_the_environment(monkeypatch):
+    from agentrl.layout import Layout, simulated_ranks_per_node
+
+    monkeypatch.delenv("AGENTRL_RANKS_PER_NODE", raising=False)
+    assert simulated_ranks_per_node() is None
+    monkeypatch.setenv("AGENTRL_RANKS_PER_NODE", "2")
+    assert simulated_ranks_per_node() == 2
+    config = LayoutConfig(trainer=1, rollout=2, env=1)
+    layouts = [Layout(config, comm=FakeComm(rank, 4, [True] * 3 + [False]), gpus_per_node=0) for rank in range(4)]
+    assert [layout.node for layout in layouts] == [0, 0, 1, 1]
+    for bad in ("0", "two", "-1"):
+        monkeypatch.setenv("AGENTRL_RANKS_PER_NODE", bad)
+        with pytest.raises(ConfigError, match=r"AGENTRL_RANKS_PER_NODE=.* must be a positive whole number"):
+            simulated_ranks_per_node()
+
+
+def test_layout_command_groups_ranks_into_simulated_nodes(capsys, monkeypatch):
+    from agentrl.cli import main
+
+    monkeypatch.setenv("AGENTRL_RANKS_PER_NODE", "2")
+    config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "quickstart.yaml")
+    assert main(["layout", config, "--np", "4", "layout.rollout=3", "layout.env=0", "rollout.tasks_per_step=3"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(row[3], row[5]) for row in rows] == [("0", "send"), ("0", "shm"), ("1", "bcast+shm"), ("1", "shm")]

@@ -119,7 +119,7 @@ def test_send_gathers_each_bucket_just_before_broadcasting_it(monkeypatch):
 
     events, sent = [], []
 
-    def record_bcast(comm, array, root=0):
+    def record_bcast(comm, array, root=0, **polling):
         events.append(("bcast", len(sent)))
         sent.append(np.array(array, copy=True))
 

@@ -75,11 +75,12 @@ def test_group_offsets_are_an_exclusive_scan_of_members():
 @pytest.mark.parametrize(
     ("choice", "colocate", "on_gpu", "rollouts", "expected"),
     [
-        ("auto", False, False, 2, "mpi"),
+        ("auto", False, False, 2, "shm"),
         ("auto", False, True, 2, "nccl"),
         ("auto", True, True, 1, "cuda_ipc"),
         ("auto", True, True, 2, "mpi"),
-        ("auto", True, False, 1, "mpi"),
+        ("auto", True, False, 1, "shm"),
+        ("shm", False, False, 3, "shm"),
         ("mpi", True, True, 1, "mpi"),
         ("nccl", False, True, 1, "nccl"),
         ("gloo", False, False, 2, "gloo"),

@@ -5,7 +5,7 @@ the rollout rank ends with exactly the full weights. The leader samples its resi
 during the sync and during a gather of the whole model, and prints both peaks:
 the bucketed sync (after a warm-up sync) must stay far below one full copy.
 
-Usage: fsdp_weight_sync.py WORK_DIR [BUCKET_MB]
+Usage: fsdp_weight_sync.py WORK_DIR [BUCKET_MB] [TRANSPORT]   TRANSPORT: mpi (default) or shm
 """
 
 import ctypes
@@ -21,6 +21,7 @@ from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.trainer import parallel
 from agentrl.trainer.model import init_trainer_group
 from agentrl.weights import GatherOnly, MPIWeightBroadcast, full_tensors
+from agentrl.weights_shm import SharedMemoryWeights
 
 PAGE = 4096
 
@@ -73,6 +74,13 @@ def main():
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     bucket_mb = float(sys.argv[2]) if len(sys.argv) > 2 else 1.0
+    transport_name = sys.argv[3] if len(sys.argv) > 3 else "mpi"
+
+    def weight_sync(comm):
+        if transport_name == "shm":
+            return SharedMemoryWeights(comm, node=0, bucket_mb=bucket_mb)
+        return MPIWeightBroadcast(comm, bucket_mb)
+
     is_trainer = rank < 2
     role_comm = world.Split(color=0 if is_trainer else 1, key=rank)
     weight_comm = world.Split(color=0 if rank != 1 else MPI.UNDEFINED, key=rank)
@@ -83,7 +91,7 @@ def main():
         named = [(name, p.detach()) for name, p in model.named_parameters()]
         model_bytes = sum(t.numel() * t.element_size() for _, t in named)
         largest = max(t.numel() * t.element_size() for _, t in named)
-        sync = MPIWeightBroadcast(weight_comm, bucket_mb) if rank == 0 else GatherOnly()
+        sync = weight_sync(weight_comm) if rank == 0 else GatherOnly()
         sync.send(named, version=1)  # warm-up: first-call allocations (gloo, DTensor dispatch) are not the sync's
         with PeakMemory() as bucketed:
             sync.send(named, version=2)
@@ -97,14 +105,14 @@ def main():
                 f"gathering the whole model {whole.extra / mib:.1f} MiB",
                 flush=True,
             )
-            # Staging buffer, MPI's copy of it in flight, one gathered tensor, and slack for allocator pages.
+            # Staging buffer (shm: the window's two slots), MPI's copy of it in flight, one gathered tensor, and slack.
             bound = 3 * bucket_mb * mib + largest + 4 * mib
             assert bucketed.extra < bound, f"the sync held {bucketed.extra / mib:.1f} MiB, over {bound / mib:.1f}"
             assert bucketed.extra < whole.extra / 3, "the bucketed sync held about as much as the whole model"
             transport.bcast_object(weight_comm, {name: t.numpy() for name, t in full.items()})
     else:
         engine = TorchEngine(build_model(seed=1), pad_token_id=0)
-        receiver = MPIWeightBroadcast(weight_comm, bucket_mb)
+        receiver = weight_sync(weight_comm)
         assert [receiver.receive(engine), receiver.receive(engine)] == [1, 2]
         expected = transport.bcast_object(weight_comm, None)
         for name, param in engine.model.named_parameters():

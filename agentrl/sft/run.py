@@ -1,0 +1,217 @@
+"""`agentrl sft`: every rank is a trainer; rank 0 reads and tokenizes the transcripts and sends them to all.
+
+The loop is the RL trainer's without rollouts: a batch of transcripts per step (shuffled
+per epoch from the seed, so a resumed run continues with the very next batch), one
+optimizer step, TensorBoard scalars and the progress bar on rank 0, checkpoints in the
+same format as RL (so `resume=true` works the same way), a graceful stop on
+SIGTERM/SIGUSR1/Ctrl-C at a step boundary, and at the end a plain Hugging Face folder,
+`run_dir/final`, that an RL config names as `model.path`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+
+from agentrl import preempt, transport
+from agentrl.config import save_config
+from agentrl.errors import UserError
+from agentrl.sft.config import SFTConfig
+from agentrl.sft.data import Packed, describe, read_transcripts, texts_of, tokenize_all
+
+FINAL_DIR = "final"
+
+
+def final_path(run_dir: str | Path) -> Path:
+    """Where the fine-tuned model and tokenizer land: an RL config's `model.path`."""
+    return Path(run_dir) / FINAL_DIR
+
+
+def steps_per_epoch(config: SFTConfig, transcripts: int) -> int:
+    return math.ceil(transcripts / config.sft.batch_size)
+
+
+def batch_indices(config: SFTConfig, transcripts: int, step: int) -> np.ndarray:
+    """The transcripts of global step `step`: a slice of its epoch's permutation (drawn from seed and epoch)."""
+    per_epoch = steps_per_epoch(config, transcripts)
+    epoch, position = divmod(step, per_epoch)
+    order = np.random.default_rng([config.seed, epoch]).permutation(transcripts)
+    size = config.sft.batch_size
+    return order[position * size : (position + 1) * size]
+
+
+def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packed | None]:
+    """Rank 0: read and check the data, build or check the model, tokenize, decide the start step, save the config."""
+    from agentrl.sft.transcripts import TranscriptTokenizer
+    from agentrl.train import resume_step
+    from agentrl.trainer.model import ensure_model, load_tokenizer
+
+    if config.parallelism.fsdp and world_size < 2:
+        raise UserError(
+            "parallelism.fsdp=true needs at least 2 ranks (mpirun -n 2 or more); with one there is nothing to shard: "
+            "set parallelism.fsdp=false"
+        )
+    train = read_transcripts(config.sft.train)
+    val = read_transcripts(config.sft.val) if config.sft.val else None
+    ensure_model(config, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else []))
+    tokenizer = TranscriptTokenizer(load_tokenizer(config.model.path), config.sft.system_prompt)
+    packed = tokenize_all(train, tokenizer, config.sft.max_seq_len)
+    if not len(packed):
+        raise UserError(f"no transcript of {config.sft.train} has an assistant token within sft.max_seq_len")
+    print(f"agentrl sft: {describe(packed, 'train', config.sft.max_seq_len)}", flush=True)
+    val_packed = None
+    if val is not None:
+        val_packed = tokenize_all(val, tokenizer, config.sft.max_seq_len)
+        if not len(val_packed):
+            raise UserError(f"no transcript of {config.sft.val} has an assistant token within sft.max_seq_len")
+        print(f"agentrl sft: {describe(val_packed, 'val', config.sft.max_seq_len)}", flush=True)
+    total = config.sft.epochs * steps_per_epoch(config, len(packed))
+    start = resume_step(types.SimpleNamespace(run_dir=config.run_dir, resume=config.resume, steps=total))
+    save_config(config, Path(config.run_dir) / "config.yaml")
+    print(
+        f"agentrl sft: run_dir={config.run_dir} ranks={world_size} steps={total} "
+        f"({config.sft.epochs} epoch(s) x {steps_per_epoch(config, len(packed))} batches of {config.sft.batch_size})",
+        flush=True,
+    )
+    return start, total, packed, val_packed
+
+
+def device_for(world) -> str:
+    """A node-local GPU per rank when there are GPUs, else the CPU."""
+    import torch
+    from mpi4py import MPI
+
+    if not torch.cuda.is_available():
+        return "cpu"
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=world.Get_rank())
+    gpu = node.Get_rank() % torch.cuda.device_count()
+    node.Free()
+    torch.cuda.set_device(gpu)
+    return f"cuda:{gpu}"
+
+
+def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
+    """Train on every rank of `world`; returns (steps done, total steps)."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from agentrl.logging import RunLogger
+    from agentrl.supervise import restart_count
+    from agentrl.trainer import checkpoint
+    from agentrl.trainer.model import init_trainer_group, load_tokenizer
+
+    started = time.monotonic()
+    hf_logging.disable_progress_bar()
+    rank, size = world.Get_rank(), world.Get_size()
+    start, total, data, val = transport.agree_on_root(world, lambda: prepare(config, size))
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    torch.manual_seed(config.seed + rank)
+    device = device_for(world)
+    group = init_trainer_group(world, device)
+    resumed_from = checkpoint.step_path(config.run_dir, start) if start else None
+
+    from agentrl.sft.trainer import SFTTrainer
+
+    trainer = SFTTrainer(config, str(resumed_from or config.model.path), device, total, group)
+    if resumed_from is not None:
+        checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler, trainer.model)
+    tokenizer = load_tokenizer(config.model.path)
+    leader = rank == 0
+    logger = None
+    if leader:
+        postfix = {"loss": ("sft/loss", ".4f"), "val": ("sft/val_loss", ".4f"), "tok_s": ("perf/tokens_per_s", ".0f")}
+        logger = RunLogger(config.run_dir, total, start, config.logging.progress, restart_count(), postfix, "sft")
+    per_epoch = steps_per_epoch(config, len(data))
+    losses: dict[int, float] = {}
+    val_loss = None
+    done = start
+    for step in range(start, total):
+        step_started = time.perf_counter()
+        batch = batch_indices(config, len(data), step)
+        metrics = trainer.train_step(data.rows(batch[rank::size]))
+        done = step + 1
+        stopping = done < total and preempt.agreed(world)
+        evaluate = val is not None and (
+            done == total or stopping or (config.sft.eval_every and done % config.sft.eval_every == 0)
+        )
+        if evaluate:
+            val_loss, _ = trainer.eval_loss(val.rows(range(rank, len(val), size)))
+            metrics["sft/val_loss"] = val_loss
+        saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == total or stopping
+        if logger is not None:
+            step_time = time.perf_counter() - step_started
+            batch_tokens = int(np.sum(data.offsets[batch + 1] - data.offsets[batch]))
+            metrics["sft/epoch"] = step / per_epoch
+            metrics["perf/tokens_per_s"] = batch_tokens / step_time
+            metrics["time/step"] = step_time
+            losses[step] = metrics["sft/loss"]
+            logger.log(step, metrics)
+            if stopping:
+                print(f"\nagentrl sft: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)
+            if saving:
+                logger.flush()
+        if saving:
+            checkpoint.save(
+                config.run_dir,
+                done,
+                trainer.model,
+                tokenizer,
+                trainer.optimizer,
+                trainer.scheduler,
+                config.checkpoint.keep,
+                leader=leader,
+                checksums=config.checkpoint.checksums,
+            )
+            transport.barrier(world)
+        if stopping:
+            break
+    if done >= total:
+        save_final(config.run_dir, trainer, tokenizer, leader)
+    transport.barrier(world)
+    if logger is not None:
+        logger.close()
+        print(summary(config, start, done, total, time.monotonic() - started, losses, val_loss, command, size))
+    return done, total
+
+
+def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
+    """The fine-tuned model as a plain Hugging Face folder (gathered from the shards under FSDP)."""
+    from agentrl.trainer import parallel
+
+    state = parallel.full_model_state(trainer.model) if parallel.is_sharded(trainer.model) else None
+    if not leader:
+        return
+    final = final_path(run_dir)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    trainer.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+
+
+def summary(config, start, done, total, wall_s, losses, val_loss, command, world_size) -> str:
+    from agentrl.run_summary import format_duration, resume_command
+
+    resumed = f", resumed at step {start}" if start else ""
+    took = f"{done}/{total} steps in {format_duration(wall_s)}{resumed}"
+    run_dir = Path(config.run_dir)
+    lines = [f"agentrl sft: finished: {took}" if done >= total else f"{preempt.stopped_message(done)}: {took}"]
+    if losses:
+        first, last = min(losses), max(losses)
+        lines.append(f"  loss          {losses[first]:.4f} (step {first}) -> {losses[last]:.4f} (step {last})")
+    if val_loss is not None:
+        lines.append(f"  val loss      {val_loss:.4f}")
+    if done >= total:
+        lines.append(f"  model         {final_path(run_dir)}  (an RL config's model.path)")
+    lines.append(f"  tensorboard   tensorboard --logdir {run_dir / 'tb'}")
+    if done < total:
+        lines.append(f"  continue      {resume_command(command, world_size)}")
+    return "\n".join(lines)

@@ -1,0 +1,268 @@
+"""Weights through node-local shared memory: written once per node, read by every rollout rank there.
+
+The weight communicator (trainer leader + rollout ranks) is split by node. On each node
+the first rank (the trainer leader on its own node) owns an MPI shared-memory window
+(`MPI.Win.Allocate_shared`) of one or two slots; every other rank there maps the same
+memory. Per bucket the node leader fills a slot (the trainer leader from its tensors,
+gathering FSDP shards on the way; another node's leader by one broadcast over the
+node leaders' communicator, received straight into its slot), then every rank on the
+node copies the bucket from the slot into its engine. No message per receiver carries
+weight bytes: one broadcast per bucket reaches one rank per node.
+
+Handoff: two non-blocking barriers per bucket on the node communicator. `written(k)`
+tells the readers slot k % slots holds bucket k; `read(k)` tells the node leader every
+reader is done with it, and the leader waits for it only before it rewrites that slot
+(two slots: filling bucket k+1 overlaps the readers' copies of bucket k). Barriers,
+not a seqlock alone, because a sync is a rendezvous anyway (the rollout ranks are in
+`receive` waiting for the header) and the writer must learn when a slot is free again,
+which a version counter cannot tell it without a reader count of its own. On top, each
+slot carries a seqlock stamp (sequence number, odd while being written; version;
+bucket index) that a reader checks before and after its copy: a torn bucket raises
+instead of loading silently.
+
+A model that fits one bucket (weights.bucket_mb) goes in one slot and one round; a
+larger one goes bucket by bucket through two slots, so a node holds at most two
+buckets of shared memory on top of the engines' own weights.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from agentrl import transport
+from agentrl.weights import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors, plan_buckets
+
+ALIGN = 64  # every tensor and slot starts on a cache line; any dtype is aligned there
+STAMP_BYTES = ALIGN  # per slot: int64 sequence, version, bucket index (then padding)
+HANDOFF_MAX_SLEEP_S = TRANSFER_MAX_SLEEP_S  # a barrier in the middle of a transfer ends soon: poll it closely
+
+
+class TornWeights(RuntimeError):
+    """A reader saw a slot that was being rewritten: a bug in the handoff, never expected."""
+
+
+def aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGN) * ALIGN
+
+
+def spec_nbytes(shape, dtype: str) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * getattr(torch, dtype).itemsize
+
+
+def plan_layout(manifest, bucket_bytes: int) -> tuple[list[tuple[int, int]], list[int], int]:
+    """(buckets, each tensor's byte offset inside its bucket's slot, slot capacity in bytes)."""
+    sizes = [aligned(spec_nbytes(shape, dtype)) for _, shape, dtype in manifest]
+    buckets = plan_buckets(sizes, bucket_bytes)
+    offsets = [0] * len(sizes)
+    capacity = 0
+    for start, end in buckets:
+        filled = 0
+        for index in range(start, end):
+            offsets[index] = filled
+            filled += sizes[index]
+        capacity = max(capacity, filled)
+    return buckets, offsets, capacity
+
+
+class Slot:
+    """One bucket's place in the window: a stamp then the bytes."""
+
+    def __init__(self, memory: np.ndarray, start: int, capacity: int):
+        self.stamp = memory[start : start + STAMP_BYTES].view(np.int64)
+        self.payload = memory[start + STAMP_BYTES : start + STAMP_BYTES + capacity]
+        self.tensor = torch.from_numpy(self.payload)
+
+    def begin_write(self) -> None:
+        self.stamp[0] += 1  # odd: being written
+
+    def end_write(self, version: int, bucket: int) -> None:
+        self.stamp[1:3] = (version, bucket)
+        self.stamp[0] += 1  # even: complete
+
+    def check(self, version: int, bucket: int, seen: int | None = None) -> int:
+        """The slot's sequence number, once checked: it holds all of `bucket` of `version`, unchanged since `seen`."""
+        sequence, stamped_version, stamped_bucket = (int(x) for x in self.stamp[:3])
+        if sequence % 2 or (stamped_version, stamped_bucket) != (version, bucket) or seen not in (None, sequence):
+            raise TornWeights(
+                f"shared-memory slot holds bucket {stamped_bucket} of version {stamped_version} (sequence {sequence}"
+                f"{', being written' if sequence % 2 else ''}) while a reader expected bucket {bucket} of version "
+                f"{version}{f' unchanged since sequence {seen}' if seen is not None else ''}; this is a bug in "
+                "agentrl's shared-memory handoff: please report it, and use weights.transport=mpi meanwhile"
+            )
+        return sequence
+
+
+class SharedWindow:
+    """`slots` slots of `capacity` bytes in one shared window of a node communicator (collective to create and free)."""
+
+    def __init__(self, node_comm, slots: int, capacity: int):
+        self.slots_count, self.capacity = slots, capacity
+        self.win, memory = transport.allocate_shared(node_comm, slots * (STAMP_BYTES + capacity))
+        self.slots = [Slot(memory, index * (STAMP_BYTES + capacity), capacity) for index in range(slots)]
+        if node_comm.Get_rank() == 0:  # MPI does not zero a new window: stamps start as (0, 0, 0)
+            for slot in self.slots:
+                slot.stamp[:] = 0
+        self.sync()
+        transport.barrier(node_comm)
+        self.sync()
+
+    def fits(self, slots: int, capacity: int) -> bool:
+        return self.slots_count >= slots and self.capacity >= capacity
+
+    def sync(self) -> None:
+        """Memory barrier between this process's view of the window and the other processes' writes."""
+        self.win.Sync()
+
+    def free(self) -> None:
+        transport.free_shared(self.win)
+
+
+class SharedMemoryWeights(WeightSync):
+    """`weights.transport=shm`: every rank of `weight_comm` (trainer leader = rank 0) builds one.
+
+    `node` tells which ranks share memory: equal on ranks of one node (the layout's node
+    index, or a simulated node under AGENTRL_RANKS_PER_NODE). The node and node-leader
+    communicators are split at the first send/receive, so a rollout rank waits for the
+    trainer in a polled broadcast rather than in a spinning split.
+    """
+
+    def __init__(self, weight_comm, node: int, bucket_mb: float):
+        self.comm = weight_comm
+        self.node = node
+        self.bucket_bytes = int(bucket_mb * 2**20)
+        self.node_comm = None
+        self.leaders_comm = None  # one rank per node; None on the other ranks
+        self.window: SharedWindow | None = None
+        self.pending: list = []  # barriers this rank started and has not completed
+        self.slot_free: dict[int, object] = {}  # node leader: slot -> the `read` barrier to finish before rewriting
+
+    # ---- communicators and the window -------------------------------------------------
+
+    def _split(self) -> None:
+        from mpi4py import MPI
+
+        rank = self.comm.Get_rank()
+        self.node_comm = self.comm.Split(color=self.node, key=rank)
+        is_leader = self.node_comm.Get_rank() == 0
+        self.leaders_comm = self.comm.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
+        if rank == 0 and not is_leader:
+            raise RuntimeError("the trainer leader must lead its node's shared-memory window")
+
+    @property
+    def is_node_leader(self) -> bool:
+        return self.node_comm.Get_rank() == 0
+
+    def _window_for(self, slots: int, capacity: int) -> SharedWindow:
+        if self.window is None or not self.window.fits(slots, capacity):
+            if self.window is not None:
+                self.window.free()
+            self.window = SharedWindow(self.node_comm, slots, capacity)
+        return self.window
+
+    def _finish_pending(self) -> None:
+        for request in self.pending:
+            transport.wait(request, what="a shared-memory weight handoff", max_sleep_s=HANDOFF_MAX_SLEEP_S)
+        self.pending.clear()
+        self.slot_free.clear()
+
+    def _close(self) -> None:
+        self._finish_pending()
+        if self.window is not None:
+            self.window.free()
+            self.window = None
+
+    # ---- one version ------------------------------------------------------------------
+
+    def _transfer(self, header: dict, named_tensors=None, engine=None) -> None:
+        """Every node fills its slots bucket by bucket; every rollout rank loads each bucket into `engine`."""
+        manifest = header["manifest"]
+        buckets, offsets, capacity = plan_layout(manifest, self.bucket_bytes)
+        self._finish_pending()  # the trainer leader: the last version's readers, done during its training step
+        window = self._window_for(1 if len(buckets) == 1 else 2, capacity)
+        node_size = self.node_comm.Get_size()
+        if engine is not None:
+            engine.begin_weight_update()
+        for bucket, (start, end) in enumerate(buckets):
+            slot = window.slots[bucket % window.slots_count]
+            used = offsets[end - 1] + aligned(spec_nbytes(*manifest[end - 1][1:]))
+            if self.is_node_leader:
+                self._fill(slot, bucket, header["version"], named_tensors, start, end, offsets, used)
+            if node_size > 1:
+                written = self.node_comm.Ibarrier()
+                if not self.is_node_leader:
+                    transport.wait(written, what="a shared-memory weight bucket", max_sleep_s=HANDOFF_MAX_SLEEP_S)
+                    window.sync()
+                else:
+                    self.pending.append(written)
+            if engine is not None:
+                seen = slot.check(header["version"], bucket)
+                engine.load_weight_bucket(self._views(slot, manifest, offsets, start, end))
+                window.sync()
+                slot.check(header["version"], bucket, seen)
+            if node_size > 1:
+                done_reading = self.node_comm.Ibarrier()
+                self.pending.append(done_reading)
+                if self.is_node_leader:
+                    self.slot_free[bucket % window.slots_count] = done_reading
+        if engine is not None:
+            engine.end_weight_update(header["version"])
+            self._finish_pending()  # a reader's barriers are done once its node leader got this far
+
+    def _fill(self, slot: Slot, bucket: int, version: int, named_tensors, start, end, offsets, used) -> None:
+        """Node leader: wait until the slot's last readers are done, then write (or receive) bucket `bucket`."""
+        previous = self.slot_free.pop(bucket % self.window.slots_count, None)
+        if previous is not None:
+            transport.wait(previous, what="readers of a weight slot", max_sleep_s=HANDOFF_MAX_SLEEP_S)
+        slot.begin_write()
+        self.window.sync()
+        if named_tensors is not None:  # the trainer leader: gather (FSDP) one tensor at a time and copy it in
+            for index, (_, tensor) in zip(range(start, end), full_tensors(named_tensors[start:end]), strict=True):
+                flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
+                slot.tensor[offsets[index] : offsets[index] + flat.numel()].copy_(flat)
+                del tensor, flat  # a gathered tensor is freed before the next one is gathered
+        if self.leaders_comm is not None and self.leaders_comm.Get_size() > 1:
+            transport.bcast_array(self.leaders_comm, slot.payload[:used], root=0, max_sleep_s=HANDOFF_MAX_SLEEP_S)
+        slot.end_write(version, bucket)
+        self.window.sync()
+
+    @staticmethod
+    def _views(slot: Slot, manifest, offsets, start: int, end: int) -> list[tuple[str, torch.Tensor]]:
+        views = []
+        for index in range(start, end):
+            name, shape, dtype = manifest[index]
+            raw = slot.tensor[offsets[index] : offsets[index] + spec_nbytes(shape, dtype)]
+            views.append((name, raw.view(getattr(torch, dtype)).view(shape)))
+        return views
+
+    # ---- WeightSync -------------------------------------------------------------------
+
+    def send(self, named_tensors, version: int) -> None:
+        """Trainer leader: returns once every bucket is in its node's window and sent to the other nodes.
+
+        The rollout ranks may still be copying the last buckets: the next send waits for them
+        before it rewrites a slot, so the trainer's next step overlaps their loading.
+        """
+        named_tensors = list(named_tensors)
+        manifest = [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named_tensors]
+        header = {"stop": False, "version": version, "manifest": manifest}
+        transport.bcast_object(self.comm, header, root=0)
+        if self.node_comm is None:
+            self._split()
+        self._transfer(header, named_tensors=named_tensors)
+
+    def stop(self) -> None:
+        transport.bcast_object(self.comm, {"stop": True}, root=0)
+        if self.node_comm is not None:
+            self._close()
+
+    def receive(self, engine) -> int | None:
+        header = transport.bcast_object(self.comm, None, root=0)
+        if header["stop"]:
+            if self.node_comm is not None:
+                self._close()
+            return None
+        if self.node_comm is None:
+            self._split()
+        self._transfer(header, engine=engine)
+        return header["version"]
