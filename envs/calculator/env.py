@@ -2,9 +2,19 @@
 
 The model may call the calculator any number of times (up to `max_steps` turns); a turn
 without a tool call is its final answer: reward 1 when the last number in it is right.
+
+Held-out problems: with `heldout_every = N > 0`, one problem in N (by a hash of its template
+and numbers) is held out. Seeds in `heldout_seeds` (first seed, count; the default is
+`eval.seeds`' default range) draw only held-out problems, every other seed only the rest, so a
+training run never sees a problem its evaluation asks.
+
+`list_tools: false` leaves the tool list out of the prompt (the calculator still answers calls):
+for a model that learnt the call format from demonstrations, it halves the prompt.
 """
 
 from __future__ import annotations
+
+import zlib
 
 from agentrl.env.tools import ToolEnv, tool
 from agentrl.rewards import last_number
@@ -25,15 +35,31 @@ TEMPLATES = [
         "{a} / {b} - {c}",
     ),
 ]
+HELDOUT_SEEDS = (1_000_000, 1_000_000)
 
 
 class CalculatorEnv(ToolEnv):
-    def __init__(self, max_value: int = 99, max_steps: int = 6):
+    def __init__(
+        self,
+        max_value: int = 99,
+        max_steps: int = 6,
+        heldout_every: int = 0,
+        heldout_seeds: tuple[int, int] | list[int] = HELDOUT_SEEDS,
+        list_tools: bool = True,
+    ):
         super().__init__(max_steps=max_steps)
         if max_value < 4:
             raise ValueError(f"calculator needs max_value >= 4, got {max_value}")
+        if heldout_every < 0 or heldout_every == 1:
+            raise ValueError(f"heldout_every must be 0 (no held-out problems) or >= 2, got {heldout_every}")
+        if len(heldout_seeds) != 2 or heldout_seeds[1] < 1:
+            raise ValueError(f"heldout_seeds must be [first seed, count >= 1], got {list(heldout_seeds)}")
         self.max_value = max_value
+        self.heldout_every = heldout_every
+        self.heldout_seeds = (int(heldout_seeds[0]), int(heldout_seeds[1]))
         self.target: float | None = None
+        if not list_tools:  # the tool still works; the prompt just does not describe it (a model taught by demos)
+            self.tools = []
 
     @tool
     def calculator(self, expression: str) -> str:
@@ -44,10 +70,18 @@ class CalculatorEnv(ToolEnv):
         """
         return format_number(evaluate(expression))
 
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        text, expression = TEMPLATES[int(self.np_random.integers(len(TEMPLATES)))]
+    def is_heldout_seed(self, seed: int | None) -> bool:
+        first, count = self.heldout_seeds
+        return seed is not None and first <= seed < first + count
+
+    def is_heldout(self, question: str) -> bool:
+        """True for the problems held out for evaluation (none when heldout_every is 0)."""
+        return self.heldout_every > 0 and zlib.crc32(question.encode()) % self.heldout_every == 0
+
+    def _draw(self) -> tuple[str, str, int]:
         rng = self.np_random
+        template = int(rng.integers(len(TEMPLATES)))
+        text, expression = TEMPLATES[template]
         b = int(rng.integers(2, 10))
         a = (
             b * int(rng.integers(2, self.max_value // b + 1))
@@ -56,8 +90,17 @@ class CalculatorEnv(ToolEnv):
         )
         c = int(rng.integers(1, min(a // b, 10) + 1)) if "/" in expression else int(rng.integers(1, 10))
         fields = {"a": a, "b": b, "c": c}
-        self.target = evaluate(expression.format(**fields))
-        return text.format(**fields), {"answer": format_number(self.target)}
+        return text.format(**fields), expression.format(**fields), template
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        question, expression, template = self._draw()
+        if self.heldout_every:
+            heldout = self.is_heldout_seed(seed)
+            while self.is_heldout(question) != heldout:
+                question, expression, template = self._draw()
+        self.target = evaluate(expression)
+        return question, {"answer": format_number(self.target), "expression": expression, "template": template}
 
     def answer(self, text):
         guess = last_number(text)
