@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentrl.errors import EXIT_USER_ERROR, RefusedOnEveryRank, UserError
+from agentrl.errors import EXIT_USER_ERROR, UserError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +102,7 @@ def cmd_train(args) -> int:
     from agentrl.config import load_config
     from agentrl.env.preflight import refuse_unusable_env
     from agentrl.run_dir import claim
-    from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
+    from agentrl.transport import Failed, run_entry_point
 
     config = load_config(args.config, args.overrides)
     preempt.install()  # before the slow imports: a stop signal from now on is a graceful stop
@@ -121,15 +121,9 @@ def cmd_train(args) -> int:
                 lock.release()
 
     try:
-        done = abort_on_exception(run)()
-    except RefusedOnEveryRank:
-        raise
-    except UserError:
-        return EXIT_USER_ERROR  # abort_on_exception printed it
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except Exception:
-        return 1
+        done = run_entry_point(run)
+    except Failed as failure:
+        return failure.exit_code
     return 0 if done >= config.steps else preempt.EXIT_STOPPED
 
 
@@ -140,7 +134,7 @@ def cmd_sft(args) -> int:
     from agentrl import preempt
     from agentrl.run_dir import claim
     from agentrl.sft.config import load_sft_config
-    from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
+    from agentrl.transport import Failed, run_entry_point
 
     config = load_sft_config(args.config, args.overrides)
     preempt.install()
@@ -158,15 +152,9 @@ def cmd_sft(args) -> int:
                 lock.release()
 
     try:
-        done, total = abort_on_exception(run)()
-    except RefusedOnEveryRank:
-        raise
-    except UserError:
-        return EXIT_USER_ERROR
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except Exception:
-        return 1
+        done, total = run_entry_point(run)
+    except Failed as failure:
+        return failure.exit_code
     return 0 if done >= total else preempt.EXIT_STOPPED
 
 

@@ -314,6 +314,30 @@ def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | Non
     return wrapped
 
 
+class Failed(Exception):
+    """`run_entry_point` found `main` ended in an error (already printed); `exit_code` is the process's."""
+
+    def __init__(self, exit_code: int):
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
+def run_entry_point(main: Callable[[], object]) -> object:
+    """`main()` under `abort_on_exception`; its result, or Failed with the exit code of how it failed:
+    EXIT_USER_ERROR for a UserError, EXIT_INTERRUPTED for a second Ctrl-C, 1 for a bug.
+    RefusedOnEveryRank passes through (every rank raises it; the caller prints it once)."""
+    try:
+        return abort_on_exception(main)()
+    except RefusedOnEveryRank:
+        raise
+    except UserError:
+        raise Failed(EXIT_USER_ERROR) from None
+    except KeyboardInterrupt:
+        raise Failed(EXIT_INTERRUPTED) from None
+    except Exception:
+        raise Failed(1) from None
+
+
 def world_rank() -> int:
     """This process's rank in MPI_COMM_WORLD; before MPI is initialized, what the launcher says (0 without one).
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl import transport
-from agentrl.errors import EXIT_USER_ERROR, UserError
+from agentrl.errors import UserError
 
 WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
 STEP_NAME = re.compile(r"^step_(\d+)$")
@@ -167,10 +167,9 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
 
     from agentrl.config import load_config
     from agentrl.env.preflight import refuse_unusable_env
-    from agentrl.errors import RefusedOnEveryRank
     from agentrl.evaluation.report import headline, table
     from agentrl.layout import assign_roles
-    from agentrl.transport import EXIT_INTERRUPTED, abort_on_exception
+    from agentrl.transport import Failed, run_entry_point
 
     config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])
     world = MPI.COMM_WORLD
@@ -182,15 +181,9 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     config.model.path = target.model
     refuse_unusable_env(world, config, evaluating=True)
     try:
-        report = abort_on_exception(lambda: evaluate(config, target, command))()
-    except RefusedOnEveryRank:
-        raise
-    except UserError:
-        return EXIT_USER_ERROR  # abort_on_exception printed it
-    except KeyboardInterrupt:
-        return EXIT_INTERRUPTED
-    except Exception:
-        return 1
+        report = run_entry_point(lambda: evaluate(config, target, command))
+    except Failed as failure:
+        return failure.exit_code
     if report is not None:
         print(table(report))
         print(f"agentrl: {headline(report)}")
