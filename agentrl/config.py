@@ -143,6 +143,18 @@ class RolloutConfig(Section):
         description="Write every step's episodes (task id, reward, finish, chat messages with tool calls) to "
         "run_dir/episodes/step_NNNNNN.jsonl (the trainer leader writes them).",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Asynchronous rollouts: rollout ranks generate up to K steps ahead of the trainer, so the "
+        "episodes of step s come from weights s-K or newer (0: lockstep, today's schedule). Needs separate "
+        "trainer and rollout ranks. Older episodes are dropped and counted (`async/dropped_stale`).",
+    )
+    partial_rollouts: bool = Field(
+        True,
+        description="With max_staleness >= 1: new weights reach episodes in flight at their next turn "
+        "(each token records the version that generated it); false: only between steps.",
+    )
 
 
 class DataConfig(Section):
@@ -434,6 +446,13 @@ class Config(Section):
                 "layout.colocate shares one trainer GPU per rollout rank, but "
                 f"rollout.engine.tp_size={engine.tp_size}; set rollout.engine.tp_size=1 or layout.colocate=false"
             )
+        if self.rollout.max_staleness and self.layout.colocate:
+            raise ValueError(
+                f"rollout.max_staleness={self.rollout.max_staleness} overlaps generation with training, but "
+                "layout.colocate=true makes them take turns on one GPU; set rollout.max_staleness=0 or "
+                "layout.colocate=false"
+            )
+        self._default_async_correction()
         transport = self.weights.transport
         if transport == "cuda_ipc" and not self.layout.colocate:
             raise ValueError(
@@ -451,6 +470,24 @@ class Config(Section):
                 "NCCL needs one GPU per group member. Use weights.transport=cuda_ipc (one rollout rank) or mpi"
             )
         return self
+
+    def _default_async_correction(self) -> None:
+        """Asynchronous rollouts train on episodes of older weights: unless the algorithm's correction was
+        chosen explicitly, correct for it (truncated importance sampling against the rollout's log-probs)."""
+        correction = getattr(self.algorithm, "correction", None)
+        if not self.rollout.max_staleness or correction is None or correction.mode != "none":
+            return
+        if "mode" in correction.model_fields_set:
+            self._notes.append(
+                f"rollout.max_staleness={self.rollout.max_staleness} with algorithm.correction.mode=none: "
+                "episodes of older weights are trained as if on-policy"
+            )
+            return
+        correction.mode = "tis"
+        self._notes.append(
+            f"rollout.max_staleness={self.rollout.max_staleness}: algorithm.correction.mode=tis "
+            f"(cap {correction.cap}) corrects for the episodes' older weights; set it to none to turn it off"
+        )
 
     @property
     def notes(self) -> list[str]:
@@ -567,7 +604,7 @@ def from_dict(data: dict, source: str = "<dict>") -> Config:
         config = Config.model_validate(data)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, source)) from None
-    config._notes = notes
+    config._notes = notes + config._notes
     return config
 
 

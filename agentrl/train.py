@@ -39,6 +39,12 @@ def train(config: Config, command: list[str] | None = None) -> int:
         layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
     except UserError as error:  # the same sizes on every rank, so the same error everywhere
         raise RefusedOnEveryRank(str(error)) from None
+    if layout.single_process and config.rollout.max_staleness:
+        raise RefusedOnEveryRank(
+            f"rollout.max_staleness={config.rollout.max_staleness} overlaps generation with training, which needs "
+            "separate trainer and rollout ranks, but this is a single process; launch with mpirun -n 3 or more "
+            "(layout: trainer, rollout, env), or set rollout.max_staleness=0"
+        )
     start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
     data_start = None
     if config.data.train:  # the same on every rank
@@ -277,6 +283,10 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
     weights = GatherOnly()  # other trainer ranks join the leader's gathers of sharded (FSDP) weights
     if layout.is_trainer_leader:
         weights = make_weight_sync(config, layout)
+        if config.rollout.max_staleness:
+            from agentrl.rollout.weight_watch import AnnouncedWeights
+
+            weights = AnnouncedWeights(weights, layout.world, layout.rollout_ranks)
     weights.send(trainer.named_weights(), start_step)
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
     recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if layout.is_trainer_leader else None
@@ -290,6 +300,16 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
     done = train_loop(
         config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger, extra, evaluate
     )
+    if config.rollout.max_staleness and done < config.steps:  # stopped: batches generated ahead are still coming
+        from agentrl.rollout.ahead import discard_batches_ahead
+
+        discarded = discard_batches_ahead(layout)
+        if logger is not None and discarded:
+            print(
+                f"agentrl: discarded {discarded} batch(es) generated ahead of step {done}; a resumed run generates "
+                "their tasks again",
+                flush=True,
+            )
     if logger is None:
         return done, None
     logger.close()

@@ -29,12 +29,13 @@ class Episode:
     tokens: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    token_versions: list[int] = field(default_factory=list)  # weight version that made each token; -1: none
     prompt_len: int = 0
     reward: float = 0.0
     success: bool = False
     turns: int = 0
     finish: str = "max_turns"
-    weight_version: int = -1
+    weight_version: int = -1  # the oldest version among its generated tokens
     error: str | None = None
     text: str = ""
     metrics: dict[str, float] = field(default_factory=dict)  # summed over the episode; episode/NAME_mean
@@ -44,11 +45,12 @@ class Episode:
     messages: list[dict] = field(default_factory=list, repr=False)  # the conversation as chat messages (dumps)
     tools: list[dict] = field(default_factory=list, repr=False)  # the env's tool schemas
 
-    def extend(self, ids, mask: int, logprobs=None) -> None:
+    def extend(self, ids, mask: int, logprobs=None, version: int = -1) -> None:
         ids = [int(i) for i in ids]
         self.tokens.extend(ids)
         self.loss_mask.extend([mask] * len(ids))
         self.logprobs.extend(np.zeros(len(ids)) if logprobs is None else logprobs)
+        self.token_versions.extend([version] * len(ids))
 
     def add_metrics(self, values: dict) -> None:
         for name, value in values.items():
@@ -86,6 +88,7 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "tokens": _flat([e.tokens for e in episodes], np.int64),
         "loss_mask": _flat([e.loss_mask for e in episodes], np.uint8),
         "logprobs": _flat([e.logprobs for e in episodes], np.float32),
+        "token_version": _flat([e.token_versions for e in episodes], np.int64),
         "offsets": offsets,
         "group": np.array([e.group + group_offset for e in episodes], dtype=np.int64),
         "reward": np.array([e.reward for e in episodes], dtype=np.float32),
@@ -119,3 +122,31 @@ def concat(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
 
 def num_episodes(batch: dict[str, np.ndarray]) -> int:
     return len(batch["offsets"]) - 1
+
+
+TOKEN_KEYS = ("tokens", "loss_mask", "logprobs", "token_version")
+
+
+def select_episodes(batch: dict[str, np.ndarray], keep: np.ndarray) -> dict[str, np.ndarray]:
+    """The packed batch of the episodes where `keep` (a bool per episode) is true, in their order."""
+    keep = np.asarray(keep, dtype=bool)
+    offsets = batch["offsets"]
+    lengths = np.diff(offsets)
+    token_keep = np.repeat(keep, lengths)
+    turn_keep = keep[batch["turn_episode"]]
+    new_index = np.cumsum(keep) - 1  # an old episode index -> its index among the kept
+    token_shift = np.cumsum(np.where(keep, 0, lengths)) - np.where(keep, 0, lengths)  # tokens dropped before it
+    out = {}
+    for key, values in batch.items():
+        if key in TOKEN_KEYS:
+            out[key] = values[token_keep]
+        elif key in TURN_KEYS:
+            out[key] = values[turn_keep]
+        elif key != "offsets":
+            out[key] = values[keep]
+    out["offsets"] = np.concatenate([[0], np.cumsum(lengths[keep])]).astype(np.int64)
+    episode_of_turn = batch["turn_episode"][turn_keep]
+    out["turn_episode"] = new_index[episode_of_turn]
+    out["turn_start"] = batch["turn_start"][turn_keep] - token_shift[episode_of_turn]
+    out["turn_end"] = batch["turn_end"][turn_keep] - token_shift[episode_of_turn]
+    return out

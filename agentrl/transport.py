@@ -39,6 +39,7 @@ class Tag(IntEnum):
     ENV_REPLY = 12
     TRAJECTORIES = 21
     EVAL = 22  # a rollout rank's evaluation results, to the trainer leader
+    WEIGHTS = 23  # the trainer leader announces a weight version (or a stop) to rollout ranks running ahead
     STOP_REQUEST = 31  # a rank that got a stop signal tells the trainer leader
 
 

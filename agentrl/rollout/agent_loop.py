@@ -75,7 +75,7 @@ async def run_episode(
         versions.add(output.weight_version)
         episode.turn_states.append(state_key(info.get("state_key", observation)))
         turn_start = len(episode.tokens)
-        episode.extend(output.output_ids, mask=1, logprobs=output.logprobs)
+        episode.extend(output.output_ids, mask=1, logprobs=output.logprobs, version=output.weight_version)
         episode.turn_spans.append((turn_start, len(episode.tokens)))
         if output.finish_reason != "stop":
             episode.extend([chat.eos_id], mask=0)  # close the turn the model did not close

@@ -1,10 +1,12 @@
 """Episode dumps (`rollout.dump_episodes`): each step's episodes as one JSON object per line, in
 `run_dir/episodes/step_NNNNNN.jsonl`, written by the trainer leader from every rollout rank's records.
 
-    {"task_id": "17", "step": 3, "weight_version": 3, "reward": 1.0, "success": true, "finish": "terminated",
-     "turns": 2, "trained": true, "group": 5, "data_source": "arith", "tools": [...],
+    {"task_id": "17", "step": 3, "weight_version": 3, "turn_versions": [3, 3], "reward": 1.0, "success": true,
+     "finish": "terminated", "turns": 2, "trained": true, "group": 5, "data_source": "arith", "tools": [...],
      "messages": [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", "tool_calls": [...]}, ...]}
 
+`weight_version` is the oldest weight version that generated a token of the episode, `turn_versions` the
+version of each turn (they differ when new weights reached the episode in flight: rollout.max_staleness).
 `trained` is false for a group that dynamic sampling dropped; `data_source`, `tools` and `error` appear
 when there are any. A step's file is written whole under a temporary name and renamed, and a resumed
 run deletes the files of steps at or past its start, so each step is in the folder once.
@@ -28,6 +30,7 @@ def episode_record(episode: Episode, step: int, trained: bool = True) -> dict:
         "task_id": episode.task_id,
         "step": step,
         "weight_version": episode.weight_version,
+        "turn_versions": [episode.token_versions[start] for start, end in episode.turn_spans if end > start],
         "reward": episode.reward,
         "success": episode.success,
         "finish": episode.finish,

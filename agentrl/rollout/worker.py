@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import sys
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -84,6 +86,9 @@ class RolloutWorker:
         self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=_no_trainer_reduce))
         self.generated: list[Episode] = []  # the last step's episodes, trained or dropped (for episode dumps)
         self.kept_groups: set[int] = set()
+        # Running ahead (rollout.partial_rollouts): called between engine batches while episodes are in flight;
+        # it takes newly published weights and returns False once the trainer said stop.
+        self.between_batches: Callable[[], bool] | None = None
 
     def collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         """This rank's share of `step`'s groups (grouped by task), plus timing and dynamic-sampling stats.
@@ -169,7 +174,10 @@ class RolloutWorker:
             )
             for i, e in enumerate(episodes)
         ]
-        self.loop.run_until_complete(_gather(runs))
+        if self.between_batches is None:
+            self.loop.run_until_complete(_gather(runs))
+        else:
+            self.loop.run_until_complete(_gather_polling(runs, self.between_batches))
         source = getattr(self.task_source, "source", None)
         for episode in episodes:
             if episode.error and source is not None:  # name the row the env choked on
@@ -233,6 +241,27 @@ async def _gather(coroutines):
     return await asyncio.gather(*coroutines)
 
 
+class Stopped(Exception):
+    """The trainer announced a stop while this rank's episodes were in flight; they were cancelled."""
+
+
+# How often episodes in flight look for new weights: the event loop is free while the engine's thread runs a
+# batch, so a weight update waits at most this long to start (then for the running batch to end).
+POLL_WEIGHTS_S = 0.002
+
+
+async def _gather_polling(coroutines, between_batches: Callable[[], bool]):
+    episodes = asyncio.gather(*coroutines)
+    while not episodes.done():
+        if not between_batches():
+            episodes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await episodes
+            raise Stopped
+        await asyncio.wait([episodes], timeout=POLL_WEIGHTS_S)
+    return episodes.result()
+
+
 def shard_for_trainers(episodes: list[Episode], trainers: int, rotate: int = 0) -> list[list[Episode]]:
     """Split whole groups over trainer ranks in contiguous chunks of sizes that differ by at most one.
 
@@ -266,7 +295,14 @@ def run(config, layout, start_step: int, env_client, weight_sync, task_source: T
         from agentrl.evaluation.runner import Evaluator
 
         evaluator = Evaluator(config, worker, index, len(layout.rollout_ranks))
+    if config.rollout.max_staleness:
+        from agentrl.rollout.ahead import run_ahead
+
+        run_ahead(config, layout, start_step, worker, evaluator, weight_sync)
+        env_client.shutdown()
+        return
     weight_sync.receive(worker.engine)
+    idle = 0.0
     for step in range(start_step, config.steps + 1):
         if evaluator is not None and config.eval.due(step):
             from agentrl.evaluation.report import send_results
@@ -275,21 +311,31 @@ def run(config, layout, start_step: int, env_client, weight_sync, task_source: T
         if step == config.steps:
             break
         episodes, stats = worker.collect(step)
-        failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
+        stats["time/rollout_idle"] = idle
         preempt.forward(layout.world, layout.trainer_ranks[0])  # before the batch, so it is seen at this step's end
-        for trainer_index, (trainer_rank, shard) in enumerate(
-            zip(layout.trainer_ranks, shard_for_trainers(episodes, len(layout.trainer_ranks), index), strict=True)
-        ):
-            samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
-            message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
-            if trainer_index == 0:
-                message["data_position"] = worker.task_source.position()
-                message["episodes"] = worker.episode_records(step) if config.rollout.dump_episodes else []
-            transport.send(layout.world, message, trainer_rank, Tag.TRAJECTORIES)
+        trainers = len(layout.trainer_ranks)
+        for trainer, message in batch_messages(config, worker, index, trainers, step, episodes, stats):
+            transport.send(layout.world, message, layout.trainer_ranks[trainer], Tag.TRAJECTORIES)
         more = step + 1 < config.steps or config.eval.due(config.steps)
+        waited = time.perf_counter()
         if not more or weight_sync.receive(worker.engine) is None:
             break
+        idle = time.perf_counter() - waited
     env_client.shutdown()
+
+
+def batch_messages(config, worker: RolloutWorker, index: int, trainers: int, step: int, episodes, stats):
+    """(trainer index, message) for each trainer rank: its shard of the step's groups, the stats, and for
+    the first trainer (the leader) this rank's data position and, with rollout.dump_episodes, the episode
+    records; rollout rank 0 adds sample texts for TensorBoard."""
+    failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
+    for trainer_index, shard in enumerate(shard_for_trainers(episodes, trainers, index)):
+        samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
+        message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
+        if trainer_index == 0:
+            message["data_position"] = worker.task_source.position()
+            message["episodes"] = worker.episode_records(step) if config.rollout.dump_episodes else []
+        yield trainer_index, message
 
 
 def sample_texts(config, step: int, episodes: list[Episode]) -> list[str]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from agentrl import preempt, transport
 from agentrl.failures import FailureTally, abort_if_failing
-from agentrl.trainer import checkpoint
+from agentrl.trainer import checkpoint, staleness
 from agentrl.trajectory import FINISH_REASONS, METRIC_PREFIX, concat
 from agentrl.transport import Tag
 
@@ -132,6 +132,7 @@ def train_loop(
             break
         started = time.perf_counter()
         batch, stats, samples = collect(step)
+        batch, staleness_sums = staleness.admit(batch, step, config.rollout.max_staleness)
         received = time.perf_counter()
 
         metrics = trainer.train_step(batch)
@@ -149,8 +150,10 @@ def train_loop(
         saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping
 
         totals = transport.allreduce_named(role_comm, episode_sums(batch, step))
+        staleness_totals = transport.allreduce_named(role_comm, staleness_sums)
         if logger is not None:
             metrics.update(episode_metrics(totals))
+            metrics.update(staleness.metrics(staleness_totals, config.rollout.max_staleness))
             metrics.update(stats)
             step_time = time.perf_counter() - started
             metrics["time/wait_rollout"] = received - started
