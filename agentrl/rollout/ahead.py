@@ -29,8 +29,10 @@ def run_ahead(config, layout, start_step: int, worker, evaluator, weight_sync) -
     index = layout.rollout_ranks.index(layout.rank)
     ahead = config.rollout.max_staleness
     watcher = WeightWatcher(weight_sync, worker.engine, layout.world, layout.trainer_ranks[0])
-    if config.rollout.partial_rollouts:
+    if config.rollout.partial_rollouts and worker.engine.event_loop is None:
         worker.between_batches = watcher.poll
+    elif config.rollout.partial_rollouts and index == 0:  # SGLang updates weights by running its own loop
+        print(f"agentrl: {type(worker.engine).__name__} takes new weights between steps only", flush=True)
     in_flight: list = []  # the last batch's sends: complete before the next batch is sent
     watcher.wait_for(start_step)
     for step in range(start_step, config.steps + 1):
