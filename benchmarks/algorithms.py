@@ -5,10 +5,10 @@
 
 Each run is `mpirun -n N agentrl train CONFIG algorithm.name=NAME seed=S steps=K` in its own
 run_dir under --out; runs go one after another (the ranks of one run already fill the cores).
-Printed per run, from its TensorBoard events: success rate over the first 2% of steps (at
-least one) and over the last 10%, the first step whose trailing 50-step mean reaches 0.8 and
-the wall time to it, the wall time of the whole command, the median step time relative to
-grpo's, and for algorithms that log it, explained variance at the start and end. A markdown
+Printed per run, from its TensorBoard events: the policy's success rate (`rollout/success_rate`)
+over the first 2% of steps (at least one) and over the last 10%, the first step whose trailing
+50-step mean reaches 0.8 and the wall time to it, the wall time of the whole command, the median
+step time relative to grpo's, and for algorithms that log it, explained variance at the start and end. A markdown
 table follows, ready for the README.
 
 Each finished row is appended to OUT/results.jsonl; `--resume` skips the runs already there,
@@ -108,7 +108,16 @@ def run(algorithm: str, env: str, seed: int, steps: int, out: Path, extra: list[
     if not row["ok"]:
         (out / f"{run_dir.name}.log").write_bytes(result.stdout + result.stderr)
         return row
-    success = scalars(run_dir, "episode/success_rate")
+    return summarize(row, run_dir)
+
+
+def summarize(row: dict, run_dir: Path) -> dict:
+    """The row's learning numbers from the run's TensorBoard events.
+
+    Success is `rollout/success_rate`, the policy's own over each step's first round of tasks: the
+    trained batch's `episode/success_rate` leaves out the groups dynamic sampling dropped (dapo drops
+    every group once the policy answers each task the same way, and would read 0)."""
+    success = scalars(run_dir, "rollout/success_rate") or scalars(run_dir, "episode/success_rate")
     row["start"], row["end"] = window_means(success)
     row["steps_to_0.8"] = steps_to(success)
     row["wall_to_0.8_s"] = wall_at(run_dir, row["steps_to_0.8"]) if row["steps_to_0.8"] is not None else None
@@ -143,6 +152,9 @@ def main() -> int:
                 previous = [r for r in done if (r["algorithm"], r["env"], r["seed"], r["steps"]) == key]
                 if previous:
                     row = previous[-1]
+                    run_dir = args.out / f"{env}-{algorithm}-seed{seed}"
+                    if row["ok"] and run_dir.is_dir():
+                        row = summarize(row, run_dir)  # read again: how rows are summarized may have changed
                 else:
                     row = run(algorithm, env, seed, steps, args.out, args.overrides)
                     with results.open("a") as out:
