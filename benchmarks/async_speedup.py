@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from algorithms import ENVS, scalars, window_means
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_STEPS = {"quickstart": 300, "frozen_lake": 100}
+DEFAULT_STEPS = {"quickstart": 300, "frozen_lake": 150}
 
 
 def run(env: str, ahead: int, steps: int, seed: int, run_dir: Path, extra: list[str]) -> dict:
@@ -77,7 +77,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--envs", nargs="*", default=list(ENVS), choices=list(ENVS))
     parser.add_argument("--staleness", type=int, nargs="*", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=None, help="default: 300 quickstart, 100 frozen_lake")
+    parser.add_argument("--steps", type=int, default=None, help="default: 300 quickstart, 150 frozen_lake")
     parser.add_argument("--rounds", type=int, default=1, help="run every K this many times, in turn")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("runs/async_speedup"))
