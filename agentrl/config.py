@@ -155,6 +155,19 @@ class RolloutConfig(Section):
         description="With max_staleness >= 1: new weights reach episodes in flight at their next turn "
         "(each token records the version that generated it); false: only between steps.",
     )
+    dispatch: Literal["static", "dynamic"] = Field(
+        "static",
+        description="How a step's tasks reach rollout ranks. `static`: each rank runs a fixed share "
+        "(tasks_per_step / rollout ranks; bit-reproducible). `dynamic`: ranks claim tasks one group at a "
+        "time from a queue on rollout rank 0, so a rank slowed by long episodes or a slow env takes fewer "
+        "(time/rollout_spread shows the imbalance).",
+    )
+    groups_in_flight: int | None = Field(
+        None,
+        ge=1,
+        description="dispatch=dynamic: groups a rank runs at once (it claims the next task as one ends); "
+        "None: half its static share, at least 1.",
+    )
 
 
 class DataConfig(Section):
@@ -413,12 +426,12 @@ class Config(Section):
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Config:
         shards = self.layout.rollout * self.layout.trainer
-        if self.rollout.tasks_per_step % shards:
+        if self.rollout.tasks_per_step % shards and self.rollout.dispatch == "static":
             raise ValueError(
                 f"rollout.tasks_per_step={self.rollout.tasks_per_step} must be a multiple of "
                 f"layout.rollout x layout.trainer = {self.layout.rollout} x {self.layout.trainer} = {shards}, "
                 "so every rollout rank sends every trainer the same number of groups; "
-                f"set rollout.tasks_per_step to a multiple of {shards}"
+                f"set rollout.tasks_per_step to a multiple of {shards} (or rollout.dispatch=dynamic)"
             )
         if self.rollout.max_new_tokens >= self.rollout.max_episode_tokens:
             raise ValueError(

@@ -48,7 +48,7 @@ def train(config: Config, command: list[str] | None = None) -> int:
     start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
     data_start = None
     if config.data.train:  # the same on every rank
-        shards = 1 if layout.single_process else len(layout.rollout_ranks)
+        shards = data_shards(config, layout)
         data_start = transport.agree_on_root(layout.world, lambda: data_positions(config, start_step, shards))
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
@@ -130,6 +130,13 @@ def resume_step(config: Config) -> int:
     if found.step >= config.steps:
         print(f"agentrl: step {found.step} is already at steps={config.steps}; raise steps=... to train on", flush=True)
     return found.step
+
+
+def data_shards(config: Config, layout: Layout) -> int:
+    """How many walks over data.train there are: one per rollout rank, or one for all (rollout.dispatch=dynamic)."""
+    if layout.single_process or config.rollout.dispatch == "dynamic":
+        return 1
+    return len(layout.rollout_ranks)
 
 
 def data_positions(config: Config, start_step: int, shards: int) -> list[int]:
@@ -326,8 +333,9 @@ def run_rollout(config: Config, layout: Layout, start_step: int, data_start: lis
     else:
         env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
     sync = make_weight_sync(config, layout)  # a process-group sync connects at its first receive
-    shard = layout.rollout_ranks.index(layout.rank)
-    tasks = task_source(config, shard, len(layout.rollout_ranks), data_start)
+    shards = data_shards(config, layout)
+    shard = layout.rollout_ranks.index(layout.rank) if shards > 1 else 0
+    tasks = task_source(config, shard, shards, data_start)
     worker.run(config, layout, start_step, env_client, sync, tasks)
 
 

@@ -40,6 +40,8 @@ class Tag(IntEnum):
     TRAJECTORIES = 21
     EVAL = 22  # a rollout rank's evaluation results, to the trainer leader
     WEIGHTS = 23  # the trainer leader announces a weight version (or a stop) to rollout ranks running ahead
+    TASKS = 24  # rollout.dispatch=dynamic: a rollout rank claims tasks from rollout rank 0
+    TASK_REPLY = 25
     STOP_REQUEST = 31  # a rank that got a stop signal tells the trainer leader
 
 

@@ -45,3 +45,18 @@ class BuildsOnRankZeroOnly(GuessNumberEnv):
         if MPI.COMM_WORLD.Get_rank() != 0:
             raise FileNotFoundError(f"words.txt is missing on rank {MPI.COMM_WORLD.Get_rank()}")
         super().__init__(**kwargs)
+
+
+class SlowOnRankEnv(GuessNumberEnv):
+    """guess_number whose every step takes `delay_s` longer on MPI world rank `rank`: a rank beside a slow env
+    (in-process envs, so the delay holds that rollout rank's event loop)."""
+
+    def __init__(self, rank: int = 2, delay_s: float = 0.05, **kwargs):
+        from mpi4py import MPI
+
+        super().__init__(**kwargs)
+        self.delay_s = delay_s if MPI.COMM_WORLD.Get_rank() == rank else 0.0
+
+    def step(self, action):
+        time.sleep(self.delay_s)
+        return super().step(action)

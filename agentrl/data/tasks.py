@@ -7,7 +7,8 @@ options. `DatasetTasks` serves dataset rows (options=row): the rows of each epoc
 from the run seed and the epoch number, dealt round-robin to the rollout ranks (rank r gets
 every R-th row of the epoch's order), and each rank walks its share with a counter of rows
 consumed. That counter is the data position a checkpoint keeps; extra rounds of dynamic
-sampling simply consume more rows.
+sampling simply consume more rows. With dynamic dispatch (agentrl/rollout/dispatch.py) one counter
+serves every rank: the dispatcher `reserve`s positions and each rank builds its tasks with `at`.
 """
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ class TaskSource(Protocol):
     def take(self, step: int, indices: list[int]) -> list[Task]:
         """The tasks of `indices` (task indices within `step`, see rollout/worker.py task_index), in order."""
 
+    def reserve(self, count: int) -> list[int | None]:
+        """Consume the next `count` data positions (None for sources without positions)."""
+
+    def at(self, step: int, index: int, position: int | None) -> Task:
+        """The task of `index` within `step` served from data `position` (from `reserve`, maybe on another rank)."""
+
     def position(self) -> dict | None:
         """What a checkpoint keeps to continue where this source stopped (None: nothing to keep)."""
 
@@ -50,8 +57,14 @@ class SeededTasks:
         self.seed = seed
 
     def take(self, step: int, indices: list[int]) -> list[Task]:
-        seeds = [task_seed(self.seed, step, index) for index in indices]
-        return [Task(str(seed), seed) for seed in seeds]
+        return [self.at(step, index, None) for index in indices]
+
+    def reserve(self, count: int) -> list[None]:
+        return [None] * count
+
+    def at(self, step: int, index: int, position: None) -> Task:
+        seed = task_seed(self.seed, step, index)
+        return Task(str(seed), seed)
 
     def position(self) -> None:
         return None
@@ -94,14 +107,19 @@ class DatasetTasks:
         return int(self._order[offset])
 
     def take(self, step: int, indices: list[int]) -> list[Task]:
-        tasks = []
-        for index in indices:
-            row_index = self.row_index(self.consumed)
-            row = self.rows[row_index]
-            row_id = row.get(ID_COLUMN) if self.has_ids else None
-            tasks.append(Task(str(row_index if row_id is None else row_id), task_seed(self.seed, step, index), row))
-            self.consumed += 1
-        return tasks
+        positions = self.reserve(len(indices))
+        return [self.at(step, index, position) for index, position in zip(indices, positions, strict=True)]
+
+    def reserve(self, count: int) -> list[int]:
+        positions = list(range(self.consumed, self.consumed + count))
+        self.consumed += count
+        return positions
+
+    def at(self, step: int, index: int, position: int) -> Task:
+        row_index = self.row_index(position)
+        row = self.rows[row_index]
+        row_id = row.get(ID_COLUMN) if self.has_ids else None
+        return Task(str(row_index if row_id is None else row_id), task_seed(self.seed, step, index), row)
 
     def position(self) -> dict:
         return {"consumed": self.consumed, "rows": self.size}

@@ -2,14 +2,16 @@
 `run_dir/episodes/step_NNNNNN.jsonl`, written by the trainer leader from every rollout rank's records.
 
     {"task_id": "17", "step": 3, "weight_version": 3, "turn_versions": [3, 3], "reward": 1.0, "success": true,
-     "finish": "terminated", "turns": 2, "trained": true, "group": 5, "data_source": "arith", "tools": [...],
+     "finish": "terminated", "turns": 2, "trained": true, "group": 5, "rollout_rank": 1, "data_source": "arith",
+     "tools": [...],
      "messages": [{"role": "system", ...}, {"role": "user", ...}, {"role": "assistant", "tool_calls": [...]}, ...]}
 
 `weight_version` is the oldest weight version that generated a token of the episode, `turn_versions` the
 version of each turn (they differ when new weights reached the episode in flight: rollout.max_staleness).
-`trained` is false for a group that dynamic sampling dropped; `data_source`, `tools` and `error` appear
-when there are any. A step's file is written whole under a temporary name and renamed, and a resumed
-run deletes the files of steps at or past its start, so each step is in the folder once.
+`trained` is false for a group that dynamic sampling dropped; `rollout_rank` is the index (among rollout
+ranks) of the rank that ran the episode; `data_source`, `tools` and `error` appear when there are any.
+A step's file is written whole under a temporary name and renamed, and a resumed run deletes the files
+of steps at or past its start, so each step is in the folder once.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ DUMP_DIR = "episodes"
 STEP_FILE = re.compile(r"^step_(\d{6,})\.jsonl$")
 
 
-def episode_record(episode: Episode, step: int, trained: bool = True) -> dict:
+def episode_record(episode: Episode, step: int, trained: bool = True, rollout_rank: int | None = None) -> dict:
     record = {
         "task_id": episode.task_id,
         "step": step,
@@ -38,6 +40,8 @@ def episode_record(episode: Episode, step: int, trained: bool = True) -> dict:
         "trained": trained,
         "group": episode.group,
     }
+    if rollout_rank is not None:
+        record["rollout_rank"] = rollout_rank
     if episode.data_source is not None:
         record["data_source"] = episode.data_source
     if episode.tools:

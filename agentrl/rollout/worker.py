@@ -18,6 +18,7 @@ from agentrl.data.tasks import SeededTasks, TaskSource, task_seed  # noqa: F401 
 from agentrl.failures import FailureTally, error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
 from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.dispatch import DispatchClient, DispatchServer, default_groups_in_flight
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.episode_dump import episode_record
 from agentrl.rollout.reward_fn import RewardFunction
@@ -64,6 +65,7 @@ class RolloutWorker:
         task_source: TaskSource | None = None,
     ):
         self.config = config
+        self.rollout_index = rollout_index
         self.task_source = task_source or SeededTasks(config.seed)  # a dataset's rows, or the env's seeds
         rc = config.rollout
         self.env = env_client
@@ -89,6 +91,14 @@ class RolloutWorker:
         # Running ahead (rollout.partial_rollouts): called between engine batches while episodes are in flight;
         # it takes newly published weights and returns False once the trainer said stop.
         self.between_batches: Callable[[], bool] | None = None
+        # rollout.dispatch=dynamic: where this rank claims its tasks (agentrl/rollout/dispatch.py); set by `run`,
+        # else (one rollout rank) a queue of its own.
+        self.dispatch = None
+        if rc.dispatch == "dynamic":
+            self.groups_in_flight = rc.groups_in_flight or default_groups_in_flight(rc.tasks_per_step, rollout_count)
+            if rollout_count == 1:
+                extra = self.algorithm.max_extra_rounds
+                self.dispatch = DispatchServer(None, [], rc.tasks_per_step, extra, self.task_source)
 
     def collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         """This rank's share of `step`'s groups (grouped by task), plus timing and dynamic-sampling stats.
@@ -101,6 +111,8 @@ class RolloutWorker:
         first round, before any group was dropped: the policy's own numbers, where `episode/` metrics
         describe the trained batch.
         """
+        if self.dispatch is not None:
+            return self._collect_dispatched(step)
         rc = self.config.rollout
         timers = LoopTimers()
         busy_before = self.engine.busy_seconds
@@ -146,10 +158,95 @@ class RolloutWorker:
         }
         return [e for group in kept[: self.tasks] for e in group], stats
 
+    def _collect_dispatched(self, step: int) -> tuple[list[Episode], dict[str, float]]:
+        """`collect` with rollout.dispatch=dynamic: groups claimed one at a time from the step's queue."""
+        timers = LoopTimers()
+        busy_before = self.engine.busy_seconds
+        started = time.perf_counter()
+        runs = [self._run_claimed(step, timers)]
+        serving = isinstance(self.dispatch, DispatchServer)
+        if serving:
+            self.dispatch.open(step)
+            runs.append(self.dispatch.serve())
+        groups = self._run(runs)[0]
+        queue_stats = self.dispatch.queue.stats() if serving else {}  # every rank's verdicts are in
+        wall = self.last_group_ended - started  # this rank's own work: rank 0 also waited for the others' verdicts
+        kept = [group for group, keep in groups if keep]
+        generated = [e for group, _ in groups for e in group]
+        self.report_errors(step, generated)
+        self.generated, self.kept_groups = generated, {group[0].group for group in kept}
+        target = self.config.rollout.tasks_per_step
+        first_round = [e for e in generated if e.group < target]
+        generate = self.engine.busy_seconds - busy_before
+        stats = {
+            "time/rollout": wall,
+            "time/generate": generate,
+            "time/env": max(0.0, wall - generate),
+            "rollout/generated_groups": float(len(groups)),
+            "rollout/dropped_groups": float(len(groups) - len(kept)),
+            "rollout/extra_rounds": 0.0,
+            "rollout/groups_short": 0.0,
+            "rollout/surplus_groups": 0.0,
+            **queue_stats,  # rank 0: the step's extra rounds and shortfall, over all ranks
+            "rollout/success_rate": float(np.mean([e.success for e in first_round])) if first_round else 0.0,
+            "rollout/reward_mean": float(np.mean([e.reward for e in first_round])) if first_round else 0.0,
+            "rollout/first_round_episodes": float(len(first_round)),
+            **self.task_source.stats(),
+        }
+        return [e for group in kept for e in group], stats
+
+    async def _run_claimed(self, step: int, timers: LoopTimers) -> list[tuple[list[Episode], bool]]:
+        """Keep up to `groups_in_flight` groups running, claiming the next task as each one ends; every group
+        with its keep verdict, in the order they ended."""
+        running: set[asyncio.Task] = set()
+        ended: list[tuple[list[Episode], bool]] = []
+        kept = dropped = first_key = 0
+        done = False
+        try:
+            while True:
+                free = self.groups_in_flight - len(running)
+                if not done and free > 0:
+                    claims = await self.dispatch.claim(step, free, len(running), kept, dropped)
+                    kept = dropped = 0
+                    done = claims == []
+                    for index, position in claims or []:
+                        task = self.task_source.at(step, index, position)
+                        running.add(asyncio.ensure_future(self._run_group(step, index, task, first_key, timers)))
+                        first_key += self.config.rollout.group_size
+                if not running:
+                    break
+                finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for future in finished:
+                    group = future.result()
+                    rewards = np.array([e.reward for e in group if e.finish != "error"], dtype=np.float32)
+                    keep = bool(self.algorithm.keep_group(rewards))
+                    kept, dropped = kept + keep, dropped + (not keep)
+                    ended.append((group, keep))
+        finally:  # cancelled by a stop: no group outlives the step
+            for future in running:
+                future.cancel()
+        self.last_group_ended = time.perf_counter()
+        await self.dispatch.finish(step, kept, dropped)
+        return ended
+
+    async def _run_group(self, step: int, index: int, task, first_key: int, timers: LoopTimers) -> list[Episode]:
+        episodes = self._episodes(index, task)
+        await _gather(self._episode_runs(step, episodes, first_key, timers))
+        self._name_failed_rows(episodes)
+        return episodes
+
     def _run_tasks(self, step: int, tasks: list[int], first_key: int, timers: LoopTimers) -> list[list[Episode]]:
         """`group_size` episodes of each task, run concurrently; env keys (step, first_key + i) stay unique."""
         size = self.config.rollout.group_size
-        episodes = [
+        taken = zip(tasks, self.task_source.take(step, tasks), strict=True)
+        episodes = [e for index, task in taken for e in self._episodes(index, task)]
+        self._run(self._episode_runs(step, episodes, first_key, timers))
+        self._name_failed_rows(episodes)
+        return [episodes[i : i + size] for i in range(0, len(episodes), size)]
+
+    def _episodes(self, index: int, task) -> list[Episode]:
+        """The `group_size` episodes of one task, not yet run."""
+        return [
             Episode(
                 group=index,
                 task_seed=task.seed,
@@ -157,10 +254,11 @@ class RolloutWorker:
                 task_options=task.options,
                 data_source=(task.options or {}).get("data_source"),
             )
-            for index, task in zip(tasks, self.task_source.take(step, tasks), strict=True)
-            for _ in range(size)
+            for _ in range(self.config.rollout.group_size)
         ]
-        runs = [
+
+    def _episode_runs(self, step: int, episodes: list[Episode], first_key: int, timers: LoopTimers):
+        return [
             run_episode(
                 self.engine,
                 self.env,
@@ -174,19 +272,22 @@ class RolloutWorker:
             )
             for i, e in enumerate(episodes)
         ]
+
+    def _run(self, coroutines) -> list:
+        """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""
         if self.between_batches is None:
-            self.loop.run_until_complete(_gather(runs))
-        else:
-            self.loop.run_until_complete(_gather_polling(runs, self.between_batches))
+            return self.loop.run_until_complete(_gather(coroutines))
+        return self.loop.run_until_complete(_gather_polling(coroutines, self.between_batches))
+
+    def _name_failed_rows(self, episodes: list[Episode]) -> None:
         source = getattr(self.task_source, "source", None)
         for episode in episodes:
             if episode.error and source is not None:  # name the row the env choked on
                 episode.error = f"{source} row {episode.task_id}: {episode.error}"
-        return [episodes[i : i + size] for i in range(0, len(episodes), size)]
 
     def episode_records(self, step: int) -> list[dict]:
         """The last step's episodes as dump records (rollout.dump_episodes), dropped groups included."""
-        return [episode_record(e, step, e.group in self.kept_groups) for e in self.generated]
+        return [episode_record(e, step, e.group in self.kept_groups, self.rollout_index) for e in self.generated]
 
     def report_errors(self, step: int, episodes: list[Episode]) -> None:
         """Print each new kind of episode error once (in full), so failures are seen, not just counted."""
@@ -219,6 +320,8 @@ def _no_trainer_reduce(array: np.ndarray) -> np.ndarray:
 # tasks) averaged; counts summed.
 MAX_STATS_PREFIXES = ("time/", "rollout/extra_rounds", "data/")
 MEAN_STATS_SUFFIXES = ("_mean", "_rate")
+# With dynamic dispatch ranks run different numbers of first-round episodes: their rates weigh by that count.
+MEAN_WEIGHT = "rollout/first_round_episodes"
 
 
 def merge_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
@@ -226,14 +329,23 @@ def merge_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
     step's pace), means and rates the mean, counts such as `rollout/dropped_groups` the sum."""
     names = sorted(set().union(*per_rank))
     merged = {}
+    weighted = all(MEAN_WEIGHT in stats for stats in per_rank) and sum(stats[MEAN_WEIGHT] for stats in per_rank) > 0
     for name in names:
         values = [stats[name] for stats in per_rank if name in stats]
         if name.startswith(MAX_STATS_PREFIXES):
             merged[name] = max(values)
+        elif name.endswith(MEAN_STATS_SUFFIXES) and weighted and name.startswith("rollout/"):
+            weights = [stats[MEAN_WEIGHT] for stats in per_rank]
+            merged[name] = float(np.average([stats[name] for stats in per_rank], weights=weights))
         elif name.endswith(MEAN_STATS_SUFFIXES):
             merged[name] = float(np.mean(values))
         else:
             merged[name] = float(sum(values))
+    if len(per_rank) > 1 and all("time/rollout" in s and "rollout/generated_groups" in s for s in per_rank):
+        times = [stats["time/rollout"] for stats in per_rank]
+        groups = [stats["rollout/generated_groups"] for stats in per_rank]
+        merged["time/rollout_spread"] = max(times) - min(times)
+        merged["rollout/rank_groups_min"], merged["rollout/rank_groups_max"] = min(groups), max(groups)
     return merged
 
 
@@ -290,6 +402,14 @@ def run(config, layout, start_step: int, env_client, weight_sync, task_source: T
     results go to the trainer leader; after the last step that needs the last weights, sent for it."""
     index = layout.rollout_ranks.index(layout.rank)
     worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device, task_source)
+    if config.rollout.dispatch == "dynamic" and len(layout.rollout_ranks) > 1:
+        rc, dispatcher = config.rollout, layout.rollout_ranks[0]
+        if index == 0:
+            peers = layout.rollout_ranks[1:]
+            extra = worker.algorithm.max_extra_rounds
+            worker.dispatch = DispatchServer(layout.world, peers, rc.tasks_per_step, extra, worker.task_source)
+        else:
+            worker.dispatch = DispatchClient(layout.world, dispatcher)
     evaluator = None
     if config.eval.enabled:
         from agentrl.evaluation.runner import Evaluator
@@ -332,8 +452,9 @@ def batch_messages(config, worker: RolloutWorker, index: int, trainers: int, ste
     for trainer_index, shard in enumerate(shard_for_trainers(episodes, trainers, index)):
         samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
         message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
+        if trainer_index == 0 and (index == 0 or config.rollout.dispatch == "static"):
+            message["data_position"] = worker.task_source.position()  # dynamic dispatch: one queue, one position
         if trainer_index == 0:
-            message["data_position"] = worker.task_source.position()
             message["episodes"] = worker.episode_records(step) if config.rollout.dump_episodes else []
         yield trainer_index, message
 

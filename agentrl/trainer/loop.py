@@ -106,7 +106,7 @@ def receive_from_rollouts(
             abort_if_failing(step, FailureTally.merged([m["failures"] for m in messages]), abort_on_failed_fraction)
             if recorder is not None:
                 episodes = [record for m in messages for record in m.get("episodes", [])]
-                recorder.record(step, [m.get("data_position") for m in messages], episodes)
+                recorder.record(step, [m["data_position"] for m in messages if "data_position" in m], episodes)
         samples = [text for m in messages for text in m["samples"]]
         return concat([m["batch"] for m in messages]), stats, samples
 

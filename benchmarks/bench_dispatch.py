@@ -1,0 +1,90 @@
+"""Static vs dynamic task dispatch on a ragged workload, side by side.
+
+    python benchmarks/bench_dispatch.py                       # 40 steps per run, 2 rounds
+    python benchmarks/bench_dispatch.py --steps 60 --rounds 3 --in-flight 2 4
+
+The workload is the quickstart (tiny model, guess_number 1..7) on 3 ranks (1 trainer, 2 rollout, envs
+in-process) with `benchmarks/ragged_env.py`: a quarter of the tasks burn 20 ms of CPU per env step,
+so the rank that draws more of them in a step is the step's straggler. Each run is
+`mpirun -n 3 agentrl train launch/configs/quickstart.yaml env.id=benchmarks.ragged_env:RaggedGuessEnv
+rollout.dispatch=... steps=S`; the variants run in turn, R rounds, so load on the machine hits them alike.
+
+Printed per variant, medians over steps and then over rounds: the step's rollout time (the slowest
+rollout rank, `time/rollout`), the spread between the slowest and the fastest rank
+(`time/rollout_spread`), the whole step (`time/step`), and the fewest and most groups a rank ran
+in a step (`rollout/rank_groups_min`/`_max`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from algorithms import scalars
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG = "launch/configs/quickstart.yaml"
+ENV = "benchmarks.ragged_env:RaggedGuessEnv"
+COLUMNS = {
+    "rollout_s": "time/rollout",
+    "spread_s": "time/rollout_spread",
+    "step_s": "time/step",
+    "groups_min": "rollout/rank_groups_min",
+    "groups_max": "rollout/rank_groups_max",
+}
+
+
+def run(variant: list[str], steps: int, run_dir: Path) -> dict[str, float]:
+    shutil.rmtree(run_dir, ignore_errors=True)
+    command = [
+        "mpirun", "-n", "3", "agentrl", "train", CONFIG, f"env.id={ENV}", "layout.env=0", f"steps={steps}",
+        f"run_dir={run_dir}", "eval.every=0", "checkpoint.every=0", "logging.progress=false", *variant,
+    ]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True)
+    if result.returncode:
+        log = run_dir.with_suffix(".log")
+        log.write_bytes(result.stdout + result.stderr)
+        raise SystemExit(f"{' '.join(variant)} failed (exit {result.returncode}); see {log}")
+    row = {name: float(np.median([v for s, v in scalars(run_dir, tag) if s > 0])) for name, tag in COLUMNS.items()}
+    row["wall_s"] = time.perf_counter() - started
+    return row
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--in-flight", type=int, nargs="*", default=[4, 2], help="dynamic variants' groups_in_flight")
+    parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench_dispatch")
+    args = parser.parse_args()
+    variants = {"static": ["rollout.dispatch=static"]}
+    for count in args.in_flight:
+        variants[f"dynamic, {count} in flight"] = ["rollout.dispatch=dynamic", f"rollout.groups_in_flight={count}"]
+    rows: dict[str, list[dict]] = {name: [] for name in variants}
+    for round_ in range(args.rounds):
+        for index, (name, variant) in enumerate(variants.items()):
+            rows[name].append(run(variant, args.steps, args.out / f"r{round_}-v{index}"))
+            print(f"round {round_}: {name}: {rows[name][-1]}", flush=True)
+    print(f"\nragged quickstart, {args.steps} steps x {args.rounds} round(s), medians (step 0 left out)\n")
+    header = f"{'dispatch':<24}" + "".join(f"{name:>12}" for name in [*COLUMNS, "wall_s"]) + f"{'vs static':>11}"
+    print(header)
+    base = np.median([r["step_s"] for r in rows["static"]])
+    for name, runs in rows.items():
+        medians = {key: float(np.median([r[key] for r in runs])) for key in [*COLUMNS, "wall_s"]}
+        cells = "".join(f"{medians[key]:>12.3f}" for key in [*COLUMNS, "wall_s"])
+        print(f"{name:<24}{cells}{base / medians['step_s']:>10.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
