@@ -15,16 +15,14 @@ episodes are, which changes as a policy learns.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithms import ENVS, scalars
+from algorithms import ENVS, run_or_exit, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 5
@@ -38,11 +36,7 @@ def run(algorithm: str, steps: int, run_dir: Path) -> dict[str, float]:
         "mpirun", "-n", str(ranks), "agentrl", "train", config, f"algorithm.name={algorithm}", f"steps={steps}",
         f"run_dir={run_dir}", "eval.every=0", "checkpoint.every=0", "logging.progress=false",
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
-    if result.returncode:
-        log = run_dir.with_suffix(".log")
-        log.write_bytes(result.stdout + result.stderr)
-        raise SystemExit(f"{algorithm} failed (exit {result.returncode}); see {log}")
+    run_or_exit(command, run_dir, algorithm)
     return {
         name: float(np.median([v for s, v in scalars(run_dir, tag) if s >= WARMUP])) for name, tag in PHASES.items()
     }

@@ -85,6 +85,18 @@ def wall_at(run_dir: Path, step: int) -> float | None:
     return events[step].wall_time - first.wall_time + first.value
 
 
+def run_or_exit(command: list[str], run_dir: Path, what: str, env: dict | None = None) -> float:
+    """Run a training command from the repository root; its wall seconds, or exit naming the log of a failure."""
+    started = time.perf_counter()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True)
+    if result.returncode:
+        log = run_dir.with_suffix(".log")
+        log.write_bytes(result.stdout + result.stderr)
+        raise SystemExit(f"{what} failed (exit {result.returncode}); see {log}")
+    return time.perf_counter() - started
+
+
 def run(algorithm: str, env: str, seed: int, steps: int, out: Path, extra: list[str]) -> dict:
     config, ranks = ENVS[env]
     run_dir = out / f"{env}-{algorithm}-seed{seed}"

@@ -24,15 +24,13 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithms import scalars
+from algorithms import run_or_exit, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "launch/configs/quickstart.yaml"
@@ -57,15 +55,10 @@ def run(workload: str, variant: list[str], steps: int, run_dir: Path) -> dict[st
         "layout.env=0", f"steps={steps}",
         f"run_dir={run_dir}", "eval.every=0", "checkpoint.every=0", "logging.progress=false", *variant,
     ]  # fmt: skip
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    started = time.perf_counter()
-    result = subprocess.run(command, cwd=REPO, env=env, capture_output=True)
-    if result.returncode:
-        log = run_dir.with_suffix(".log")
-        log.write_bytes(result.stdout + result.stderr)
-        raise SystemExit(f"{' '.join(variant)} failed (exit {result.returncode}); see {log}")
+    pythonpath = f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"  # benchmarks.ragged_env
+    wall = run_or_exit(command, run_dir, " ".join(variant), {"PYTHONPATH": pythonpath})
     row = {name: float(np.median([v for s, v in scalars(run_dir, tag) if s > 0])) for name, tag in COLUMNS.items()}
-    row["wall_s"] = time.perf_counter() - started
+    row["wall_s"] = wall
     return row
 
 

@@ -18,16 +18,14 @@ model twice as wide (hidden 128 instead of 64), to show how each phase scales.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithms import ENVS, scalars
+from algorithms import ENVS, run_or_exit, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ["generate", "env", "transfer", "train", "weight_sync"]
@@ -42,11 +40,7 @@ def run(name: str, env: str, ranks: int, steps: int, out: Path, extra: list[str]
         "mpirun", "-n", str(ranks), "agentrl", "train", config, f"steps={steps}", f"run_dir={run_dir}",
         "eval.every=0", "checkpoint.every=0", "logging.progress=false", *extra,
     ]  # fmt: skip
-    result = subprocess.run(command, cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True)
-    if result.returncode:
-        log = run_dir.with_suffix(".log")
-        log.write_bytes(result.stdout + result.stderr)
-        raise SystemExit(f"{name} failed (exit {result.returncode}); see {log}")
+    run_or_exit(command, run_dir, name)
 
     def median(tag: str) -> float:
         return float(np.median([v for s, v in scalars(run_dir, tag) if s >= WARMUP]))
