@@ -48,7 +48,13 @@ def run(name: str, env: str, ranks: int, steps: int, out: Path, extra: list[str]
     row = {phase: median(f"time/{phase}") for phase in PHASES}
     row["step"] = median("time/step")
     row["rollout"] = median("time/rollout")
-    row["other"] = max(0.0, row["step"] - median("time/wait_rollout") - row["train"] - row["weight_sync"])
+    per_step = {tag: dict(scalars(run_dir, f"time/{tag}")) for tag in ("step", "wait_rollout", "train", "weight_sync")}
+    other = [
+        per_step["step"][s] - per_step["wait_rollout"][s] - per_step["train"][s] - per_step["weight_sync"][s]
+        for s in per_step["step"]
+        if s >= WARMUP
+    ]
+    row["other"] = float(np.median(other))
     row["rollout_idle"] = max(0.0, row["step"] - row["rollout"]) / row["step"]
     row["trainer_idle"] = max(0.0, median("time/wait_rollout") - row["transfer"]) / row["step"]
     row["transfer_pct"] = 100 * row["transfer"] / row["step"]
