@@ -152,7 +152,7 @@ class Evaluator:
             response_tokens=[int(sum(e.loss_mask)) for e in episodes],
             tool_calls=[float(e.metrics.get("tool_calls", 0.0)) for e in episodes],
             finish=[e.finish for e in episodes],
-            tool_env=any(bool(e.tools) for e in episodes),
+            tool_env=any(bool(e.tools) or "tool_calls" in e.metrics for e in episodes),
         ).as_dict()
 
     def _report_errors(self, step: int, episodes: list[Episode]) -> None:

@@ -201,3 +201,17 @@ def test_evaluation_puts_the_engines_and_global_random_streams_back_and_drops_it
         random.random(), np.random.rand(), torch.rand(3)
     assert draws()[1:] == first[1:]
     engine.shutdown()
+
+
+def test_tool_call_rate_is_reported_for_tools_left_out_of_the_prompt():
+    """calculator_rl.yaml lists no tools in the prompt (list_tools: false), yet the model calls them."""
+    from agentrl.evaluation.runner import Evaluator
+    from agentrl.trajectory import Episode
+
+    task = type("Task", (), {"id": "7"})()
+    called = Episode(group=0, task_seed=7, success=True, turns=2, metrics={"tool_calls": 1.0})
+    answered = Episode(group=0, task_seed=7, turns=1)
+    with_call = TaskResult(**Evaluator._task_result(0, task, [called, answered]))
+    without = TaskResult(**Evaluator._task_result(1, task, [answered, answered]))
+    m = aggregate([with_call, without], n=2)
+    assert m["tool_call_rate"] == pytest.approx(1 / 4) and m["tool_calls_mean"] == pytest.approx(1 / 4)
