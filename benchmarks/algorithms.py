@@ -33,7 +33,6 @@ ENVS = {  # name -> (config, ranks)
     "quickstart": ("launch/configs/quickstart.yaml", 4),
     "frozen_lake": ("launch/configs/frozen_lake.yaml", 3),
 }
-DEFAULT_STEPS = {"quickstart": 800, "frozen_lake": 150}  # each config's own steps
 
 
 def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
@@ -141,11 +140,12 @@ def summarize(row: dict, run_dir: Path) -> dict:
 
 def main() -> int:
     from agentrl.algorithms.registry import registered_names
+    from agentrl.config import load_config
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--algorithms", nargs="*", default=None, help="default: every registered name")
     parser.add_argument("--envs", nargs="*", default=list(ENVS), choices=list(ENVS))
-    parser.add_argument("--steps", type=int, default=None, help="default: 800 quickstart, 150 frozen_lake")
+    parser.add_argument("--steps", type=int, default=None, help="default: the config's own steps")
     parser.add_argument("--seeds", type=int, nargs="*", default=[0])
     parser.add_argument("--out", type=Path, default=Path("runs/algorithms"))
     parser.add_argument("--resume", action="store_true", help="skip runs already in OUT/results.jsonl")
@@ -159,7 +159,7 @@ def main() -> int:
     for env in args.envs:
         for algorithm in algorithms:
             for seed in args.seeds:
-                steps = args.steps or DEFAULT_STEPS[env]
+                steps = args.steps or load_config(REPO / ENVS[env][0]).steps
                 key = (algorithm, env, seed, steps)
                 previous = [r for r in done if (r["algorithm"], r["env"], r["seed"], r["steps"]) == key]
                 if previous:

@@ -205,10 +205,11 @@ def test_evaluation_puts_the_engines_and_global_random_streams_back_and_drops_it
 
 def test_tool_call_rate_is_reported_for_tools_left_out_of_the_prompt():
     """calculator_rl.yaml lists no tools in the prompt (list_tools: false), yet the model calls them."""
+    from agentrl.data.tasks import Task
     from agentrl.evaluation.runner import Evaluator
     from agentrl.trajectory import Episode
 
-    task = type("Task", (), {"id": "7"})()
+    task = Task(id="7", seed=7)
     called = Episode(group=0, task_seed=7, success=True, turns=2, metrics={"tool_calls": 1.0})
     answered = Episode(group=0, task_seed=7, turns=1)
     with_call = TaskResult(**Evaluator._task_result(0, task, [called, answered]))
