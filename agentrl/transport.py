@@ -22,6 +22,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from agentrl.doorbell import Doorbell
 from agentrl.errors import EXIT_USER_ERROR, RefusedOnEveryRank, UserError
 
 MIN_SLEEP_S = 50e-6
@@ -47,10 +48,11 @@ class Tag(IntEnum):
 
 @dataclass(frozen=True)
 class Polling:
-    """Sleep `fraction` of the time waited so far between polls, never less than `min_s` nor more than MAX_SLEEP_S."""
+    """Sleep `fraction` of the time waited so far between polls, never less than `min_s` nor more than `max_s`."""
 
     fraction: float
     min_s: float = MIN_SLEEP_S
+    max_s: float = MAX_SLEEP_S
 
 
 # An env rank's reply: due within a millisecond, so polled often at first (see docs/performance.md).
@@ -72,8 +74,10 @@ class Backoff:
         what: str = "a message",
         max_sleep_s: float = MAX_SLEEP_S,
         polling: Polling | None = None,
+        doorbell: Doorbell | None = None,
     ):
         self.delay = MIN_SLEEP_S
+        self.doorbell = doorbell
         self.max_sleep_s = max_sleep_s
         self.started = time.monotonic()
         self.deadline = None if timeout_s is None else self.started + timeout_s
@@ -85,13 +89,17 @@ class Backoff:
         if self.deadline is not None and now > self.deadline:
             raise TimeoutError(f"timed out waiting for {self.what}")
         if self.polling is not None:
-            return min(max(self.polling.fraction * (now - self.started), self.polling.min_s), self.max_sleep_s)
+            return min(max(self.polling.fraction * (now - self.started), self.polling.min_s), self.polling.max_s)
         delay = self.delay
         self.delay = min(self.delay * 2, self.max_sleep_s)
         return delay
 
     def sleep(self) -> None:
-        time.sleep(self.next_delay())
+        """Sleep the next delay; with a doorbell, until it is rung if that comes sooner."""
+        if self.doorbell is None:
+            time.sleep(self.next_delay())
+        else:
+            self.doorbell.wait(self.next_delay())
 
 
 def wait_until(
@@ -144,7 +152,10 @@ def try_recv(comm, source: int, tag: Tag):
     """(found, obj, source): a waiting message, or (False, None, None)."""
     from mpi4py import MPI
 
-    if not comm.Iprobe(source=source, tag=int(tag)):  # a tenth of improbe's cost on pkl5, and most polls find nothing
+    # Iprobe costs a tenth of pkl5's improbe, and most polls find nothing. Asked twice: MPICH over
+    # UCX pulls a newly arrived message in on one probe and reports it only on the next, so a
+    # single probe per poll would see every message one sleep late.
+    if not (comm.Iprobe(source=source, tag=int(tag)) or comm.Iprobe(source=source, tag=int(tag))):
         return False, None, None
     status = MPI.Status()
     message = pickled(comm).improbe(source=source, tag=int(tag), status=status)
@@ -153,9 +164,19 @@ def try_recv(comm, source: int, tag: Tag):
     return True, message.recv(), status.Get_source()
 
 
-def recv(comm, source: int, tag: Tag, timeout_s: float | None = None, polling: Polling | None = None):
-    """(obj, source) of the next message from `source` (MPI.ANY_SOURCE allowed), polling (see Backoff)."""
-    backoff = Backoff(timeout_s, f"a {tag.name} message", polling=polling)
+def recv(
+    comm,
+    source: int,
+    tag: Tag,
+    timeout_s: float | None = None,
+    polling: Polling | None = None,
+    doorbell: Doorbell | None = None,
+):
+    """(obj, source) of the next message from `source` (MPI.ANY_SOURCE allowed), polling (see Backoff).
+
+    With a `doorbell`, a sender that rings it after sending is seen at once rather than at the next poll.
+    """
+    backoff = Backoff(timeout_s, f"a {tag.name} message", polling=polling, doorbell=doorbell)
     while True:
         found, obj, sender = try_recv(comm, source, tag)
         if found:

@@ -11,12 +11,12 @@ result. The same episodes run against an in-process env (LocalEnvClient) in the 
 run; the added latency is the median over turns of the env rank minus that of in-process.
 
 Two wait strategies run side by side, interleaved round by round:
-- polled (main): main's code as of 73318aa: the rollout rank polls for the reply from an
-  asyncio task whose sleeps double from 50 us to 5 ms (asyncio timers wake no sooner than
-  1 ms on Linux); the env rank waits for requests with doubling sleeps up to 5 ms.
-- fraction (new): agentrl.env.client.MPIEnvClient (a daemon thread receives the replies) and
-  agentrl.env.server.serve, sleeping a fraction of the time waited so far between polls
-  (transport.ENV_REPLY_POLLING, transport.ENV_REQUEST_POLLING).
+- before: the code of 2026-11-24 before doorbells: both sides sleep a fraction of the time
+  waited so far between polls (transport.ENV_REPLY_POLLING, transport.ENV_REQUEST_POLLING),
+  one Iprobe per poll, no doorbell (MPIEnvClient and serve with doorbells=False, and
+  transport.try_recv swapped for its one-probe version while this strategy runs).
+- doorbell (new): the same schedules, two Iprobes per poll, and each side rings the
+  other's doorbell (agentrl.doorbell) after sending, which cuts the wait short.
 
 Idle CPU uses bench_idle_cpu.py's method: process CPU time / wall time over a wait, in
 percent of one core. "env rank" waits for a request that comes after --idle seconds;
@@ -32,18 +32,17 @@ import dataclasses
 import os
 import statistics
 import time
-from collections import deque
 
 from mpi4py import MPI
 
 from agentrl import transport
-from agentrl.env.client import LocalEnvClient, MPIEnvClient, TickBatchingClient
+from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.env.server import serve
 from agentrl.transport import Tag
 
 ENV_RANK = 0
-STRATEGIES = ("polled (main)", "fraction (new)")
+STRATEGIES = ("before", "doorbell (new)")
 
 
 class NoOpEnv:
@@ -60,34 +59,6 @@ class NoOpEnv:
 
     def close(self):
         pass
-
-
-class PolledMPIEnvClient(TickBatchingClient):
-    """main's MPIEnvClient (73318aa), kept here to measure it: replies polled from an asyncio task."""
-
-    def __init__(self, comm, server: int, timeout_s: float):
-        super().__init__()
-        self.comm, self.server = comm, server
-        self.timeout_s = 2 * timeout_s + 30
-        self.in_flight: deque[list[asyncio.Future]] = deque()
-        self.receiver: asyncio.Task | None = None
-
-    def dispatch(self, requests, futures) -> None:
-        transport.send(self.comm, requests, self.server, Tag.ENV_REQUEST)
-        self.in_flight.append(futures)
-        if self.receiver is None or self.receiver.done():
-            self.receiver = asyncio.ensure_future(self._receive())
-
-    async def _receive(self) -> None:
-        while self.in_flight:
-            backoff = transport.Backoff(self.timeout_s, f"env rank {self.server} to answer")
-            while not (reply := transport.try_recv(self.comm, self.server, Tag.ENV_REPLY))[0]:
-                await asyncio.sleep(backoff.next_delay())
-            for future, result in zip(self.in_flight.popleft(), reply[1], strict=True):
-                future.set_result(result)
-
-    def shutdown(self) -> None:
-        transport.send(self.comm, None, self.server, Tag.ENV_REQUEST)
 
 
 class FakeEngine:
@@ -114,16 +85,36 @@ class FakeEngine:
 REQUEST_POLLING = transport.ENV_REQUEST_POLLING  # --request-min-ms sets its floor
 
 
-def server_polling(strategy: str) -> transport.Polling | None:
-    return None if strategy == STRATEGIES[0] else REQUEST_POLLING
+def one_probe_try_recv(comm, source, tag):
+    """transport.try_recv as it was before doorbells: one Iprobe per poll."""
+    from mpi4py import MPI
+
+    if not comm.Iprobe(source=source, tag=int(tag)):
+        return False, None, None
+    status = MPI.Status()
+    message = transport.pickled(comm).improbe(source=source, tag=int(tag), status=status)
+    if message is None:
+        return False, None, None
+    return True, message.recv(), status.Get_source()
+
+
+TWO_PROBE_TRY_RECV = transport.try_recv
+
+
+def use_strategy(strategy: str) -> None:
+    transport.try_recv = one_probe_try_recv if strategy == STRATEGIES[0] else TWO_PROBE_TRY_RECV
+
+
+def serve_with(strategy: str, comm, host, clients) -> dict:
+    use_strategy(strategy)
+    return serve(comm, host, clients, polling=REQUEST_POLLING, doorbells=strategy != STRATEGIES[0])
 
 
 def make_client(strategy: str | None, comm, timeout_s: float = 60.0):
     if strategy is None:
         return LocalEnvClient(EnvHost("noop", factory=lambda _id: NoOpEnv()))
-    if strategy == STRATEGIES[0]:
-        return PolledMPIEnvClient(comm, ENV_RANK, timeout_s)
-    return MPIEnvClient(comm, ENV_RANK, timeout_s)
+    use_strategy(strategy)
+    return MPIEnvClient(comm, ENV_RANK, timeout_s, doorbells=strategy != STRATEGIES[0])
 
 
 async def run_episodes(client, episodes: int, turns: int, generate_s: float, tag: str) -> list[float]:
@@ -153,7 +144,7 @@ def measure_latency(comm, strategy: str, episodes: int, turns: int, generate_s: 
     if comm.Get_rank() == ENV_RANK:
         host = EnvHost("noop", factory=lambda _id: NoOpEnv())
         transport.barrier(comm)  # the rollout ranks have run their in-process episodes
-        return core_fraction(lambda: serve(comm, host, clients, polling=server_polling(strategy)))
+        return core_fraction(lambda: serve_with(strategy, comm, host, clients))
     local = asyncio.run(run_episodes(make_client(None, comm), episodes, turns, generate_s, tag))
     transport.barrier(comm)
     client = make_client(strategy, comm)
@@ -174,7 +165,7 @@ def idle_env_rank(comm, strategy: str, seconds: float) -> float | None:
     transport.barrier(comm)
     if comm.Get_rank() == ENV_RANK:
         host = EnvHost("noop", factory=lambda _id: NoOpEnv())
-        return core_fraction(lambda: serve(comm, host, clients, polling=server_polling(strategy)))
+        return core_fraction(lambda: serve_with(strategy, comm, host, clients))
     time.sleep(seconds)
     transport.send(comm, None, ENV_RANK, Tag.ENV_REQUEST)
     return None
@@ -186,7 +177,7 @@ def idle_rollout_rank(comm, strategy: str, seconds: float) -> float | None:
     transport.barrier(comm)
     if comm.Get_rank() == ENV_RANK:
         host = EnvHost("slow", factory=lambda _id: NoOpEnv(step_s=seconds), call_timeout_s=seconds + 60)
-        serve(comm, host, clients, polling=server_polling(strategy))
+        serve_with(strategy, comm, host, clients)
         return None
 
     async def one_slow_step(client) -> float:
@@ -222,7 +213,7 @@ def main():
         "--request-min-ms",
         type=float,
         default=transport.ENV_REQUEST_POLLING.min_s * 1e3,
-        help="the new env rank's shortest sleep between polls for a request",
+        help="the env rank's shortest sleep between polls for a request",
     )
     args = parser.parse_args()
     global REQUEST_POLLING
@@ -271,7 +262,7 @@ def main():
     print(
         f"env rank round trip: {size - 1} rollout rank(s) + 1 env rank on {MPI.Get_processor_name()} "
         f"({os.cpu_count()} cores, load average {load:.1f}); no-op env, fake engine {args.generate_ms:g} ms per turn; "
-        f"new waits: requests {REQUEST_POLLING}, replies {transport.ENV_REPLY_POLLING}"
+        f"waits: requests {REQUEST_POLLING}, replies {transport.ENV_REPLY_POLLING}"
     )
     print(f"{turns_per_round * args.rounds} turns per episode per rank, {args.rounds} interleaved rounds; medians")
     print()
@@ -292,7 +283,7 @@ def main():
     ratio = "".join(
         f" {'':>15} {'':>9} {added[(STRATEGIES[0], b)] / max(added[(STRATEGIES[1], b)], 1e-6):>7.1f}x" for b in batches
     )
-    print(f"{'main / new':<16}{ratio}")
+    print(f"{'before / new':<16}{ratio}")
     print()
     print("env rank CPU while serving those turns, % of one core (median over rounds)")
     print(f"{'wait strategy':<16}" + "".join(f" {f'{b} ep':>10}" for b in batches))

@@ -13,6 +13,7 @@ import threading
 from collections import deque
 
 from agentrl import transport
+from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost, EnvResult
 from agentrl.errors import UserError
 from agentrl.transport import Tag
@@ -63,9 +64,19 @@ class MPIEnvClient(TickBatchingClient):
     tag), so each reply resolves the oldest batch in flight. A daemon thread receives
     them: it can sleep a fraction of a millisecond between polls (asyncio's timers wake
     no sooner than 1 ms on Linux), and it wakes the event loop only when a reply is in.
+    On one node the two sides ring each other's doorbell (agentrl.doorbell) after
+    sending, so neither waits for its next poll; the env rank's address comes with its
+    first reply (wire format: agentrl.env.server.serve).
     """
 
-    def __init__(self, comm, server: int, timeout_s: float, polling: transport.Polling = transport.ENV_REPLY_POLLING):
+    def __init__(
+        self,
+        comm,
+        server: int,
+        timeout_s: float,
+        polling: transport.Polling = transport.ENV_REPLY_POLLING,
+        doorbells: bool = True,
+    ):
         super().__init__()
         _require_thread_multiple()
         self.comm, self.server = comm, server
@@ -73,16 +84,23 @@ class MPIEnvClient(TickBatchingClient):
         # serving another rollout rank's batch, so wait longer before declaring it lost.
         self.timeout_s = 2 * timeout_s + 30
         self.polling = polling
+        self.bell = Doorbell.create() if doorbells else None
+        self.server_bell = None  # learnt from its first reply
         self.in_flight: deque[list[asyncio.Future]] = deque()  # guarded by `changed`
         self.changed = threading.Condition()
         self.closing = False
         self.receiver: threading.Thread | None = None
 
     def dispatch(self, requests, futures) -> None:
+        # Sent before the receiver is woken: waking it first makes the two threads trade the GIL mid-send.
+        transport.send(
+            self.comm, (requests, None if self.bell is None else self.bell.address), self.server, Tag.ENV_REQUEST
+        )
+        if self.bell is not None:
+            self.bell.ring(self.server_bell)
         with self.changed:
             self.in_flight.append(futures)
             self.changed.notify()
-        transport.send(self.comm, requests, self.server, Tag.ENV_REQUEST)
         if self.receiver is None:
             self.receiver = threading.Thread(target=self._receive, name=f"env-replies-{self.server}", daemon=True)
             self.receiver.start()
@@ -95,7 +113,9 @@ class MPIEnvClient(TickBatchingClient):
                 if not self.in_flight:
                     return
             try:
-                results, _ = transport.recv(self.comm, self.server, Tag.ENV_REPLY, self.timeout_s, self.polling)
+                (results, self.server_bell), _ = transport.recv(
+                    self.comm, self.server, Tag.ENV_REPLY, self.timeout_s, self.polling, self.bell
+                )
             except Exception as error:  # raised where the episodes await, so the rank fails instead of hanging
                 if isinstance(error, TimeoutError):
                     error = TimeoutError(f"timed out waiting for {what}")
@@ -114,8 +134,12 @@ class MPIEnvClient(TickBatchingClient):
             self.closing = True
             self.changed.notify()
         transport.send(self.comm, None, self.server, Tag.ENV_REQUEST)
+        if self.bell is not None:
+            self.bell.ring(self.server_bell)
         if self.receiver is not None:
             self.receiver.join(timeout=self.timeout_s)
+        if self.bell is not None:
+            self.bell.close()
 
 
 def _require_thread_multiple() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from agentrl import transport
+from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost
 from agentrl.transport import Tag
 
@@ -15,23 +16,36 @@ def serve(
     clients: list[int],
     after_batch: Callable[[], None] | None = None,
     polling: transport.Polling | None = transport.ENV_REQUEST_POLLING,
+    doorbells: bool = True,
 ) -> dict:
     """Answer requests until every client has sent None; returns counters. `after_batch` runs after each reply.
 
-    The wait for a request polls per `polling` (transport.Backoff); None: sleeps that double to 5 ms.
+    A request is `(calls, the client's doorbell address or None)`; the reply is `(results, this
+    rank's doorbell address or None)`, and the client's doorbell is rung after it. The wait for a
+    request polls per `polling` (transport.Backoff; None: sleeps that double to 5 ms), cut short
+    when a client on this node rings (`doorbells`, agentrl.doorbell).
     """
     from mpi4py import MPI
 
+    bell = Doorbell.create() if doorbells else None
+    address = None if bell is None else bell.address
     open_clients = set(clients)
     requests = 0
-    while open_clients:
-        batch, client = transport.recv(comm, MPI.ANY_SOURCE, Tag.ENV_REQUEST, polling=polling)
-        if batch is None:
-            open_clients.discard(client)
-            continue
-        requests += len(batch)
-        results = host.handle_batch([(op, (client, key), *args) for op, key, *args in batch])
-        transport.send(comm, results, client, Tag.ENV_REPLY)
-        if after_batch is not None:
-            after_batch()
+    try:
+        while open_clients:
+            message, client = transport.recv(comm, MPI.ANY_SOURCE, Tag.ENV_REQUEST, polling=polling, doorbell=bell)
+            if message is None:
+                open_clients.discard(client)
+                continue
+            batch, client_bell = message
+            requests += len(batch)
+            results = host.handle_batch([(op, (client, key), *args) for op, key, *args in batch])
+            transport.send(comm, (results, address), client, Tag.ENV_REPLY)
+            if bell is not None:
+                bell.ring(client_bell)
+            if after_batch is not None:
+                after_batch()
+    finally:
+        if bell is not None:
+            bell.close()
     return {"requests": requests, **host.counts()}

@@ -16,6 +16,14 @@ def test_batches_in_flight_get_their_own_answers():
     assert "reply thread ended at shutdown" in result.stdout
 
 
+def test_doorbells_cut_polled_waits_short():
+    """Each side polls every 2 s; without rings 12 round trips would take over 24 s (the first goes unrung)."""
+    result = script(2, "env_round_trip.py", "rings", timeout=120)
+    assert_ok(result)
+    seconds = float(result.stdout.split("12 round trips in ")[1].split(" s")[0])
+    assert seconds < 8.0, result.stdout
+
+
 def test_an_env_rank_that_never_answers_times_the_call_out():
     result = script(2, "env_round_trip.py", "silent", timeout=120)
     assert_ok(result)

@@ -30,3 +30,9 @@ def test_a_proportional_wait_still_times_out():
     backoff.deadline -= 2.0
     with pytest.raises(TimeoutError, match="env rank 1 to answer"):
         backoff.next_delay()
+
+
+def test_polling_never_sleeps_longer_than_its_cap():
+    backoff = Backoff(polling=Polling(fraction=1.0, min_s=0.5, max_s=0.75))
+    backoff.started -= 10.0
+    assert backoff.next_delay() == 0.75

@@ -1,6 +1,7 @@
 """mpirun -n 2: rank 1 is an env rank, rank 0 a rollout rank reaching it through MPIEnvClient.
 
 env_round_trip.py answers   batches in flight at once each get their own answers; the reply thread ends
+env_round_trip.py rings    both sides poll only every 2 s: the doorbells they ring make the turns fast anyway
 env_round_trip.py silent    the env rank takes a request and never answers: the call times out
 env_round_trip.py raise     the env rank raises while the rollout rank waits: the job aborts
 env_round_trip.py exit      the env rank's process exits while the rollout rank waits: the job ends
@@ -64,6 +65,20 @@ def answers(world) -> None:
     print("reply thread ended at shutdown")
 
 
+def rings(world) -> None:
+    every_2_s = transport.Polling(fraction=0.0, min_s=2.0, max_s=2.0)
+    if world.Get_rank() == ENV:
+        serve(world, EnvHost("echo", factory=lambda _id: EchoEnv()), [ROLLOUT], polling=every_2_s)
+        return
+    client = MPIEnvClient(world, ENV, timeout_s=30, polling=every_2_s)
+    started = time.monotonic()
+    observations = asyncio.run(episode(client, key=0, turns=10))
+    seconds = time.monotonic() - started
+    assert observations == ["seed 0"] + [f"echo 0:{turn}" for turn in range(10)], observations
+    client.shutdown()
+    print(f"12 round trips in {seconds:.2f} s")
+
+
 def silent(world) -> None:
     if world.Get_rank() == ENV:
         transport.recv(world, ROLLOUT, Tag.ENV_REQUEST)  # taken, never answered
@@ -99,6 +114,8 @@ def main():
     mode = sys.argv[1]
     if mode == "answers":
         answers(world)
+    elif mode == "rings":
+        rings(world)
     elif mode == "silent":
         silent(world)
     else:

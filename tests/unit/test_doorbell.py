@@ -1,0 +1,43 @@
+"""agentrl.doorbell: a ring wakes a wait at once, and a ring that cannot be made fails quietly."""
+
+import threading
+import time
+
+import pytest
+
+from agentrl import transport
+from agentrl.doorbell import Doorbell
+
+pytestmark = pytest.mark.skipif(Doorbell.create() is None, reason="no abstract Unix sockets on this platform")
+
+
+def test_a_ring_ends_a_long_wait_at_once():
+    waiter, ringer = Doorbell(), Doorbell()
+    threading.Timer(0.2, ringer.ring, args=(waiter.address,)).start()
+    started = time.monotonic()
+    assert waiter.wait(30.0)
+    assert 0.15 < time.monotonic() - started < 5.0
+
+
+def test_rings_made_before_the_wait_are_kept_and_consumed_together():
+    waiter, ringer = Doorbell(), Doorbell()
+    assert all(ringer.ring(waiter.address) for _ in range(5))
+    assert waiter.wait(1.0)
+    assert not waiter.wait(0.05)  # all five were read by the first wake
+
+
+def test_a_ring_to_another_host_or_a_closed_doorbell_is_not_made():
+    waiter, ringer = Doorbell(), Doorbell()
+    assert not ringer.ring(("some-other-host", waiter.address[1]))
+    assert not ringer.ring(None)
+    waiter.close()
+    assert not ringer.ring(waiter.address)
+
+
+def test_a_backoff_with_a_doorbell_sleeps_until_rung():
+    waiter, ringer = Doorbell(), Doorbell()
+    backoff = transport.Backoff(polling=transport.Polling(fraction=0.0, min_s=30.0, max_s=30.0), doorbell=waiter)
+    threading.Timer(0.1, ringer.ring, args=(waiter.address,)).start()
+    started = time.monotonic()
+    backoff.sleep()
+    assert time.monotonic() - started < 5.0
