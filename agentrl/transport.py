@@ -145,17 +145,21 @@ def wait_sent(request, what: str = "a send") -> None:
 
 def wait_for_message(comm, source: int, tag: Tag, timeout_s: float | None = None) -> None:
     """Return once a message from `source` with `tag` can be received, without receiving it."""
-    wait_until(lambda: comm.Iprobe(source=source, tag=int(tag)), timeout_s, f"a {tag.name} message")
+    wait_until(lambda: probe(comm, source, tag), timeout_s, f"a {tag.name} message")
+
+
+def probe(comm, source: int, tag: Tag) -> bool:
+    """Whether a message from `source` with `tag` is waiting. Asked twice: MPICH over UCX pulls a
+    newly arrived message in on one probe and reports it only on the next, so a single probe
+    per poll would see every message one sleep late."""
+    return bool(comm.Iprobe(source=source, tag=int(tag)) or comm.Iprobe(source=source, tag=int(tag)))
 
 
 def try_recv(comm, source: int, tag: Tag):
     """(found, obj, source): a waiting message, or (False, None, None)."""
     from mpi4py import MPI
 
-    # Iprobe costs a tenth of pkl5's improbe, and most polls find nothing. Asked twice: MPICH over
-    # UCX pulls a newly arrived message in on one probe and reports it only on the next, so a
-    # single probe per poll would see every message one sleep late.
-    if not (comm.Iprobe(source=source, tag=int(tag)) or comm.Iprobe(source=source, tag=int(tag))):
+    if not probe(comm, source, tag):  # a tenth of improbe's cost on pkl5, and most polls find nothing
         return False, None, None
     status = MPI.Status()
     message = pickled(comm).improbe(source=source, tag=int(tag), status=status)

@@ -198,6 +198,11 @@ async def _core_fraction_async(awaitable) -> float:
     return (time.process_time() - cpu) / (time.perf_counter() - wall)
 
 
+def _ratio(before_ms: float, new_ms: float) -> str:
+    """before/new, or '-' where the new added latency is below what the medians resolve (under 0.05 ms)."""
+    return f"{before_ms / new_ms:.1f}x" if new_ms >= 0.05 else "-"
+
+
 def median_ms(values: list[float]) -> float:
     return 1e3 * statistics.median(values)
 
@@ -280,9 +285,8 @@ def main():
             added[(strategy, episodes)] = over_mpi - in_process
             row += f" {in_process:>15.3f} {over_mpi:>9.3f} {over_mpi - in_process:>8.3f}"
         print(row)
-    ratio = "".join(
-        f" {'':>15} {'':>9} {added[(STRATEGIES[0], b)] / max(added[(STRATEGIES[1], b)], 1e-6):>7.1f}x" for b in batches
-    )
+    before, new = STRATEGIES
+    ratio = "".join(f" {'':>15} {'':>9} {_ratio(added[(before, b)], added[(new, b)]):>8}" for b in batches)
     print(f"{'before / new':<16}{ratio}")
     print()
     print("env rank CPU while serving those turns, % of one core (median over rounds)")

@@ -35,6 +35,7 @@ from transformers import DynamicCache
 from agentrl.errors import UserError
 from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
+from agentrl.rollout.lean_decoder import LeanDecoder, keep_rows, stack_rows
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
@@ -93,6 +94,7 @@ class ContinuousTorchEngine(TorchEngine):
                 f"{sorted(layer_types)}; set rollout.engine.scheduler=batch"
             )
         self.sessions = KVSessionStore(kv_cache_bytes)
+        self.decoder = LeanDecoder.for_model(model)  # None: decode steps run the model's forward
         self.stats.update(steps=0, prefills=0, prefill_tokens=0, reused_tokens=0, evictions=0)
         self._inbox: list[_Row] = []
         self._steps_waited = 0  # decode steps the waiting requests have waited to be admitted
@@ -249,8 +251,11 @@ class ContinuousTorchEngine(TorchEngine):
                 return
             tokens = tokens[keep]
         batch.mask = F.pad(batch.mask, (0, 1), value=1)
-        mask = batch.mask.bool()[:, None, None, :] if self._takes_ready_masks else batch.mask
-        batch.logits = self._last_logits(tokens[:, None], mask, batch.positions[:, None], batch.cache)
+        if self.decoder is not None:
+            batch.logits = self.decoder.decode(tokens, batch.mask.bool(), batch.positions, batch.cache)
+        else:
+            mask = batch.mask.bool()[:, None, None, :] if self._takes_ready_masks else batch.mask
+            batch.logits = self._last_logits(tokens[:, None], mask, batch.positions[:, None], batch.cache)
         batch.positions += 1
 
     def _leave(self, batch: _RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
@@ -268,7 +273,8 @@ class ContinuousTorchEngine(TorchEngine):
             return None
         keep = torch.tensor(keep_list, device=self.device)
         batch.rows = [batch.rows[index] for index in keep_list]
-        batch.cache.batch_select_indices(keep)
+        for layer in batch.cache.layers:
+            layer.keys, layer.values = keep_rows(layer.keys, keep), keep_rows(layer.values, keep)
         batch.mask = batch.mask[keep]
         batch.positions = batch.positions[keep]
         batch.logits = batch.logits[keep]
@@ -333,8 +339,8 @@ class ContinuousTorchEngine(TorchEngine):
         else:
             width = max(batch.mask.shape[1], mask.shape[1])
             for old, added in zip(batch.cache.layers, cache.layers, strict=True):
-                old.keys = torch.cat([_pad_left(old.keys, width), _pad_left(added.keys, width)])
-                old.values = torch.cat([_pad_left(old.values, width), _pad_left(added.values, width)])
+                old.keys = stack_rows([old.keys, added.keys], width)
+                old.values = stack_rows([old.values, added.values], width)
             batch.mask = torch.cat(
                 [F.pad(batch.mask, (width - batch.mask.shape[1], 0)), F.pad(mask, (width - mask.shape[1], 0))]
             )
@@ -378,12 +384,6 @@ def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseExcept
             future.set_exception(result)
         else:
             future.set_result(result)
-
-
-def _pad_left(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    """Zero columns on the left of the sequence dimension (-2) up to `width`."""
-    missing = width - tensor.shape[-2]
-    return F.pad(tensor, (0, 0, missing, 0)) if missing else tensor
 
 
 def _right_aligned_past(entries, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:

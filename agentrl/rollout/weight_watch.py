@@ -74,7 +74,7 @@ class WeightWatcher:
         self.updates += 1
 
     def _announced(self) -> bool:
-        return bool(self.comm.Iprobe(source=self.leader, tag=int(Tag.WEIGHTS)))
+        return transport.probe(self.comm, self.leader, Tag.WEIGHTS)
 
     def poll(self) -> bool:
         while not self.stopped and self._announced():
