@@ -63,6 +63,9 @@ class LeanDecoder:
         """Whether one decode step after a short ragged prefill gives the forward's logits exactly."""
         from transformers import DynamicCache
 
+        from agentrl.rollout.torch_engine import cache_keyword
+
+        keyword = cache_keyword(self.model)
         device = next(self.model.parameters()).device
         vocab = self.model.config.vocab_size
         ids = torch.tensor([[1, 2, 3, 4], [0, 5, 6, 7]], device=device) % vocab
@@ -71,7 +74,7 @@ class LeanDecoder:
         caches = []
         for _ in range(2):
             cache = DynamicCache(config=self.model.config)
-            self.model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+            self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: cache})
             caches.append(cache)
         token = torch.tensor([8, 9], device=device) % vocab
         step_mask = torch.ones((2, 5), dtype=torch.bool, device=device)
@@ -81,7 +84,7 @@ class LeanDecoder:
             input_ids=token[:, None],
             attention_mask=step_mask.long(),
             position_ids=step_positions[:, None],
-            past_key_values=caches[0],
+            **{keyword: caches[0]},
             use_cache=True,
         ).logits[:, -1, :]
         got = self.decode(token, step_mask, step_positions, caches[1])

@@ -191,6 +191,7 @@ class TorchEngine(Engine):
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "largest_batch": 0}
         self._keeps_last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._takes_ready_masks = _takes_ready_made_sdpa_masks(model)
+        self._cache_keyword = cache_keyword(model)
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = weakref.WeakKeyDictionary()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
         self._model_lock = threading.Lock()  # a batch and a weight update never overlap
@@ -467,8 +468,8 @@ class TorchEngine(Engine):
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=cache,
             use_cache=True,
+            **{self._cache_keyword: cache},
             **extra,
         )
         return out.logits[:, -1, :]
@@ -487,6 +488,12 @@ def build_torch_engine(model, config, *, pad_token_id: int, seed: int) -> TorchE
         seed=seed,
         kv_cache_bytes=int(config.kv_cache_mb * (1 << 20)),
     )
+
+
+def cache_keyword(model) -> str:
+    """The name the model's forward takes its KV cache by: `cache` from transformers 5.24 on (which warns
+    about `past_key_values` on every call), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _takes_ready_made_sdpa_masks(model) -> bool:

@@ -16,6 +16,7 @@ from transformers import (
 
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
 from agentrl.rollout.lean_decoder import LeanDecoder
+from agentrl.rollout.torch_engine import cache_keyword
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 FAMILIES = {
@@ -46,7 +47,7 @@ def test_many_ragged_decode_steps_equal_the_forward_to_the_bit(family):
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     forward_cache, lean_cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
     for cache in (forward_cache, lean_cache):
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_keyword(model): cache})
     next_positions = positions[:, -1] + 1
     tokens = torch.tensor([30, 31, 32])
     for _ in range(12):
@@ -55,7 +56,7 @@ def test_many_ragged_decode_steps_equal_the_forward_to_the_bit(family):
             input_ids=tokens[:, None],
             attention_mask=mask,
             position_ids=next_positions[:, None],
-            past_key_values=forward_cache,
+            **{cache_keyword(model): forward_cache},
         ).logits[:, -1, :]
         got = decoder.decode(tokens, mask.bool(), next_positions, lean_cache)
         assert torch.equal(got, expected)
