@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.lean_decoder import LeanDecoder
+from agentrl.rollout.lean_decoder import LeanDecoder, append_column, keep_rows, stack_rows
 from agentrl.rollout.torch_engine import cache_keyword
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -78,3 +78,25 @@ def test_models_it_does_not_cover_keep_the_forward():
 def test_the_continuous_engine_decodes_with_it_where_it_applies():
     assert ContinuousTorchEngine(build("qwen2"), pad_token_id=0).decoder is not None
     assert ContinuousTorchEngine(build("qwen2", attention="eager"), pad_token_id=0).decoder is None
+
+
+def test_kept_keys_grow_in_place_while_their_buffer_has_room():
+    kept = torch.randn(3, 2, 5, 4)
+    new = torch.randn(3, 2, 1, 4)
+    grown = append_column(kept, new)  # a plain tensor has no room: copied once into a buffer with room
+    assert torch.equal(grown, torch.cat([kept, new], dim=2))
+    again = append_column(grown, 2 * new)
+    assert again.data_ptr() == grown.data_ptr()  # written in place, one column
+    assert torch.equal(again, torch.cat([kept, new, 2 * new], dim=2))
+
+    trimmed = keep_rows(again[:, :, 2:], torch.tensor([2, 0]))  # rows leave, columns only they used go
+    assert torch.equal(trimmed, torch.cat([kept, new, 2 * new], dim=2)[[2, 0], :, 2:])
+    grown_again = append_column(trimmed, new[:2])
+    assert grown_again.data_ptr() == trimmed.data_ptr()
+    assert torch.equal(grown_again[:, :, -1:], new[:2])
+
+    stacked = stack_rows([trimmed, torch.ones(1, 2, 3, 4)], columns=6)
+    assert stacked.shape == (3, 2, 6, 4)
+    assert torch.equal(stacked[:2, :, 1:], trimmed) and torch.equal(stacked[2, :, 3:], torch.ones(2, 3, 4))
+    assert not stacked[:2, :, :1].any() and not stacked[2, :, :3].any()  # zeros on the left of shorter rows
+    assert append_column(stacked, torch.zeros(3, 2, 1, 4)).data_ptr() == stacked.data_ptr()
