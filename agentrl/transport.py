@@ -61,6 +61,11 @@ ENV_REPLY_POLLING = Polling(fraction=0.01, min_s=MIN_SLEEP_S)
 ENV_REQUEST_POLLING = Polling(fraction=0.01, min_s=0.5e-3)
 
 
+# A rank's share of a collective left pending while it computes: the others wait on it, so polled every
+# millisecond at first; a collective still pending after half a second waits for a rank that is busy.
+BACKGROUND_PROGRESS_POLLING = Polling(fraction=0.01, min_s=1e-3)
+
+
 class Backoff:
     """Sleeps that grow from MIN_SLEEP_S to `max_sleep_s` while nothing happens.
 
@@ -100,6 +105,46 @@ class Backoff:
             time.sleep(self.next_delay())
         else:
             self.doorbell.wait(self.next_delay())
+
+
+class BackgroundProgress:
+    """Completes non-blocking MPI requests on a thread while this rank computes.
+
+    MPI moves a non-blocking collective along only inside MPI calls. A rank that leaves one
+    pending and goes to compute holds up the other ranks of it until its next MPI call: a
+    barrier's later rounds wait for messages this rank sends only once it has seen the
+    earlier ones. The thread tests the requests, sleeping between tests per `polling`, until
+    they complete or `finish()` is called; after `finish()` the caller may wait for them
+    itself. Without MPI_THREAD_MULTIPLE no thread is started (the requests progress at the
+    caller's next MPI call, as before).
+    """
+
+    def __init__(self, requests: list, polling: Polling | None = None):
+        import threading
+
+        from mpi4py import MPI
+
+        self.requests = list(requests)
+        self.polling = polling or BACKGROUND_PROGRESS_POLLING
+        self.stopping = threading.Event()
+        self.thread = None
+        if self.requests and MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
+            self.thread = threading.Thread(target=self._run, name="mpi-progress", daemon=True)
+            self.thread.start()
+
+    def _run(self) -> None:
+        from mpi4py import MPI
+
+        backoff = Backoff(polling=self.polling)
+        while not self.stopping.is_set():
+            if MPI.Request.Testall(self.requests):
+                return
+            self.stopping.wait(backoff.next_delay())
+
+    def finish(self) -> None:
+        self.stopping.set()
+        if self.thread is not None:
+            self.thread.join()
 
 
 def wait_until(

@@ -136,6 +136,7 @@ class SharedMemoryWeights(WeightSync):
         self.window: SharedWindow | None = None
         self.pending: list = []  # barriers this rank started and has not completed
         self.slot_free: dict[int, object] = {}  # node leader: slot -> the `read` barrier to finish before rewriting
+        self.progress: transport.BackgroundProgress | None = None  # trainer leader: `pending` completing meanwhile
 
     # ---- communicators and the window -------------------------------------------------
 
@@ -161,6 +162,9 @@ class SharedMemoryWeights(WeightSync):
         return self.window
 
     def _finish_pending(self) -> None:
+        if self.progress is not None:
+            self.progress.finish()
+            self.progress = None
         for request in self.pending:
             transport.wait(request, what="a shared-memory weight handoff", max_sleep_s=HANDOFF_MAX_SLEEP_S)
         self.pending.clear()
@@ -250,6 +254,9 @@ class SharedMemoryWeights(WeightSync):
         if self.node_comm is None:
             self._split()
         self._transfer(header, named_tensors=named_tensors)
+        # The readers' barriers need this rank's part: keep it going while the trainer trains, or
+        # a rollout rank loading these weights waits for the trainer's next step (rollout.max_staleness).
+        self.progress = transport.BackgroundProgress(self.pending)
 
     def stop(self) -> None:
         transport.bcast_object(self.comm, {"stop": True}, root=0)
