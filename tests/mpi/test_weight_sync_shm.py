@@ -1,5 +1,7 @@
 """Under mpirun: weights through node-local shared memory (weights.transport=shm), on simulated nodes."""
 
+import re
+
 import pytest
 
 from tests.mpi.helpers import assert_ok, scalars, script, small_run, train
@@ -17,6 +19,15 @@ def test_two_simulated_nodes_of_two_ranks_hold_the_trainers_exact_weights(tiny_m
     assert "rank 1 on node 0 is a window reader" in result.stdout
     assert "rank 3 on node 1 is a window reader" in result.stdout
     assert result.stdout.count("holds versions 1 and 2 bit for bit") == 3
+
+
+def test_a_rollout_rank_takes_weights_while_the_trainer_computes(tiny_model_dir):
+    """After publishing, the trainer leader computes for 4 s without MPI calls; its part of the readers'
+    handoff barriers completes in the background, so they hold the version long before that ends."""
+    result = script(3, "weight_sync_shm_busy_trainer.py", str(tiny_model_dir), timeout=120)
+    assert_ok(result)
+    delays = [float(seconds) for seconds in re.findall(r"held version 1 ([0-9.]+) s after", result.stdout)]
+    assert len(delays) == 2 and max(delays) < 2.0, result.stdout
 
 
 def test_env_ranks_stay_out_of_the_shared_memory_sync(tiny_model_dir):
