@@ -371,6 +371,14 @@ class RuntimeConfig(Section):
     torch_threads: int = Field(
         0, ge=0, description="torch threads per rank; 0 = cores on the node / ranks on the node."
     )
+    pin_cores: bool = Field(
+        False,
+        description=(
+            "Linux, ranks on CPU: trainer ranks keep cores of their own (a share of the node's by rank count, at "
+            "least one) and the other ranks share the rest (sched_setaffinity), so with rollout.max_staleness >= 1 "
+            "training does not share a core with generation (docs/performance.md#asynchronous-rollouts)."
+        ),
+    )
     env_step_timeout_s: float = Field(
         60.0,
         gt=0,

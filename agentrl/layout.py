@@ -243,3 +243,18 @@ def _visible_gpus() -> int:
         return torch.cuda.device_count() if torch.cuda.is_available() else 0
     except ImportError:
         return 0
+
+
+def pinned_cores(cores: list[int], roles_on_node: list[Role], role: Role) -> list[int] | None:
+    """runtime.pin_cores: the cores a rank of `role` keeps, given the node's `cores` and its ranks' roles.
+
+    Trainer ranks share a part of the cores proportional to their number (at least one core,
+    and at least one left for the rest); every other rank shares the remaining cores. None
+    where there is nothing to split: one core, or only trainers or no trainers on the node.
+    """
+    trainers = sum(r is Role.TRAINER for r in roles_on_node)
+    if len(cores) < 2 or trainers in (0, len(roles_on_node)):
+        return None
+    share = min(len(cores) - 1, max(1, round(len(cores) * trainers / len(roles_on_node))))
+    ordered = sorted(cores)
+    return ordered[:share] if role is Role.TRAINER else ordered[share:]

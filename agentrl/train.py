@@ -17,7 +17,7 @@ from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.evaluation.report import drop_from as drop_eval_from
-from agentrl.layout import Layout, Role, engine_gpus, format_plan, plan, simulated_ranks_per_node
+from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan, simulated_ranks_per_node
 from agentrl.rollout.chat import tools_as_text
 from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
 from agentrl.run_summary import RunSummary
@@ -208,6 +208,17 @@ def set_threads(config: Config, layout: Layout) -> None:
     import torch
 
     threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // layout.node_size)
+    if config.runtime.pin_cores and layout.gpu is None and hasattr(os, "sched_setaffinity"):
+        roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
+        available = sorted(os.sched_getaffinity(0))
+        cores = pinned_cores(available, roles_on_node, layout.role)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+            if layout.is_trainer_leader:
+                others = pinned_cores(available, roles_on_node, Role.ROLLOUT)
+                print(f"agentrl: runtime.pin_cores: trainer ranks on cores {cores}, the others on {others}", flush=True)
+            sharing = sum((role is Role.TRAINER) == (layout.role is Role.TRAINER) for role in roles_on_node)
+            threads = config.runtime.torch_threads or max(1, len(cores) // sharing)
     torch.set_num_threads(threads)
 
 

@@ -1,10 +1,12 @@
 """Asynchronous rollouts under mpirun: the staleness bound over a whole run, checked on every trained episode's
 per-turn weight versions; a stop with batches generated ahead that resumes losing and repeating nothing."""
 
+import os
 import signal
 
 import pytest
 
+from agentrl.layout import Role, pinned_cores
 from agentrl.preempt import EXIT_STOPPED
 from agentrl.rollout.episode_dump import dump_path, read_steps
 from agentrl.trainer import checkpoint
@@ -28,11 +30,16 @@ def test_the_staleness_bound_holds_over_a_whole_run(tmp_path, tiny_model_dir):
             "rollout.dump_episodes": "true",
             "eval.every": 5,  # evaluation steps are sync points: on exactly their step's weights
             "eval.seeds": "[1000000,8]",
+            "runtime.pin_cores": "true",  # the trainer on a core of its own, the other ranks on the rest
         },
     )
     result = train(4, overrides, timeout=400)
     assert_ok(result)
     assert "algorithm.correction.mode=tis" in result.stdout  # the off-policy correction is on by default
+    cores, roles = sorted(os.sched_getaffinity(0)), [Role.TRAINER, Role.ROLLOUT, Role.ROLLOUT, Role.ENV]
+    if len(cores) >= 2:
+        trainer, others = pinned_cores(cores, roles, Role.TRAINER), pinned_cores(cores, roles, Role.ENV)
+        assert f"runtime.pin_cores: trainer ranks on cores {trainer}, the others on {others}" in result.stdout
 
     dumps = read_steps(run)
     assert sorted(dumps) == list(range(steps))

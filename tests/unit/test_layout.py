@@ -197,3 +197,17 @@ def test_layout_of_agentrl_eval_shows_the_trainer_leader_reporting_and_the_other
         ("rollout", "cuda:3", "-"),
         ("env", "cpu", "-"),
     ]
+
+
+def test_pinned_cores_give_trainers_their_own_share():
+    from agentrl.layout import Role, pinned_cores
+
+    quickstart = [Role.TRAINER, Role.ROLLOUT, Role.ROLLOUT, Role.ENV]
+    assert pinned_cores([0, 1], quickstart, Role.TRAINER) == [0]
+    assert pinned_cores([0, 1], quickstart, Role.ROLLOUT) == [1] == pinned_cores([0, 1], quickstart, Role.ENV)
+    assert pinned_cores(list(range(16)), quickstart, Role.TRAINER) == [0, 1, 2, 3]
+    assert pinned_cores(list(range(16)), quickstart, Role.ROLLOUT) == list(range(4, 16))
+    two_trainers = [Role.TRAINER, Role.TRAINER, Role.ROLLOUT]
+    assert pinned_cores([4, 5, 6], two_trainers, Role.TRAINER) == [4, 5]  # a share of the cores it was given
+    assert pinned_cores([0], quickstart, Role.TRAINER) is None  # nothing to split
+    assert pinned_cores([0, 1], [Role.ROLLOUT, Role.ENV], Role.ROLLOUT) is None  # no trainer on this node
