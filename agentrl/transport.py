@@ -113,19 +113,18 @@ class BackgroundProgress:
     MPI moves a non-blocking collective along only inside MPI calls. A rank that leaves one
     pending and goes to compute holds up the other ranks of it until its next MPI call: a
     barrier's later rounds wait for messages this rank sends only once it has seen the
-    earlier ones. The thread tests the requests, sleeping between tests per `polling`, until
+    earlier ones. The thread tests the requests, sleeping between tests (BACKGROUND_PROGRESS_POLLING), until
     they complete or `finish()` is called; after `finish()` the caller may wait for them
     itself. Without MPI_THREAD_MULTIPLE no thread is started (the requests progress at the
     caller's next MPI call, as before).
     """
 
-    def __init__(self, requests: list, polling: Polling | None = None):
+    def __init__(self, requests: list):
         import threading
 
         from mpi4py import MPI
 
         self.requests = list(requests)
-        self.polling = polling or BACKGROUND_PROGRESS_POLLING
         self.stopping = threading.Event()
         self.thread = None
         if self.requests and MPI.Query_thread() >= MPI.THREAD_MULTIPLE:
@@ -135,7 +134,7 @@ class BackgroundProgress:
     def _run(self) -> None:
         from mpi4py import MPI
 
-        backoff = Backoff(polling=self.polling)
+        backoff = Backoff(polling=BACKGROUND_PROGRESS_POLLING)
         while not self.stopping.is_set():
             if MPI.Request.Testall(self.requests):
                 return

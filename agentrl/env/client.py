@@ -93,17 +93,19 @@ class MPIEnvClient(TickBatchingClient):
 
     def dispatch(self, requests, futures) -> None:
         # Sent before the receiver is woken: waking it first makes the two threads trade the GIL mid-send.
-        transport.send(
-            self.comm, (requests, None if self.bell is None else self.bell.address), self.server, Tag.ENV_REQUEST
-        )
-        if self.bell is not None:
-            self.bell.ring(self.server_bell)
+        self._send((requests, None if self.bell is None else self.bell.address))
         with self.changed:
             self.in_flight.append(futures)
             self.changed.notify()
         if self.receiver is None:
             self.receiver = threading.Thread(target=self._receive, name=f"env-replies-{self.server}", daemon=True)
             self.receiver.start()
+
+    def _send(self, message) -> None:
+        """A request (None: goodbye) to the env rank, then its doorbell rung."""
+        transport.send(self.comm, message, self.server, Tag.ENV_REQUEST)
+        if self.bell is not None:
+            self.bell.ring(self.server_bell)
 
     def _receive(self) -> None:
         what = f"env rank {self.server} to answer"
@@ -133,9 +135,7 @@ class MPIEnvClient(TickBatchingClient):
         with self.changed:
             self.closing = True
             self.changed.notify()
-        transport.send(self.comm, None, self.server, Tag.ENV_REQUEST)
-        if self.bell is not None:
-            self.bell.ring(self.server_bell)
+        self._send(None)
         if self.receiver is not None:
             self.receiver.join(timeout=self.timeout_s)
         if self.bell is not None:

@@ -21,6 +21,8 @@ import sys
 
 import torch
 
+from agentrl.rollout.torch_engine import cache_keyword
+
 # Architectures whose decoder layer is exactly: x + attn(input_layernorm(x)), then
 # x + mlp(post_attention_layernorm(x)), with q/k/v/o projections, optional q/k norms
 # applied per head before rotary positions, and full attention.
@@ -48,8 +50,7 @@ class LeanDecoder:
             return None
         if getattr(config, "_attn_implementation", None) != "sdpa":
             return None
-        if set(getattr(config, "layer_types", None) or ["full_attention"]) != {"full_attention"}:
-            return None
+        # The continuous engine refuses hybrid and sliding-window layer types; Mistral's window is set apart.
         if getattr(config, "use_sliding_window", False) or (config.model_type == "mistral" and config.sliding_window):
             return None
         try:
@@ -62,8 +63,6 @@ class LeanDecoder:
     def matches_forward(self) -> bool:
         """Whether one decode step after a short ragged prefill gives the forward's logits exactly."""
         from transformers import DynamicCache
-
-        from agentrl.rollout.torch_engine import cache_keyword
 
         keyword = cache_keyword(self.model)
         device = next(self.model.parameters()).device
