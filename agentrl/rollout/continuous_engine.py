@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from agentrl.errors import UserError
 from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
-from agentrl.rollout.lean_decoder import LeanDecoder, keep_rows, stack_rows
+from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, LeanDecoder, RowsLeaving, keep_rows, stack_rows
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
@@ -223,6 +223,8 @@ class ContinuousTorchEngine(TorchEngine):
             admitted = batch.rows + admitted  # prefilled again under the new weights
             batch.clear()
             self._kv_version = self.weight_version
+            if self.decoder is not None:
+                self.decoder.refresh()
         epoch = self._abort_epoch
         for row in admitted:
             if row.abort_epoch != epoch:
@@ -259,7 +261,7 @@ class ContinuousTorchEngine(TorchEngine):
         batch.positions += 1
 
     def _leave(self, batch: _RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
-        """Deliver the finished rows, keep their KV for a next turn; return the positions of the rows left."""
+        """Deliver the finished rows, keep their KV for a next turn; return which old row each row left is."""
         for index, (row, done) in enumerate(zip(batch.rows, finished, strict=True)):
             if not done:
                 continue
@@ -267,18 +269,18 @@ class ContinuousTorchEngine(TorchEngine):
             if reason != "abort" and self.sessions.budget_bytes > 0:
                 self._store(batch, index, row)
             self._deliver(row, reason)
-        keep_list = [index for index, done in enumerate(finished) if not done]
-        if not keep_list:
+        if all(finished):
             batch.clear()
             return None
-        keep = torch.tensor(keep_list, device=self.device)
-        batch.rows = [batch.rows[index] for index in keep_list]
+        leaving = RowsLeaving(finished, self.device)
+        keep = leaving.index
+        batch.rows = [batch.rows[index] for index in leaving.order]
         for layer in batch.cache.layers:
-            layer.keys, layer.values = keep_rows(layer.keys, keep), keep_rows(layer.values, keep)
+            layer.keys, layer.values = keep_rows(layer.keys, leaving), keep_rows(layer.values, leaving)
         batch.mask = batch.mask[keep]
         batch.positions = batch.positions[keep]
         batch.logits = batch.logits[keep]
-        batch.sampling.select(keep)
+        batch.sampling.select(keep, leaving.order)
         used = batch.mask.any(dim=0)
         first = int(used.int().argmax())
         if first > 0:  # columns only departed rows used
@@ -288,11 +290,15 @@ class ContinuousTorchEngine(TorchEngine):
         return keep
 
     def _store(self, batch: _RunningBatch, index: int, row: _Row) -> None:
-        columns = batch.mask[index].nonzero().squeeze(1)
         tokens = row.sequence[:-1]  # the last sampled token was never fed through the model
-        assert len(columns) == len(tokens), (len(columns), len(tokens))
+        row_mask = batch.mask[index]
+        if int(row_mask[-len(tokens) :].sum()) == len(tokens):  # no hole: the last columns, copied as they lie
+            columns = slice(row_mask.shape[0] - len(tokens), None)
+        else:
+            columns = row_mask.nonzero().squeeze(1)
+            assert len(columns) == len(tokens), (len(columns), len(tokens))
         layers = [
-            (layer.keys[index : index + 1, :, columns], layer.values[index : index + 1, :, columns])
+            (_copy(layer.keys[index : index + 1, :, columns]), _copy(layer.values[index : index + 1, :, columns]))
             for layer in batch.cache.layers
         ]
         evictions = self.sessions.evictions
@@ -316,9 +322,13 @@ class ContinuousTorchEngine(TorchEngine):
         ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
 
         cache = DynamicCache(config=self.model.config)
-        if past_width:
-            _fill_cache(cache, _right_aligned_past(entries, past_width))
-        logits = self._last_logits(ids, mask, positions, cache)
+        if past_width:  # with room for the new columns, which the lean prefill then writes in place
+            room = new_width + COLUMN_HEADROOM if self.decoder is not None else 0
+            _fill_cache(cache, _right_aligned_past(entries, past_width, room))
+        if self.decoder is not None:
+            logits = self.decoder.prefill(ids, mask, positions, cache)
+        else:
+            logits = self._last_logits(ids, mask, positions, cache)
 
         for row, n in zip(rows, past, strict=True):
             row.cached_tokens = row.cached_tokens or n
@@ -347,9 +357,13 @@ class ContinuousTorchEngine(TorchEngine):
             batch.rows = batch.rows + rows
             batch.positions = torch.cat([batch.positions, positions])
             batch.logits = torch.cat([batch.logits, logits])
-        batch.sampling = _RowSampling([row.sampling for row in batch.rows], self.vocab_size, self.device)
-        batch.sampling.generators = [row.generator for row in batch.rows]
-        batch.sampling.seeded_rows = [(i, row.generator) for i, row in enumerate(batch.rows) if row.generator]
+        sampling = _RowSampling(
+            [row.sampling for row in rows], self.vocab_size, self.device, generators=[row.generator for row in rows]
+        )
+        if batch.sampling is None or len(batch.rows) == len(rows):
+            batch.sampling = sampling
+        else:
+            batch.sampling.extend(sampling)
 
     def _deliver(self, row: _Row, reason: FinishReason) -> None:
         output = GenerateOutput(
@@ -386,13 +400,14 @@ def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseExcept
             future.set_result(result)
 
 
-def _right_aligned_past(entries, width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns."""
+def _right_aligned_past(entries, width: int, room: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns,
+    in buffers with `room` more columns after them."""
     template = next(entry for entry in entries if entry is not None).layers
     layers = []
     for layer, (key0, value0) in enumerate(template):
-        keys = key0.new_zeros((len(entries), key0.shape[1], width, key0.shape[3]))
-        values = value0.new_zeros((len(entries), value0.shape[1], width, value0.shape[3]))
+        keys = key0.new_zeros((len(entries), key0.shape[1], width + room, key0.shape[3]))[:, :, :width]
+        values = value0.new_zeros((len(entries), value0.shape[1], width + room, value0.shape[3]))[:, :, :width]
         for i, entry in enumerate(entries):
             if entry is not None:
                 key, value = entry.layers[layer]
@@ -400,6 +415,11 @@ def _right_aligned_past(entries, width: int) -> list[tuple[torch.Tensor, torch.T
                 values[i, :, width - value.shape[2] :] = value[0]
         layers.append((keys, values))
     return layers
+
+
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy that owns its memory: the running batch's buffers are reused as rows come and go."""
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def _fill_cache(cache: DynamicCache, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

@@ -1,50 +1,73 @@
-"""One decode step of a Llama-family model, without the Hugging Face forward's plumbing.
+"""Prefill and decode steps of a Llama-family model in few tensor ops.
 
-For a small model a decode step's time is mostly Python: the causal LM's forward builds
-masks and position embeddings through generic helpers, routes keyword arguments through
-every layer, updates a cache object and wraps outputs, for one token per row. This runs
-the same modules in the same order (embedding, rotary embedding, per layer: norm,
-q/k/v projections, q/k norms where the model has them, rotary positions, the model's own
-SDPA attention function, output projection, norm, MLP; final norm, LM head) on a
-ready-made boolean mask, appending each layer's new key and value to the engine's
-`DynamicCache` layers. The logits are the forward's to the bit on the models checked
-(`LeanDecoder.for_model` compares one step against the forward and refuses on any
-difference; the engine then keeps the forward).
+For a small model most of a step is Python and per-op overhead: the causal LM's forward
+builds masks and position embeddings through generic helpers, routes keyword arguments
+through every layer, updates a cache object and wraps its outputs, and runs three
+projections where one matrix product would do. `LeanDecoder` runs the same computation
+on a mask the engine builds:
 
-Prefill stays on the model's forward: it needs causal masks over padded rows, which the
-forward builds.
+- q/k/v projections as one matrix product, gate and up projections as another: the
+  model's q/k/v (and gate/up) parameters become row blocks of one tensor each, so weight
+  loads that copy into the parameters reach the fused products too;
+- rotary positions applied to the queries and keys together;
+- attention as two matrix products around a softmax, grouped-query heads without
+  repeating the keys;
+- the model's own embedding, rotary embedding, norms (one fused op in float32), output
+  projection, activation, down projection and LM head.
+
+The results equal the forward's up to float rounding (`LeanDecoder.for_model` runs a
+ragged prefill and a decode step both ways and refuses on a larger difference; the
+engine then keeps the forward). New keys and values go into buffers with room after
+them (`append_columns`), so a step writes its columns instead of copying the cache.
 """
 
 from __future__ import annotations
 
-import sys
+import itertools
 
 import torch
+import torch.nn.functional as F
 
 from agentrl.rollout.torch_engine import cache_keyword
 
 # Architectures whose decoder layer is exactly: x + attn(input_layernorm(x)), then
 # x + mlp(post_attention_layernorm(x)), with q/k/v/o projections, optional q/k norms
-# applied per head before rotary positions, and full attention.
+# applied per head before rotary positions, a gated MLP, and full attention.
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
+# How far the lean logits may be from the forward's (relative to the largest logit) in float32.
+MATCH_TOLERANCE = 1e-5
 
 
 class LeanDecoder:
     def __init__(self, model):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
+        config = model.config
         self.model = model
         self.body = model.model
         self.layers = list(self.body.layers)
         first = self.layers[0].self_attn
         self.head_dim = first.head_dim
-        self.attention = sdpa_attention_forward
-        self.apply_rotary = sys.modules[type(first).__module__].apply_rotary_pos_emb
+        self.query_heads = config.num_attention_heads
+        self.kv_heads = getattr(config, "num_key_value_heads", None) or self.query_heads
         self.qk_norms = hasattr(first, "q_norm") and hasattr(first, "k_norm")
+        self.weights: list[LayerWeights] = []
+        self.refresh()
+
+    def refresh(self) -> None:
+        """Take the model's parameters again where any was replaced (not copied into) since the last look.
+
+        Weight loads that copy into the parameters need none of this: the engine calls it at
+        every new weight version, in case a parameter was swapped for a new one.
+        """
+        self.weights = [
+            kept if kept is not None and kept.current() else LayerWeights(layer)
+            for kept, layer in itertools.zip_longest(self.weights, self.layers)
+        ]
+        self.final_norm = RMSNormWeights(self.body.norm)
+        self.head = (self.model.lm_head.weight, self.model.lm_head.bias)
 
     @classmethod
     def for_model(cls, model) -> LeanDecoder | None:
-        """A decoder for `model`, or None where it is not a checked family, or one step differs from the forward."""
+        """A decoder for `model`, or None where it is not a checked family, or its steps differ from the forward."""
         config = model.config
         if getattr(config, "model_type", None) not in FAMILIES:
             return None
@@ -61,33 +84,52 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def matches_forward(self) -> bool:
-        """Whether one decode step after a short ragged prefill gives the forward's logits exactly."""
+        """Whether a ragged prefill (after a kept past with a hole) and a decode step give the forward's logits."""
         from transformers import DynamicCache
 
+        self.refresh()
         keyword = cache_keyword(self.model)
         device = next(self.model.parameters()).device
         vocab = self.model.config.vocab_size
         ids = torch.tensor([[1, 2, 3, 4], [0, 5, 6, 7]], device=device) % vocab
         mask = torch.tensor([[1, 1, 1, 1], [0, 1, 1, 1]], device=device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        caches = []
-        for _ in range(2):
-            cache = DynamicCache(config=self.model.config)
-            self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: cache})
-            caches.append(cache)
+        more = torch.tensor([[10, 11], [0, 12]], device=device) % vocab
+        more_mask = torch.cat([mask, torch.tensor([[1, 1], [0, 1]], device=device)], dim=1)
+        more_positions = positions[:, -1:] + torch.tensor([[1, 2], [0, 1]], device=device)
         token = torch.tensor([8, 9], device=device) % vocab
-        step_mask = torch.ones((2, 5), dtype=torch.bool, device=device)
-        step_mask[1, 0] = False
-        step_positions = positions[:, -1] + 1
-        expected = self.model(
-            input_ids=token[:, None],
-            attention_mask=step_mask.long(),
-            position_ids=step_positions[:, None],
-            **{keyword: caches[0]},
-            use_cache=True,
-        ).logits[:, -1, :]
-        got = self.decode(token, step_mask, step_positions, caches[1])
-        return bool(torch.equal(expected, got))
+        step_mask = torch.cat([more_mask, torch.ones((2, 1), dtype=mask.dtype, device=device)], dim=1)
+        step_positions = more_positions[:, -1] + 1
+        forward_cache, lean_cache = DynamicCache(config=self.model.config), DynamicCache(config=self.model.config)
+
+        def forward(ids, mask, positions):
+            out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: forward_cache})
+            return out.logits[:, -1, :]
+
+        pairs = [
+            (forward(ids, mask, positions), self.prefill(ids, mask, positions, lean_cache)),
+            (forward(more, more_mask, more_positions), self.prefill(more, more_mask, more_positions, lean_cache)),
+            (
+                forward(token[:, None], step_mask, step_positions[:, None]),
+                self.decode(token, step_mask.bool(), step_positions, lean_cache),
+            ),
+        ]
+        return all(close_enough(expected, got) for expected, got in pairs)
+
+    def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """Logits (rows, vocab) after feeding `ids` (rows, new columns) at `positions` (rows, new columns).
+
+        `mask` (rows, kept + new columns) is 1 where a column holds one of the row's tokens:
+        the cache's kept columns, then the new ones. Each new token sees the row's columns up to
+        its own; padding sees only itself.
+        """
+        width = ids.shape[1]
+        columns = mask.shape[1]
+        kept = columns - width
+        column = torch.arange(columns, device=ids.device)
+        own = (kept + torch.arange(width, device=ids.device))[:, None]
+        visible = (mask.bool()[:, None, :] & (column <= own)) | (column == own)
+        return self.forward(ids, visible[:, None], positions, cache)
 
     def decode(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """Logits (rows, vocab) of feeding `tokens` (rows,) at `positions` (rows,).
@@ -95,43 +137,162 @@ class LeanDecoder:
         `mask` (rows, columns) is True where a column holds one of the row's tokens, the new
         one included as the last column; `cache`'s layers get the new keys and values appended.
         """
-        rows = tokens.shape[0]
-        hidden = self.body.embed_tokens(tokens[:, None])
-        cos, sin = self.body.rotary_emb(hidden, positions[:, None])
-        attention_mask = mask[:, None, None, :]
-        per_head = (rows, 1, -1, self.head_dim)
-        for layer, kept in zip(self.layers, cache.layers, strict=True):
-            attn = layer.self_attn
-            normed = layer.input_layernorm(hidden)
-            query = attn.q_proj(normed).view(per_head)
-            key = attn.k_proj(normed).view(per_head)
-            value = attn.v_proj(normed).view(per_head).transpose(1, 2)
-            if self.qk_norms:
-                query, key = attn.q_norm(query), attn.k_norm(key)
-            query, key = self.apply_rotary(query.transpose(1, 2), key.transpose(1, 2), cos, sin)
-            kept.keys = append_column(kept.keys, key)
-            kept.values = append_column(kept.values, value)
-            out, _ = self.attention(attn, query, kept.keys, kept.values, attention_mask, scaling=attn.scaling)
-            hidden = hidden + attn.o_proj(out.reshape(rows, 1, -1))
-            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        return self.model.lm_head(self.body.norm(hidden))[:, -1, :]
+        return self.forward(tokens[:, None], mask[:, None, None, :], positions[:, None], cache)
+
+    def forward(self, ids: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
+        """The last position's logits; `visible` (rows, 1, new columns, all columns) says what each new token sees."""
+        rows, width = ids.shape
+        query_heads, kv_heads, head_dim = self.query_heads, self.kv_heads, self.head_dim
+        query_keys = (query_heads + kv_heads) * head_dim
+        hidden = self.body.embed_tokens(ids)
+        cos, sin = self.body.rotary_emb(hidden, positions)
+        cos, signed_sin = cos[:, :, None, :], rotation_sin(sin)[:, :, None, :]
+        bias = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~visible, -torch.inf)
+        for weights, kept in zip(self.weights, cache.layers, strict=True):
+            qkv = F.linear(weights.input_norm(hidden), weights.qkv, weights.qkv_bias)
+            query_key = qkv[..., :query_keys].view(rows, width, query_heads + kv_heads, head_dim)
+            value = qkv[..., query_keys:].view(rows, width, kv_heads, head_dim)
+            if weights.q_norm is not None:
+                queries, keys = query_key[:, :, :query_heads], query_key[:, :, query_heads:]
+                query_key = torch.cat([weights.q_norm(queries), weights.k_norm(keys)], dim=2)
+            query_key = query_key * cos + query_key.roll(head_dim // 2, dims=-1) * signed_sin
+            if not getattr(kept, "is_initialized", True):
+                kept.lazy_initialization(value, value)
+            kept.keys = append_columns(kept.keys, query_key[:, :, query_heads:].transpose(1, 2))
+            kept.values = append_columns(kept.values, value.transpose(1, 2))
+            query = query_key[:, :, :query_heads].transpose(1, 2) * weights.scaling
+            hidden = hidden + F.linear(attend(query, kept.keys, kept.values, bias), *weights.output)
+            gate_up = F.linear(weights.post_attention_norm(hidden), weights.gate_up, weights.gate_up_bias)
+            inner = weights.inner
+            hidden = hidden + F.linear(weights.activation(gate_up[..., :inner]) * gate_up[..., inner:], *weights.down)
+        return F.linear(self.final_norm(hidden[:, -1]), *self.head)
 
 
-def append_column(kept: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
-    """`kept` (rows, heads, columns, dim) with `new` (rows, heads, 1, dim) after its last column.
+class LayerWeights:
+    """What a lean step needs of one decoder layer: its q/k/v projections fused into one matrix
+    product and its gate/up projections into another, and the other parameters as tensors.
+
+    The model's q/k/v and gate/up parameters become row blocks (views) of the fused tensors,
+    so weights copied into the parameters reach the fused products too.
+    """
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        self.layer = layer
+        self.attention_projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.mlp_projections = [mlp.gate_proj, mlp.up_proj]
+        self.parameters = list(layer.parameters())
+        self.qkv, self.qkv_bias = fuse_rows(self.attention_projections)
+        self.gate_up, self.gate_up_bias = fuse_rows(self.mlp_projections)
+        self.output = (attn.o_proj.weight, attn.o_proj.bias)
+        self.down = (mlp.down_proj.weight, mlp.down_proj.bias)
+        self.inner = mlp.gate_proj.weight.shape[0]
+        self.activation = mlp.act_fn
+        self.scaling = attn.scaling
+        self.input_norm = RMSNormWeights(layer.input_layernorm)
+        self.post_attention_norm = RMSNormWeights(layer.post_attention_layernorm)
+        self.q_norm, self.k_norm = getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)
+
+    def current(self) -> bool:
+        """Whether the layer still has the parameters this took, and q/k/v and gate/up still view the fused tensors."""
+        now = list(self.layer.parameters())
+        same = len(now) == len(self.parameters) and all(a is b for a, b in zip(now, self.parameters, strict=True))
+        return same and is_fused(self.attention_projections, self.qkv) and is_fused(self.mlp_projections, self.gate_up)
+
+
+class RMSNormWeights:
+    """An RMS norm as one fused op where the model computes it in float32 anyway; the module itself otherwise."""
+
+    def __init__(self, norm):
+        self.norm = norm
+        self.weight = norm.weight
+        self.epsilon = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+        self.fused = type(norm).__name__.endswith("RMSNorm") and self.epsilon is not None
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fused and x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.epsilon)
+        return self.norm(x)
+
+
+def fuse_rows(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Put the weights (and biases, if all have one) of `linears` one above the other in one tensor each,
+    and make each linear's parameters views of its rows."""
+    with torch.no_grad():
+        weight = torch.cat([linear.weight.detach() for linear in linears])
+        has_bias = all(linear.bias is not None for linear in linears)
+        bias = torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+        row = 0
+        for linear in linears:
+            count = linear.weight.shape[0]
+            linear.weight.data = weight[row : row + count]
+            if bias is not None:
+                linear.bias.data = bias[row : row + count]
+            row += count
+    if not has_bias and any(linear.bias is not None for linear in linears):
+        raise ValueError("some projections have a bias and some do not")
+    return weight, bias
+
+
+def is_fused(linears, weight: torch.Tensor) -> bool:
+    start = weight.data_ptr()
+    step = weight.stride(0) * weight.element_size()
+    row = 0
+    for linear in linears:
+        if linear.weight.data_ptr() != start + row * step:
+            return False
+        row += linear.weight.shape[0]
+    return True
+
+
+def rotation_sin(sin: torch.Tensor) -> torch.Tensor:
+    """`sin` with its first half negated: x * cos + x.roll(half) * this is rotary's x * cos + rotate_half(x) * sin."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
+
+
+def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Attention of scaled `query` (rows, query heads, new, head_dim) over `keys`/`values` (rows, kv heads,
+    columns, head_dim), with `bias` (rows, 1, new, columns): 0 where visible, -inf where not.
+    Returns (rows, new, query heads x head_dim)."""
+    rows, query_heads, width, head_dim = query.shape
+    kv_heads, columns = keys.shape[1], keys.shape[2]
+    group = query_heads // kv_heads
+    grouped = query.reshape(rows, kv_heads, group * width, head_dim)
+    scores = torch.matmul(grouped, keys.transpose(-1, -2))
+    if group > 1:
+        scores = (scores.view(rows, kv_heads, group, width, columns) + bias[:, :, None]).view_as(scores)
+    else:
+        scores = scores + bias
+    out = torch.matmul(scores.softmax(dim=-1), values)  # rows, kv heads, group x new, head_dim
+    return out.view(rows, query_heads, width, head_dim).transpose(1, 2).reshape(rows, width, query_heads * head_dim)
+
+
+def close_enough(expected: torch.Tensor, got: torch.Tensor) -> bool:
+    if expected.shape != got.shape or not torch.isfinite(got).all():
+        return False
+    tolerance = MATCH_TOLERANCE if expected.dtype == torch.float32 else 8 * torch.finfo(expected.dtype).eps
+    return bool((expected - got).abs().max() <= tolerance * max(1.0, float(expected.abs().max())))
+
+
+def append_columns(kept: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """`kept` (rows, heads, columns, dim) with `new` (rows, heads, its columns, dim) after its last column.
 
     Written in place where `kept` is a view of a buffer with room after it (one this made),
-    so a step copies one column instead of the whole cache; otherwise a buffer with room for
-    COLUMN_HEADROOM more columns is made. Views are extended only past their own end,
-    where no other tensor looks: trimming and selecting rows make views or copies of
-    their own.
+    so a step copies its new columns instead of the whole cache; otherwise a buffer with
+    room for COLUMN_HEADROOM more columns is made. Views are extended only past their own
+    end, where no other tensor looks: trimming and selecting rows make views or copies of
+    their own. An empty or missing `kept` starts a buffer.
     """
+    added = new.shape[2]
+    if kept is None or kept.dim() != 4:
+        kept = new[:, :, :0]
     rows, heads, columns, dim = kept.shape
-    grown = _view_with_room(kept)
+    grown = _view_with_room(kept, added)
     if grown is None:
-        buffer = kept.new_empty((rows, heads, columns + COLUMN_HEADROOM, dim))
+        buffer = new.new_empty((rows, heads, columns + added + COLUMN_HEADROOM, dim))
         buffer[:, :, :columns] = kept
-        grown = buffer[:, :, : columns + 1]
+        grown = buffer[:, :, : columns + added]
     grown[:, :, columns:] = new
     return grown
 
@@ -139,10 +300,33 @@ def append_column(kept: torch.Tensor, new: torch.Tensor) -> torch.Tensor:
 COLUMN_HEADROOM = 64
 
 
-def keep_rows(kept: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """The `rows` of `kept`, moved to the front of its own buffer, so the room after its columns stays."""
-    kept[: len(rows)] = kept[rows]
-    return kept[: len(rows)]
+class RowsLeaving:
+    """Which rows stay when some leave, and how they move up: each departed row among the
+    first `count` rows takes a staying row from past them, so few rows move.
+
+    `order[i]` is the old row that new row i holds; apply it to every per-row tensor, and
+    `keep_rows` to the KV buffers.
+    """
+
+    def __init__(self, leaving: list[bool], device: torch.device | str = "cpu"):
+        staying = [row for row, gone in enumerate(leaving) if not gone]
+        self.count = len(staying)
+        holes = [row for row in range(self.count) if leaving[row]]
+        movers = staying[len(staying) - len(holes) :]
+        self.order = list(range(self.count))
+        for hole, mover in zip(holes, movers, strict=True):
+            self.order[hole] = mover
+        self.index = torch.tensor(self.order, device=device)
+        self.holes = torch.tensor(holes, dtype=torch.long, device=device)
+        self.movers = torch.tensor(movers, dtype=torch.long, device=device)
+
+
+def keep_rows(kept: torch.Tensor, leaving: RowsLeaving) -> torch.Tensor:
+    """`kept` with only the staying rows, in `leaving.order`, moved within its own buffer so the room after
+    its columns stays."""
+    if len(leaving.holes):
+        kept[leaving.holes] = kept[leaving.movers]
+    return kept[: leaving.count]
 
 
 def stack_rows(parts: list[torch.Tensor], columns: int) -> torch.Tensor:
@@ -160,17 +344,17 @@ def stack_rows(parts: list[torch.Tensor], columns: int) -> torch.Tensor:
     return buffer[:, :, :columns]
 
 
-def _view_with_room(kept: torch.Tensor) -> torch.Tensor | None:
-    """`kept` grown by one column within its buffer, or None if it is not laid out in one with room."""
+def _view_with_room(kept: torch.Tensor, added: int) -> torch.Tensor | None:
+    """`kept` grown by `added` columns within its buffer, or None if it is not laid out in one with room."""
     rows, heads, columns, dim = kept.shape
     row_stride, head_stride, column_stride, dim_stride = kept.stride()
     if dim_stride != 1 or column_stride != dim or head_stride % dim or row_stride != heads * head_stride:
         return None
     capacity = head_stride // dim
     first_column = (kept.storage_offset() % head_stride) // dim
-    if first_column + columns + 1 > capacity:
+    if first_column + columns + added > capacity:
         return None
-    end = kept.storage_offset() + (rows - 1) * row_stride + (heads - 1) * head_stride + (columns + 1) * dim
+    end = kept.storage_offset() + (rows - 1) * row_stride + (heads - 1) * head_stride + (columns + added) * dim
     if end * kept.element_size() > kept.untyped_storage().nbytes():
         return None
-    return kept.as_strided((rows, heads, columns + 1, dim), kept.stride(), kept.storage_offset())
+    return kept.as_strided((rows, heads, columns + added, dim), kept.stride(), kept.storage_offset())

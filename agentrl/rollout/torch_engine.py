@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from transformers import DynamicCache
 
 from agentrl.rollout.engine import Engine, FinishReason, GenerateOutput, SamplingParams
@@ -54,7 +55,10 @@ class _LoopQueue:
 class _RowSampling:
     """Per-row sampling settings of the running batch, as tensors aligned with its rows."""
 
-    def __init__(self, params: Sequence[SamplingParams], vocab_size: int, device: torch.device):
+    TENSORS = ("greedy", "temperature", "top_k", "top_p", "max_new_tokens", "unfiltered")
+
+    def __init__(self, params: Sequence[SamplingParams], vocab_size: int, device: torch.device, generators=None):
+        self.params = list(params)
         greedy = [p.temperature <= 0 for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         self.vocab_size = vocab_size
@@ -65,29 +69,55 @@ class _RowSampling:
         self.top_k = torch.tensor(top_k, device=device)
         self.top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
         self.max_new_tokens = torch.tensor([p.max_new_tokens for p in params], device=device)
+        self.unfiltered = (self.top_k >= self.vocab_size) & ~torch.isfinite(self.top_p)
         widest = max(len(p.stop_token_ids) for p in params)
         stop_ids = [list(p.stop_token_ids) + [-1] * (widest - len(p.stop_token_ids)) for p in params]
         self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device) if widest else None
-        self.generators = [_seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
-        self._summarise(greedy, top_k, [p.top_p < 1.0 for p in params])
+        if generators is None:
+            generators = [_seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
+        self.generators = list(generators)
+        self._summarise()
 
-    def _summarise(self, greedy: list[bool], top_k: list[int], has_top_p: list[bool]) -> None:
+    def _summarise(self) -> None:
         """Batch-wide facts that let a step skip work no row needs."""
-        self.all_greedy = all(greedy)
-        self.any_greedy = any(greedy)
-        self.any_top_p = any(has_top_p)
-        self.largest_top_k = max((k for k in top_k if k < self.vocab_size), default=None)
-        self.unfiltered = (self.top_k >= self.vocab_size) & ~torch.isfinite(self.top_p)
+        params = self.params
+        self.all_greedy = all(p.temperature <= 0 for p in params)
+        self.any_greedy = any(p.temperature <= 0 for p in params)
+        self.any_top_p = any(p.top_p < 1.0 for p in params)
+        self.largest_top_k = max((p.top_k for p in params if 0 < p.top_k < self.vocab_size), default=None)
         self.seeded_rows = [(row, gen) for row, gen in enumerate(self.generators) if gen is not None]
 
-    def select(self, keep: torch.Tensor) -> None:
-        """Keep only the rows at positions `keep`."""
-        for name in ("greedy", "temperature", "top_k", "top_p", "max_new_tokens"):
+    def select(self, keep: torch.Tensor, order: list[int] | None = None) -> None:
+        """Keep only the rows at positions `keep` (`order`: the same as a list, where the caller has it)."""
+        for name in self.TENSORS:
             setattr(self, name, getattr(self, name)[keep])
         if self.stop_ids is not None:
             self.stop_ids = self.stop_ids[keep]
-        self.generators = [self.generators[row] for row in keep.tolist()]
-        self._summarise(self.greedy.tolist(), self.top_k.tolist(), torch.isfinite(self.top_p).tolist())
+        order = keep.tolist() if order is None else order
+        self.params = [self.params[row] for row in order]
+        self.generators = [self.generators[row] for row in order]
+        self._summarise()
+
+    def extend(self, more: _RowSampling) -> None:
+        """Append the rows of `more` after these."""
+        for name in self.TENSORS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(more, name)]))
+        if self.stop_ids is not None or more.stop_ids is not None:
+            parts = [self.stop_ids, more.stop_ids]
+            counts = [len(self.params), len(more.params)]
+            widest = max(part.shape[1] for part in parts if part is not None)
+            device = self.greedy.device
+            self.stop_ids = torch.cat(
+                [
+                    F.pad(part, (0, widest - part.shape[1]), value=-1)
+                    if part is not None
+                    else torch.full((count, widest), -1, dtype=torch.long, device=device)
+                    for part, count in zip(parts, counts, strict=True)
+                ]
+            )
+        self.params += more.params
+        self.generators += more.generators
+        self._summarise()
 
     def stopped(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Which rows just generated one of their stop ids (None when no row has any)."""

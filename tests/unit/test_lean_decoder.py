@@ -1,4 +1,4 @@
-"""agentrl.rollout.lean_decoder: decode steps bit-identical to the model's forward, or not used at all."""
+"""agentrl.rollout.lean_decoder: prefill and decode steps that match the forward up to float rounding, or none."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from transformers import (
 )
 
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.lean_decoder import LeanDecoder, append_column, keep_rows, stack_rows
+from agentrl.rollout.lean_decoder import LeanDecoder, RowsLeaving, append_columns, keep_rows, stack_rows
 from agentrl.rollout.torch_engine import cache_keyword
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -35,20 +35,36 @@ def build(family: str, attention: str = "sdpa"):
     return model_class(config).eval()
 
 
+ROUNDING = 1e-5  # float32 rounding: the lean ops add and multiply in another order than the forward's
+
+
+def assert_close(got: torch.Tensor, expected: torch.Tensor) -> None:
+    torch.testing.assert_close(got, expected, rtol=ROUNDING, atol=ROUNDING)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.inference_mode()
-def test_many_ragged_decode_steps_equal_the_forward_to_the_bit(family):
+def test_ragged_prefills_and_many_decode_steps_match_the_forward(family):
     model = build(family)
     decoder = LeanDecoder.for_model(model)
     assert decoder is not None
+    keyword = cache_keyword(model)
     # three rows, left-padded to different lengths, with a hole (a masked column) in the middle row
     ids = torch.tensor([[5, 6, 7, 8, 9], [0, 11, 0, 13, 14], [0, 0, 0, 21, 22]])
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 0, 1, 1], [0, 0, 0, 1, 1]])
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     forward_cache, lean_cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
-    for cache in (forward_cache, lean_cache):
-        model(input_ids=ids, attention_mask=mask, position_ids=positions, **{cache_keyword(model): cache})
-    next_positions = positions[:, -1] + 1
+    expected = model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: forward_cache})
+    assert_close(decoder.prefill(ids, mask, positions, lean_cache), expected.logits[:, -1, :])
+    # a later turn: new tokens of different counts after the kept columns, prefilled together
+    more = torch.tensor([[40, 41, 42], [0, 0, 43], [0, 44, 45]])
+    more_mask = torch.tensor([[1, 1, 1], [0, 0, 1], [0, 1, 1]])
+    mask = torch.cat([mask, more_mask], dim=1)
+    more_positions = positions[:, -1:] + (more_mask.cumsum(-1)).clamp(min=1)
+    expected = model(input_ids=more, attention_mask=mask, position_ids=more_positions, **{keyword: forward_cache})
+    assert_close(decoder.prefill(more, mask, more_positions, lean_cache), expected.logits[:, -1, :])
+
+    next_positions = more_positions[:, -1] + 1
     tokens = torch.tensor([30, 31, 32])
     for _ in range(12):
         mask = torch.cat([mask, torch.ones((3, 1), dtype=mask.dtype)], dim=1)
@@ -56,17 +72,38 @@ def test_many_ragged_decode_steps_equal_the_forward_to_the_bit(family):
             input_ids=tokens[:, None],
             attention_mask=mask,
             position_ids=next_positions[:, None],
-            **{cache_keyword(model): forward_cache},
+            **{keyword: forward_cache},
         ).logits[:, -1, :]
         got = decoder.decode(tokens, mask.bool(), next_positions, lean_cache)
-        assert torch.equal(got, expected)
+        assert_close(got, expected)
         tokens, next_positions = expected.argmax(-1), next_positions + 1
+    visible = mask.bool()[:, None, :, None]  # padding columns hold whatever padding computed; nothing reads them
     for forward_layer, lean_layer in zip(forward_cache.layers, lean_cache.layers, strict=True):
-        assert torch.equal(forward_layer.keys, lean_layer.keys) and torch.equal(forward_layer.values, lean_layer.values)
+        assert_close(lean_layer.keys * visible, forward_layer.keys * visible)
+        assert_close(lean_layer.values * visible, forward_layer.values * visible)
+
+
+@torch.inference_mode()
+def test_weights_copied_into_the_model_reach_the_fused_projections():
+    model = build("qwen2 grouped-query")
+    decoder = LeanDecoder.for_model(model)
+    tokens, mask, positions = torch.tensor([[3, 4, 5]]), torch.ones((1, 3), dtype=torch.long), torch.arange(3)[None]
+    before = decoder.prefill(tokens, mask, positions, DynamicCache(config=model.config))
+    with torch.no_grad():  # as the engines load weights: copied into the parameters in place
+        for name, param in model.named_parameters():
+            if name.endswith(("k_proj.weight", "up_proj.weight")):
+                param.copy_(torch.randn_like(param))
+    assert decoder.matches_forward()
+    after = decoder.prefill(tokens, mask, positions, DynamicCache(config=model.config))
+    assert not torch.allclose(before, after)
+
+    attention = model.model.layers[0].self_attn  # a parameter replaced, not copied into: fused again
+    attention.v_proj.weight = torch.nn.Parameter(torch.randn_like(attention.v_proj.weight))
+    assert decoder.matches_forward()
 
 
 def test_models_it_does_not_cover_keep_the_forward():
-    assert LeanDecoder.for_model(build("qwen2", attention="eager")) is None  # eager attention rounds differently
+    assert LeanDecoder.for_model(build("qwen2", attention="eager")) is None  # the forward's eager path is not checked
 
     broken = build("qwen2")  # a layer that does more than the family's layer: the forward and the decoder differ
     layer_forward = broken.model.layers[0].forward
@@ -83,20 +120,26 @@ def test_the_continuous_engine_decodes_with_it_where_it_applies():
 def test_kept_keys_grow_in_place_while_their_buffer_has_room():
     kept = torch.randn(3, 2, 5, 4)
     new = torch.randn(3, 2, 1, 4)
-    grown = append_column(kept, new)  # a plain tensor has no room: copied once into a buffer with room
+    grown = append_columns(kept, new)  # a plain tensor has no room: copied once into a buffer with room
     assert torch.equal(grown, torch.cat([kept, new], dim=2))
-    again = append_column(grown, 2 * new)
+    again = append_columns(grown, 2 * new)
     assert again.data_ptr() == grown.data_ptr()  # written in place, one column
     assert torch.equal(again, torch.cat([kept, new, 2 * new], dim=2))
 
-    trimmed = keep_rows(again[:, :, 2:], torch.tensor([2, 0]))  # rows leave, columns only they used go
-    assert torch.equal(trimmed, torch.cat([kept, new, 2 * new], dim=2)[[2, 0], :, 2:])
-    grown_again = append_column(trimmed, new[:2])
+    leaving = RowsLeaving([False, True, False])  # row 1 leaves; row 2 takes its place, and only it moves
+    assert leaving.order == [0, 2]
+    trimmed = keep_rows(again[:, :, 2:], leaving)  # and columns only the departed row used go
+    assert torch.equal(trimmed, torch.cat([kept, new, 2 * new], dim=2)[[0, 2], :, 2:])
+    grown_again = append_columns(trimmed, new[:2])
     assert grown_again.data_ptr() == trimmed.data_ptr()
     assert torch.equal(grown_again[:, :, -1:], new[:2])
+
+    two = append_columns(grown_again, torch.ones(2, 2, 2, 4))  # several columns at once (a prefill)
+    assert two.data_ptr() == trimmed.data_ptr() and torch.equal(two[:, :, -2:], torch.ones(2, 2, 2, 4))
+    assert torch.equal(append_columns(None, new), new)
 
     stacked = stack_rows([trimmed, torch.ones(1, 2, 3, 4)], columns=6)
     assert stacked.shape == (3, 2, 6, 4)
     assert torch.equal(stacked[:2, :, 1:], trimmed) and torch.equal(stacked[2, :, 3:], torch.ones(2, 3, 4))
     assert not stacked[:2, :, :1].any() and not stacked[2, :, :3].any()  # zeros on the left of shorter rows
-    assert append_column(stacked, torch.zeros(3, 2, 1, 4)).data_ptr() == stacked.data_ptr()
+    assert append_columns(stacked, torch.zeros(3, 2, 1, 4)).data_ptr() == stacked.data_ptr()

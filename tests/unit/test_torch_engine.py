@@ -292,3 +292,33 @@ def test_a_failing_batch_raises_in_its_callers(engine):
         generate_all(engine, [[10**6]], SamplingParams(max_new_tokens=2))
     with pytest.raises(ValueError, match="non-empty"):
         generate_all(engine, [[]], SamplingParams(max_new_tokens=2))
+
+
+def test_row_settings_joined_and_selected_equal_those_built_at_once():
+    vocab = 50
+    params = [
+        SamplingParams(max_new_tokens=3, temperature=0.0),
+        SamplingParams(max_new_tokens=4, top_k=5, stop_token_ids=(7,)),
+        SamplingParams(max_new_tokens=5, top_p=0.5, seed=3, stop_token_ids=(1, 2)),
+        SamplingParams(max_new_tokens=6, top_k=9),
+    ]
+
+    def assert_same(got: _RowSampling, rows: list[SamplingParams]) -> None:
+        want = _RowSampling(rows, vocab, "cpu")
+        for name in (*_RowSampling.TENSORS, "stop_ids"):
+            assert torch.equal(getattr(got, name), getattr(want, name)), name
+        facts = ("all_greedy", "any_greedy", "any_top_p", "largest_top_k")
+        assert [getattr(got, fact) for fact in facts] == [getattr(want, fact) for fact in facts]
+        assert [row for row, _ in got.seeded_rows] == [row for row, _ in want.seeded_rows]
+
+    joined = _RowSampling(params[:2], vocab, "cpu")
+    joined.extend(_RowSampling(params[2:], vocab, "cpu"))  # stop ids of another width, a seeded row
+    assert_same(joined, params)
+    assert (joined.any_greedy, joined.any_top_p, joined.largest_top_k) == (True, True, 9)
+    joined.select(torch.tensor([3, 2]), [3, 2])
+    assert_same(joined, [params[3], params[2]])
+    joined.extend(_RowSampling(params[:1], vocab, "cpu"))  # a row with no stop ids after rows with some
+    assert_same(joined, [params[3], params[2], params[0]])
+    first = _RowSampling(params[:1], vocab, "cpu")  # no stop ids, then rows with some
+    first.extend(_RowSampling(params[1:3], vocab, "cpu"))
+    assert_same(first, params[:3])
