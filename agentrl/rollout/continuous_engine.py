@@ -311,15 +311,15 @@ class ContinuousTorchEngine(TorchEngine):
         past = [len(entry.tokens) if entry is not None else 0 for entry in entries]
         new = [row.sequence[n:] for row, n in zip(rows, past, strict=True)]
         past_width, new_width = max(past), max(map(len, new))
-        ids = torch.full((len(rows), new_width), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), past_width + new_width), dtype=torch.long)
-        positions = torch.zeros((len(rows), new_width), dtype=torch.long)
+        ids = np.full((len(rows), new_width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(rows), past_width + new_width), dtype=np.int64)
+        positions = np.zeros((len(rows), new_width), dtype=np.int64)
         for i, (tokens, n) in enumerate(zip(new, past, strict=True)):
-            ids[i, new_width - len(tokens) :] = torch.tensor(tokens)
+            ids[i, new_width - len(tokens) :] = tokens
             mask[i, past_width - n : past_width] = 1
             mask[i, past_width + new_width - len(tokens) :] = 1
-            positions[i, new_width - len(tokens) :] = torch.arange(n, n + len(tokens))
-        ids, mask, positions = ids.to(self.device), mask.to(self.device), positions.to(self.device)
+            positions[i, new_width - len(tokens) :] = np.arange(n, n + len(tokens))
+        ids, mask, positions = (torch.from_numpy(array).to(self.device) for array in (ids, mask, positions))
 
         cache = DynamicCache(config=self.model.config)
         if past_width:  # with room for the new columns, which the lean prefill then writes in place
