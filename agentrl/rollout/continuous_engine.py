@@ -297,10 +297,12 @@ class ContinuousTorchEngine(TorchEngine):
         else:
             columns = row_mask.nonzero().squeeze(1)
             assert len(columns) == len(tokens), (len(columns), len(tokens))
-        layers = [
-            (_copy(layer.keys[index : index + 1, :, columns]), _copy(layer.values[index : index + 1, :, columns]))
-            for layer in batch.cache.layers
-        ]
+
+        def own(kept: torch.Tensor) -> torch.Tensor:  # indexing by a tensor copies already; a slice is a view
+            part = kept[index : index + 1, :, columns]
+            return _copy(part) if isinstance(columns, slice) else part
+
+        layers = [(own(layer.keys), own(layer.values)) for layer in batch.cache.layers]
         evictions = self.sessions.evictions
         self.sessions.put(tokens, layers, self._kv_version)
         self.stats["evictions"] += self.sessions.evictions - evictions

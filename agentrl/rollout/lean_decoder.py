@@ -48,7 +48,6 @@ class LeanDecoder:
         self.head_dim = first.head_dim
         self.query_heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.query_heads
-        self.qk_norms = hasattr(first, "q_norm") and hasattr(first, "k_norm")
         self.weights: list[LayerWeights] = []
         self.refresh()
 
@@ -218,10 +217,12 @@ class RMSNormWeights:
 def fuse_rows(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Put the weights (and biases, if all have one) of `linears` one above the other in one tensor each,
     and make each linear's parameters views of its rows."""
+    has_bias = [linear.bias is not None for linear in linears]
+    if any(has_bias) and not all(has_bias):
+        raise ValueError("some projections have a bias and some do not")
     with torch.no_grad():
         weight = torch.cat([linear.weight.detach() for linear in linears])
-        has_bias = all(linear.bias is not None for linear in linears)
-        bias = torch.cat([linear.bias.detach() for linear in linears]) if has_bias else None
+        bias = torch.cat([linear.bias.detach() for linear in linears]) if all(has_bias) else None
         row = 0
         for linear in linears:
             count = linear.weight.shape[0]
@@ -229,8 +230,6 @@ def fuse_rows(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
             if bias is not None:
                 linear.bias.data = bias[row : row + count]
             row += count
-    if not has_bias and any(linear.bias is not None for linear in linears):
-        raise ValueError("some projections have a bias and some do not")
     return weight, bias
 
 
