@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -120,8 +121,6 @@ class BackgroundProgress:
     """
 
     def __init__(self, requests: list):
-        import threading
-
         from mpi4py import MPI
 
         self.requests = list(requests)

@@ -325,8 +325,7 @@ class ContinuousTorchEngine(TorchEngine):
 
         cache = DynamicCache(config=self.model.config)
         if past_width:  # with room for the new columns, which the lean prefill then writes in place
-            room = new_width + COLUMN_HEADROOM if self.decoder is not None else 0
-            _fill_cache(cache, _right_aligned_past(entries, past_width, room))
+            _fill_cache(cache, _right_aligned_past(entries, past_width, room=new_width + COLUMN_HEADROOM))
         if self.decoder is not None:
             logits = self.decoder.prefill(ids, mask, positions, cache)
         else:
@@ -346,8 +345,12 @@ class ContinuousTorchEngine(TorchEngine):
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
 
     def _append(self, batch: _RunningBatch, rows, cache: DynamicCache, mask, positions, logits) -> None:
+        sampling = _RowSampling(
+            [row.sampling for row in rows], self.vocab_size, self.device, generators=[row.generator for row in rows]
+        )
         if not batch.rows:
             batch.rows, batch.cache, batch.mask, batch.positions, batch.logits = rows, cache, mask, positions, logits
+            batch.sampling = sampling
         else:
             width = max(batch.mask.shape[1], mask.shape[1])
             for old, added in zip(batch.cache.layers, cache.layers, strict=True):
@@ -359,12 +362,6 @@ class ContinuousTorchEngine(TorchEngine):
             batch.rows = batch.rows + rows
             batch.positions = torch.cat([batch.positions, positions])
             batch.logits = torch.cat([batch.logits, logits])
-        sampling = _RowSampling(
-            [row.sampling for row in rows], self.vocab_size, self.device, generators=[row.generator for row in rows]
-        )
-        if batch.sampling is None or len(batch.rows) == len(rows):
-            batch.sampling = sampling
-        else:
             batch.sampling.extend(sampling)
 
     def _deliver(self, row: _Row, reason: FinishReason) -> None:
@@ -402,7 +399,7 @@ def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseExcept
             future.set_result(result)
 
 
-def _right_aligned_past(entries, width: int, room: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _right_aligned_past(entries, width: int, room: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns,
     in buffers with `room` more columns after them."""
     template = next(entry for entry in entries if entry is not None).layers
