@@ -2,14 +2,14 @@
 
 One worker thread runs a decode loop. At every step it
 
-1. admits the requests that arrived since the last step: each takes the stored KV cache
-   of its longest token prefix, if any (`kv_sessions.KVSessionStore`), and only the rest
-   of its prompt is prefilled; the admitted rows are prefilled together and join the
-   running batch;
-2. samples one token for every running row (the same sampler as `TorchEngine`);
-3. lets finished rows leave: their results go back to their event loop at once and their
+1. samples one token for every running row (the same sampler as `TorchEngine`);
+2. lets finished rows leave: their results go back to their event loop at once and their
    KV cache (minus the last sampled token, which was never fed) goes to the store;
-4. feeds the sampled tokens of the rows still running through the model.
+3. feeds, in one pass through the model, the sampled tokens of the rows still running and
+   the requests that arrived since the last step: each of these takes the stored KV cache
+   of its longest token prefix, if any (`kv_sessions.KVSessionStore`), and only the rest
+   of its prompt is prefilled; they then join the running batch, to be sampled at the
+   next step.
 
 Rows of different lengths share one KV tensor per layer, each row right-aligned, with an
 explicit attention mask and position ids; columns no row uses any more are trimmed.
@@ -35,7 +35,7 @@ from transformers import DynamicCache
 from agentrl.errors import UserError
 from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
-from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, LeanDecoder, RowsLeaving, keep_rows, stack_rows
+from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, Feed, LeanDecoder, RowsLeaving, keep_rows, stack_rows
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
@@ -78,6 +78,17 @@ class _RunningBatch:
 
     def clear(self) -> None:
         self.__init__()
+
+
+@dataclass
+class _Admission:
+    """Rows joining the running batch: their new tokens (rows, width), mask over kept + new columns,
+    positions, and a cache holding their stored KV."""
+
+    ids: torch.Tensor
+    mask: torch.Tensor
+    positions: torch.Tensor
+    cache: DynamicCache
 
 
 class ContinuousTorchEngine(TorchEngine):
@@ -232,11 +243,12 @@ class ContinuousTorchEngine(TorchEngine):
         admitted = [row for row in admitted if row.abort_epoch == epoch and not row.future.done()]
         if any(row.abort_epoch != epoch for row in batch.rows):
             self._leave(batch, [row.abort_epoch != epoch for row in batch.rows], "abort")
-        if admitted:
-            self._admit(batch, admitted)
-        if not batch.rows:
-            return
+        tokens = self._sample_running(batch) if batch.rows else None
+        if tokens is not None or admitted:
+            self._feed(batch, tokens, admitted)
 
+    def _sample_running(self, batch: _RunningBatch) -> torch.Tensor | None:
+        """Sample a token for every running row and let finished rows leave; the tokens of the rows left."""
         self.stats["steps"] += 1
         tokens, logprobs = _sample(batch.logits, batch.sampling, self.generator)
         finished, reasons = [], []
@@ -247,18 +259,35 @@ class ContinuousTorchEngine(TorchEngine):
             finished.append(stopped or len(row.output) >= row.sampling.max_new_tokens)
             reasons.append("stop" if stopped else "length")
         self.stats["generated_tokens"] += len(batch.rows)
-        if any(finished):
-            keep = self._leave(batch, finished, reasons)
-            if keep is None:
-                return
-            tokens = tokens[keep]
-        batch.mask = F.pad(batch.mask, (0, 1), value=1)
+        if not any(finished):
+            return tokens
+        keep = self._leave(batch, finished, reasons)
+        return None if keep is None else tokens[keep]
+
+    def _feed(self, batch: _RunningBatch, tokens: torch.Tensor | None, admitted: list[_Row]) -> None:
+        """One pass through the model: the running rows' sampled `tokens` and the admitted rows' prompts
+        (each after its stored KV, if any); the admitted rows then join the running batch."""
+        if tokens is not None:
+            batch.mask = F.pad(batch.mask, (0, 1), value=1)
+        admission = self._admission(admitted) if admitted else None
         if self.decoder is not None:
-            batch.logits = self.decoder.decode(tokens, batch.mask.bool(), batch.positions, batch.cache)
+            feeds = [Feed.decode(tokens, batch.mask.bool(), batch.positions, batch.cache)] if tokens is not None else []
+            if admission is not None:
+                feeds.append(Feed.prefill(admission.ids, admission.mask, admission.positions, admission.cache))
+            logits = self.decoder.forward(feeds)
         else:
-            mask = batch.mask.bool()[:, None, None, :] if self._takes_ready_masks else batch.mask
-            batch.logits = self._last_logits(tokens[:, None], mask, batch.positions[:, None], batch.cache)
-        batch.positions += 1
+            logits = []
+            if tokens is not None:
+                mask = batch.mask.bool()[:, None, None, :] if self._takes_ready_masks else batch.mask
+                logits.append(self._last_logits(tokens[:, None], mask, batch.positions[:, None], batch.cache))
+            if admission is not None:
+                logits.append(self._last_logits(admission.ids, admission.mask, admission.positions, admission.cache))
+        if tokens is not None:
+            batch.logits = logits[0]
+            batch.positions += 1
+        if admission is not None:
+            self._append(batch, admitted, admission.cache, admission.mask, admission.positions[:, -1] + 1, logits[-1])
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
 
     def _leave(self, batch: _RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
         """Deliver the finished rows, keep their KV for a next turn; return which old row each row left is."""
@@ -307,8 +336,8 @@ class ContinuousTorchEngine(TorchEngine):
         self.sessions.put(tokens, layers, self._kv_version)
         self.stats["evictions"] += self.sessions.evictions - evictions
 
-    def _admit(self, batch: _RunningBatch, rows: list[_Row]) -> None:
-        """Prefill `rows` (each after its stored KV, if any) together, then append them to the running batch."""
+    def _admission(self, rows: list[_Row]) -> _Admission:
+        """What prefilling `rows` needs: each row's stored KV, if any, and the rest of its tokens, right-aligned."""
         entries = [self.sessions.take(row.sequence, self._kv_version) if len(self.sessions) else None for row in rows]
         past = [len(entry.tokens) if entry is not None else 0 for entry in entries]
         new = [row.sequence[n:] for row, n in zip(rows, past, strict=True)]
@@ -326,11 +355,6 @@ class ContinuousTorchEngine(TorchEngine):
         cache = DynamicCache(config=self.model.config)
         if past_width:  # with room for the new columns, which the lean prefill then writes in place
             _fill_cache(cache, _right_aligned_past(entries, past_width, room=new_width + COLUMN_HEADROOM))
-        if self.decoder is not None:
-            logits = self.decoder.prefill(ids, mask, positions, cache)
-        else:
-            logits = self._last_logits(ids, mask, positions, cache)
-
         for row, n in zip(rows, past, strict=True):
             row.cached_tokens = row.cached_tokens or n
             if row.version is None:
@@ -341,8 +365,7 @@ class ContinuousTorchEngine(TorchEngine):
         self.stats["prompt_tokens"] += sum(len(row.prompt) for row in rows if not row.output)
         self.stats["prefill_tokens"] += sum(map(len, new))
         self.stats["reused_tokens"] += sum(past)
-        self._append(batch, rows, cache, mask, positions[:, -1] + 1, logits)
-        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
+        return _Admission(ids, mask, positions, cache)
 
     def _append(self, batch: _RunningBatch, rows, cache: DynamicCache, mask, positions, logits) -> None:
         sampling = _RowSampling(

@@ -83,7 +83,8 @@ class LeanDecoder:
 
     @torch.inference_mode()
     def matches_forward(self) -> bool:
-        """Whether a ragged prefill (after a kept past with a hole) and a decode step give the forward's logits."""
+        """Whether ragged prefills (one after a kept past with a hole) and a decode step, alone and in one pass with
+        a prefill, give the forward's logits."""
         from transformers import DynamicCache
 
         self.refresh()
@@ -105,14 +106,19 @@ class LeanDecoder:
             out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: forward_cache})
             return out.logits[:, -1, :]
 
+        first = forward(ids, mask, positions)
         pairs = [
-            (forward(ids, mask, positions), self.prefill(ids, mask, positions, lean_cache)),
+            (first, self.prefill(ids, mask, positions, lean_cache)),
             (forward(more, more_mask, more_positions), self.prefill(more, more_mask, more_positions, lean_cache)),
-            (
-                forward(token[:, None], step_mask, step_positions[:, None]),
-                self.decode(token, step_mask.bool(), step_positions, lean_cache),
-            ),
         ]
+        # A decode step and a fresh prefill in one pass, as the engine feeds them.
+        step, fresh = self.forward(
+            [
+                Feed.decode(token, step_mask.bool(), step_positions, lean_cache),
+                Feed.prefill(ids, mask, positions, DynamicCache(config=self.model.config)),
+            ]
+        )
+        pairs += [(forward(token[:, None], step_mask, step_positions[:, None]), step), (first, fresh)]
         return all(close_enough(expected, got) for expected, got in pairs)
 
     def prefill(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
@@ -122,13 +128,7 @@ class LeanDecoder:
         the cache's kept columns, then the new ones. Each new token sees the row's columns up to
         its own; padding sees only itself.
         """
-        width = ids.shape[1]
-        columns = mask.shape[1]
-        kept = columns - width
-        column = torch.arange(columns, device=ids.device)
-        own = (kept + torch.arange(width, device=ids.device))[:, None]
-        visible = (mask.bool()[:, None, :] & (column <= own)) | (column == own)
-        return self.forward(ids, visible[:, None], positions, cache)
+        return self.forward([Feed.prefill(ids, mask, positions, cache)])[0]
 
     def decode(self, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
         """Logits (rows, vocab) of feeding `tokens` (rows,) at `positions` (rows,).
@@ -136,35 +136,101 @@ class LeanDecoder:
         `mask` (rows, columns) is True where a column holds one of the row's tokens, the new
         one included as the last column; `cache`'s layers get the new keys and values appended.
         """
-        return self.forward(tokens[:, None], mask[:, None, None, :], positions[:, None], cache)
+        return self.forward([Feed.decode(tokens, mask, positions, cache)])[0]
 
-    def forward(self, ids: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, cache) -> torch.Tensor:
-        """The last position's logits; `visible` (rows, 1, new columns, all columns) says what each new token sees."""
-        rows, width = ids.shape
+    def forward(self, feeds: list[Feed]) -> list[torch.Tensor]:
+        """Each feed's last-position logits (its rows, vocab), from one pass over all of them.
+
+        The feeds' tokens go through the projections, norms and MLPs as one flat batch; only
+        attention runs per feed, over that feed's own cache. So a decode step and a prefill of
+        newly admitted rows cost one pass, not two.
+        """
         query_heads, kv_heads, head_dim = self.query_heads, self.kv_heads, self.head_dim
         query_keys = (query_heads + kv_heads) * head_dim
+        ids = torch.cat([feed.ids.reshape(-1) for feed in feeds]) if len(feeds) > 1 else feeds[0].ids.reshape(-1)
         hidden = self.body.embed_tokens(ids)
-        cos, sin = self.body.rotary_emb(hidden, positions)
-        cos, signed_sin = cos[:, :, None, :], rotation_sin(sin)[:, :, None, :]
-        bias = torch.zeros(visible.shape, dtype=hidden.dtype, device=hidden.device).masked_fill_(~visible, -torch.inf)
-        for weights, kept in zip(self.weights, cache.layers, strict=True):
+        positions = torch.cat([feed.positions.reshape(-1) for feed in feeds]) if len(feeds) > 1 else feeds[0].positions
+        cos, sin = self.body.rotary_emb(hidden, positions.reshape(1, -1))
+        cos, signed_sin = cos[0, :, None, :], rotation_sin(sin)[0, :, None, :]
+        biases = [feed.bias(hidden.dtype) for feed in feeds]
+        split = _splitter([feed.ids.numel() for feed in feeds])
+        for layer, weights in enumerate(self.weights):
             qkv = F.linear(weights.input_norm(hidden), weights.qkv, weights.qkv_bias)
-            query_key = qkv[..., :query_keys].view(rows, width, query_heads + kv_heads, head_dim)
-            value = qkv[..., query_keys:].view(rows, width, kv_heads, head_dim)
+            query_key = qkv[:, :query_keys].view(-1, query_heads + kv_heads, head_dim)
+            value = qkv[:, query_keys:].view(-1, kv_heads, head_dim)
             if weights.q_norm is not None:
-                queries, keys = query_key[:, :, :query_heads], query_key[:, :, query_heads:]
-                query_key = torch.cat([weights.q_norm(queries), weights.k_norm(keys)], dim=2)
+                queries, keys = query_key[:, :query_heads], query_key[:, query_heads:]
+                query_key = torch.cat([weights.q_norm(queries), weights.k_norm(keys)], dim=1)
             query_key = query_key * cos + query_key.roll(head_dim // 2, dims=-1) * signed_sin
-            if not getattr(kept, "is_initialized", True):
-                kept.lazy_initialization(value, value)
-            kept.keys = append_columns(kept.keys, query_key[:, :, query_heads:].transpose(1, 2))
-            kept.values = append_columns(kept.values, value.transpose(1, 2))
-            query = query_key[:, :, :query_heads].transpose(1, 2) * weights.scaling
-            hidden = hidden + F.linear(attend(query, kept.keys, kept.values, bias), *weights.output)
+            attended = []
+            for feed, bias, own, own_value in zip(feeds, biases, split(query_key), split(value), strict=True):
+                rows, width = feed.ids.shape
+                kept = feed.cache.layers[layer]
+                own = own.view(rows, width, query_heads + kv_heads, head_dim)
+                own_value = own_value.view(rows, width, kv_heads, head_dim)
+                if not getattr(kept, "is_initialized", True):
+                    kept.lazy_initialization(own_value, own_value)
+                kept.keys = append_columns(kept.keys, own[:, :, query_heads:].transpose(1, 2))
+                kept.values = append_columns(kept.values, own_value.transpose(1, 2))
+                query = own[:, :, :query_heads].transpose(1, 2) * weights.scaling
+                attended.append(attend(query, kept.keys, kept.values, bias))
+            attention = attended[0] if len(attended) == 1 else torch.cat(attended)
+            hidden = hidden + F.linear(attention, *weights.output)
             gate_up = F.linear(weights.post_attention_norm(hidden), weights.gate_up, weights.gate_up_bias)
             inner = weights.inner
-            hidden = hidden + F.linear(weights.activation(gate_up[..., :inner]) * gate_up[..., inner:], *weights.down)
-        return F.linear(self.final_norm(hidden[:, -1]), *self.head)
+            hidden = hidden + F.linear(weights.activation(gate_up[:, :inner]) * gate_up[:, inner:], *weights.down)
+        logits = F.linear(self.final_norm(_last_tokens(hidden, feeds)), *self.head)
+        return list(logits.split([feed.ids.shape[0] for feed in feeds])) if len(feeds) > 1 else [logits]
+
+
+def _splitter(counts: list[int]):
+    """A function giving the per-feed parts (of `counts` rows each) of a flat tensor."""
+    if len(counts) == 1:
+        return lambda flat: (flat,)
+    return lambda flat: flat.split(counts)
+
+
+def _last_tokens(hidden: torch.Tensor, feeds: list[Feed]) -> torch.Tensor:
+    """The hidden states (all feeds' rows, hidden) of each row's last token, from the flat (tokens, hidden)."""
+    parts = []
+    for part, feed in zip(_splitter([feed.ids.numel() for feed in feeds])(hidden), feeds, strict=True):
+        rows, width = feed.ids.shape
+        parts.append(part if width == 1 else part.view(rows, width, -1)[:, -1])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+class Feed:
+    """Tokens to feed through the model at their positions, what each of them sees, and the cache they extend.
+
+    `ids` and `positions` are (rows, new columns); `visible` (rows, 1, new columns, all
+    columns) is True where a new token sees a column: the cache's kept columns, then the new ones.
+    """
+
+    def __init__(self, ids: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, cache):
+        self.ids, self.visible, self.positions, self.cache = ids, visible, positions, cache
+
+    @classmethod
+    def prefill(cls, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> Feed:
+        """New tokens `ids` after `cache`'s kept columns; `mask` (rows, kept + new columns) is 1 where a column
+        holds one of the row's tokens. Each new token sees the row's columns up to its own; padding sees only itself."""
+        width = ids.shape[1]
+        columns = mask.shape[1]
+        kept = columns - width
+        column = torch.arange(columns, device=ids.device)
+        own = (kept + torch.arange(width, device=ids.device))[:, None]
+        visible = (mask.bool()[:, None, :] & (column <= own)) | (column == own)
+        return cls(ids, visible[:, None], positions, cache)
+
+    @classmethod
+    def decode(cls, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> Feed:
+        """One new token per row; `mask` (rows, columns) is True where a column holds one of the row's tokens,
+        the new one included as the last column."""
+        return cls(tokens[:, None], mask[:, None, None, :], positions[:, None], cache)
+
+    def bias(self, dtype: torch.dtype) -> torch.Tensor:
+        """0 where visible, -inf where not."""
+        visible = self.visible
+        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, -torch.inf)
 
 
 class LayerWeights:
@@ -253,7 +319,7 @@ def rotation_sin(sin: torch.Tensor) -> torch.Tensor:
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """Attention of scaled `query` (rows, query heads, new, head_dim) over `keys`/`values` (rows, kv heads,
     columns, head_dim), with `bias` (rows, 1, new, columns): 0 where visible, -inf where not.
-    Returns (rows, new, query heads x head_dim)."""
+    Returns (rows x new, query heads x head_dim)."""
     rows, query_heads, width, head_dim = query.shape
     kv_heads, columns = keys.shape[1], keys.shape[2]
     group = query_heads // kv_heads
@@ -264,7 +330,7 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, bias: 
     else:
         scores = scores + bias
     out = torch.matmul(scores.softmax(dim=-1), values)  # rows, kv heads, group x new, head_dim
-    return out.view(rows, query_heads, width, head_dim).transpose(1, 2).reshape(rows, width, query_heads * head_dim)
+    return out.view(rows, query_heads, width, head_dim).transpose(1, 2).reshape(rows * width, query_heads * head_dim)
 
 
 def close_enough(expected: torch.Tensor, got: torch.Tensor) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import (
     DynamicCache,
     LlamaConfig,
@@ -15,7 +16,7 @@ from transformers import (
 )
 
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.lean_decoder import LeanDecoder, RowsLeaving, append_columns, keep_rows, stack_rows
+from agentrl.rollout.lean_decoder import Feed, LeanDecoder, RowsLeaving, append_columns, keep_rows, stack_rows
 from agentrl.rollout.torch_engine import cache_keyword
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -81,6 +82,51 @@ def test_ragged_prefills_and_many_decode_steps_match_the_forward(family):
     for forward_layer, lean_layer in zip(forward_cache.layers, lean_cache.layers, strict=True):
         assert_close(lean_layer.keys * visible, forward_layer.keys * visible)
         assert_close(lean_layer.values * visible, forward_layer.values * visible)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@torch.inference_mode()
+def test_a_decode_step_and_a_prefill_in_one_pass_match_them_apart(family):
+    model = build(family)
+    decoder = LeanDecoder.for_model(model)
+    keyword = cache_keyword(model)
+    ids = torch.tensor([[5, 6, 7, 8], [0, 0, 11, 12]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    running, forward_cache = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    decoder.prefill(ids, mask, positions, running)
+    model(input_ids=ids, attention_mask=mask, position_ids=positions, **{keyword: forward_cache})
+    tokens, step_mask, step_positions = torch.tensor([30, 31]), F.pad(mask, (0, 1), value=1), positions[:, -1] + 1
+    # three admitted rows of other widths, one after a kept past
+    admitted_ids = torch.tensor([[0, 0, 40], [41, 42, 43], [0, 44, 45]])
+    admitted_mask = torch.tensor([[0, 1, 0, 0, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1]])
+    admitted_positions = torch.tensor([[0, 0, 1], [0, 1, 2], [0, 0, 1]])
+    past = DynamicCache(config=model.config)
+    model(input_ids=torch.tensor([[0, 50]]).expand(3, 2), attention_mask=admitted_mask[:, :2], **{keyword: past})
+    admitted_cache = DynamicCache(config=model.config)
+    for layer, kept in zip(admitted_cache.layers, past.layers, strict=True):
+        layer.lazy_initialization(kept.keys, kept.values)
+        layer.keys, layer.values = kept.keys.clone(), kept.values.clone()
+    expected_admitted = model(
+        input_ids=admitted_ids, attention_mask=admitted_mask, position_ids=admitted_positions, **{keyword: past}
+    ).logits[:, -1]
+    expected_step = model(
+        input_ids=tokens[:, None],
+        attention_mask=step_mask,
+        position_ids=step_positions[:, None],
+        **{keyword: forward_cache},
+    ).logits[:, -1]
+
+    step, admitted = decoder.forward(
+        [
+            Feed.decode(tokens, step_mask.bool(), step_positions, running),
+            Feed.prefill(admitted_ids, admitted_mask, admitted_positions, admitted_cache),
+        ]
+    )
+    assert step.shape == (2, model.config.vocab_size) and admitted.shape == (3, model.config.vocab_size)
+    assert_close(step, expected_step)
+    assert_close(admitted, expected_admitted)
+    assert running.layers[0].keys.shape[2] == 5 and admitted_cache.layers[0].keys.shape[2] == 5
 
 
 @torch.inference_mode()
