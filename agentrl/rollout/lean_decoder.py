@@ -49,6 +49,7 @@ class LeanDecoder:
         self.query_heads = config.num_attention_heads
         self.kv_heads = getattr(config, "num_key_value_heads", None) or self.query_heads
         self.weights: list[LayerWeights] = []
+        self.rotary = RotaryTable(self.body.rotary_emb)
         self.refresh()
 
     def refresh(self) -> None:
@@ -150,8 +151,7 @@ class LeanDecoder:
         ids = torch.cat([feed.ids.reshape(-1) for feed in feeds]) if len(feeds) > 1 else feeds[0].ids.reshape(-1)
         hidden = self.body.embed_tokens(ids)
         positions = torch.cat([feed.positions.reshape(-1) for feed in feeds]) if len(feeds) > 1 else feeds[0].positions
-        cos, sin = self.body.rotary_emb(hidden, positions.reshape(1, -1))
-        cos, signed_sin = cos[0, :, None, :], rotation_sin(sin)[0, :, None, :]
+        cos, signed_sin = self.rotary(hidden, positions.reshape(-1))
         biases = [feed.bias(hidden.dtype) for feed in feeds]
         split = _splitter([feed.ids.numel() for feed in feeds])
         for layer, weights in enumerate(self.weights):
@@ -229,8 +229,12 @@ class Feed:
 
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
         """0 where visible, -inf where not."""
-        visible = self.visible
-        return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, -torch.inf)
+        device = self.visible.device
+        zero, hidden = (
+            torch.zeros((), dtype=dtype, device=device),
+            torch.full((), -torch.inf, dtype=dtype, device=device),
+        )
+        return torch.where(self.visible, zero, hidden)
 
 
 class LayerWeights:
@@ -308,6 +312,31 @@ def is_fused(linears, weight: torch.Tensor) -> bool:
             return False
         row += linear.weight.shape[0]
     return True
+
+
+class RotaryTable:
+    """The rotary embedding's cos and sign-flipped sin (`rotation_sin`) of every position, looked up, not computed
+    at every step: the model's own values, taken once for positions up to twice the furthest seen so far.
+
+    Rotary types that change with the sequence length (dynamic, longrope) are computed by the model every time.
+    """
+
+    def __init__(self, rotary):
+        self.rotary = rotary
+        self.static = getattr(rotary, "rope_type", "default") not in ("dynamic", "longrope")
+        self.cos = self.signed_sin = None
+
+    def __call__(self, hidden: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and signed sin (positions, 1, head_dim) of the flat `positions`, in `hidden`'s dtype."""
+        if not self.static:
+            cos, sin = self.rotary(hidden, positions[None])
+            return cos[0, :, None, :], rotation_sin(sin)[0, :, None, :]
+        if self.cos is None or self.cos.dtype != hidden.dtype or int(positions.max()) >= self.cos.shape[0]:
+            count = max(256, 2 * (int(positions.max()) + 1))
+            every = torch.arange(count, device=hidden.device)[None]
+            cos, sin = self.rotary(hidden, every)
+            self.cos, self.signed_sin = cos[0], rotation_sin(sin)[0]
+        return self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
 
 
 def rotation_sin(sin: torch.Tensor) -> torch.Tensor:
