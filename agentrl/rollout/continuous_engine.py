@@ -35,7 +35,8 @@ from transformers import DynamicCache
 from agentrl.errors import UserError
 from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
-from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, Feed, LeanDecoder, RowsLeaving, keep_rows, stack_rows
+from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, Feed, LeanDecoder
+from agentrl.rollout.running_batch import RunningBatch
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
@@ -63,21 +64,6 @@ class _Row:
     @property
     def sequence(self) -> list[int]:
         return self.prompt + self.output
-
-
-class _RunningBatch:
-    """The rows being decoded, their KV cache, attention mask, next positions and pending logits."""
-
-    def __init__(self):
-        self.rows: list[_Row] = []
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # (rows, cache width), 1 where a column holds one of the row's tokens
-        self.positions: torch.Tensor | None = None  # (rows,), position of each row's next token
-        self.logits: torch.Tensor | None = None  # (rows, vocab), the next token's logits
-        self.sampling: _RowSampling | None = None
-
-    def clear(self) -> None:
-        self.__init__()
 
 
 @dataclass
@@ -113,7 +99,7 @@ class ContinuousTorchEngine(TorchEngine):
         self._wake = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._batch = _RunningBatch()
+        self._batch = RunningBatch()
         self._kv_version = self.weight_version
 
     # ---- requests (event loop side) ----------------------------------------------------
@@ -228,7 +214,7 @@ class ContinuousTorchEngine(TorchEngine):
             running == 0 or waiting >= running * ADMIT_FRACTION or self._steps_waited >= ADMIT_WAIT_STEPS
         )
 
-    def _step(self, batch: _RunningBatch, admitted: list[_Row]) -> None:
+    def _step(self, batch: RunningBatch, admitted: list[_Row]) -> None:
         if self._kv_version != self.weight_version:
             self.sessions.clear()
             admitted = batch.rows + admitted  # prefilled again under the new weights
@@ -247,7 +233,7 @@ class ContinuousTorchEngine(TorchEngine):
         if tokens is not None or admitted:
             self._feed(batch, tokens, admitted)
 
-    def _sample_running(self, batch: _RunningBatch) -> torch.Tensor | None:
+    def _sample_running(self, batch: RunningBatch) -> torch.Tensor | None:
         """Sample a token for every running row and let finished rows leave; the tokens of the rows left."""
         self.stats["steps"] += 1
         tokens, logprobs = _sample(batch.logits, batch.sampling, self.generator)
@@ -264,21 +250,21 @@ class ContinuousTorchEngine(TorchEngine):
         keep = self._leave(batch, finished, reasons)
         return None if keep is None else tokens[keep]
 
-    def _feed(self, batch: _RunningBatch, tokens: torch.Tensor | None, admitted: list[_Row]) -> None:
+    def _feed(self, batch: RunningBatch, tokens: torch.Tensor | None, admitted: list[_Row]) -> None:
         """One pass through the model: the running rows' sampled `tokens` and the admitted rows' prompts
         (each after its stored KV, if any); the admitted rows then join the running batch."""
         if tokens is not None:
-            batch.mask = F.pad(batch.mask, (0, 1), value=1)
+            batch.mask = F.pad(batch.mask, (0, 1), value=True)
         admission = self._admission(admitted) if admitted else None
         if self.decoder is not None:
-            feeds = [Feed.decode(tokens, batch.mask.bool(), batch.positions, batch.cache)] if tokens is not None else []
+            feeds = [Feed.decode(tokens, batch.mask, batch.positions, batch.cache)] if tokens is not None else []
             if admission is not None:
                 feeds.append(Feed.prefill(admission.ids, admission.mask, admission.positions, admission.cache))
             logits = self.decoder.forward(feeds)
         else:
             logits = []
             if tokens is not None:
-                mask = batch.mask.bool()[:, None, None, :] if self._takes_ready_masks else batch.mask
+                mask = batch.mask[:, None, None, :] if self._takes_ready_masks else batch.mask.long()
                 logits.append(self._last_logits(tokens[:, None], mask, batch.positions[:, None], batch.cache))
             if admission is not None:
                 logits.append(self._last_logits(admission.ids, admission.mask, admission.positions, admission.cache))
@@ -286,10 +272,17 @@ class ContinuousTorchEngine(TorchEngine):
             batch.logits = logits[0]
             batch.positions += 1
         if admission is not None:
-            self._append(batch, admitted, admission.cache, admission.mask, admission.positions[:, -1] + 1, logits[-1])
+            sampling = _RowSampling(
+                [row.sampling for row in admitted],
+                self.vocab_size,
+                self.device,
+                generators=[row.generator for row in admitted],
+            )
+            positions = admission.positions[:, -1] + 1
+            batch.join(admitted, admission.cache, admission.mask, positions, logits[-1], sampling)
             self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
 
-    def _leave(self, batch: _RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
+    def _leave(self, batch: RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
         """Deliver the finished rows, keep their KV for a next turn; return which old row each row left is."""
         for index, (row, done) in enumerate(zip(batch.rows, finished, strict=True)):
             if not done:
@@ -298,27 +291,9 @@ class ContinuousTorchEngine(TorchEngine):
             if reason != "abort" and self.sessions.budget_bytes > 0:
                 self._store(batch, index, row)
             self._deliver(row, reason)
-        if all(finished):
-            batch.clear()
-            return None
-        leaving = RowsLeaving(finished, self.device)
-        keep = leaving.index
-        batch.rows = [batch.rows[index] for index in leaving.order]
-        for layer in batch.cache.layers:
-            layer.keys, layer.values = keep_rows(layer.keys, leaving), keep_rows(layer.values, leaving)
-        batch.mask = batch.mask[keep]
-        batch.positions = batch.positions[keep]
-        batch.logits = batch.logits[keep]
-        batch.sampling.select(keep, leaving.order)
-        used = batch.mask.any(dim=0)
-        first = int(used.int().argmax())
-        if first > 0:  # columns only departed rows used
-            batch.mask = batch.mask[:, first:]
-            for layer in batch.cache.layers:
-                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
-        return keep
+        return batch.leave(finished)
 
-    def _store(self, batch: _RunningBatch, index: int, row: _Row) -> None:
+    def _store(self, batch: RunningBatch, index: int, row: _Row) -> None:
         tokens = row.sequence[:-1]  # the last sampled token was never fed through the model
         row_mask = batch.mask[index]
         if int(row_mask[-len(tokens) :].sum()) == len(tokens):  # no hole: the last columns, copied as they lie
@@ -366,26 +341,6 @@ class ContinuousTorchEngine(TorchEngine):
         self.stats["prefill_tokens"] += sum(map(len, new))
         self.stats["reused_tokens"] += sum(past)
         return _Admission(ids, mask, positions, cache)
-
-    def _append(self, batch: _RunningBatch, rows, cache: DynamicCache, mask, positions, logits) -> None:
-        sampling = _RowSampling(
-            [row.sampling for row in rows], self.vocab_size, self.device, generators=[row.generator for row in rows]
-        )
-        if not batch.rows:
-            batch.rows, batch.cache, batch.mask, batch.positions, batch.logits = rows, cache, mask, positions, logits
-            batch.sampling = sampling
-        else:
-            width = max(batch.mask.shape[1], mask.shape[1])
-            for old, added in zip(batch.cache.layers, cache.layers, strict=True):
-                old.keys = stack_rows([old.keys, added.keys], width)
-                old.values = stack_rows([old.values, added.values], width)
-            batch.mask = torch.cat(
-                [F.pad(batch.mask, (width - batch.mask.shape[1], 0)), F.pad(mask, (width - mask.shape[1], 0))]
-            )
-            batch.rows = batch.rows + rows
-            batch.positions = torch.cat([batch.positions, positions])
-            batch.logits = torch.cat([batch.logits, logits])
-            batch.sampling.extend(sampling)
 
     def _deliver(self, row: _Row, reason: FinishReason) -> None:
         output = GenerateOutput(

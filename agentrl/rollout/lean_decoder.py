@@ -423,21 +423,6 @@ def keep_rows(kept: torch.Tensor, leaving: RowsLeaving) -> torch.Tensor:
     return kept[: leaving.count]
 
 
-def stack_rows(parts: list[torch.Tensor], columns: int) -> torch.Tensor:
-    """`parts` (each rows, heads, its columns, dim) one above the other, right-aligned to `columns`, zeros on
-    their left, in a buffer with COLUMN_HEADROOM columns of room after them."""
-    first = parts[0]
-    rows = sum(part.shape[0] for part in parts)
-    buffer = first.new_empty((rows, first.shape[1], columns + COLUMN_HEADROOM, first.shape[3]))
-    row = 0
-    for part in parts:
-        count, width = part.shape[0], part.shape[2]
-        buffer[row : row + count, :, : columns - width] = 0
-        buffer[row : row + count, :, columns - width : columns] = part
-        row += count
-    return buffer[:, :, :columns]
-
-
 def _view_with_room(kept: torch.Tensor, added: int) -> torch.Tensor | None:
     """`kept` grown by `added` columns within its buffer, or None if it is not laid out in one with room."""
     rows, heads, columns, dim = kept.shape

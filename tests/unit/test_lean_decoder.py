@@ -16,7 +16,8 @@ from transformers import (
 )
 
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.lean_decoder import Feed, LeanDecoder, RowsLeaving, append_columns, keep_rows, stack_rows
+from agentrl.rollout.lean_decoder import Feed, LeanDecoder, RowsLeaving, append_columns, keep_rows
+from agentrl.rollout.running_batch import append_rows
 from agentrl.rollout.torch_engine import cache_keyword
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
@@ -184,8 +185,24 @@ def test_kept_keys_grow_in_place_while_their_buffer_has_room():
     assert two.data_ptr() == trimmed.data_ptr() and torch.equal(two[:, :, -2:], torch.ones(2, 2, 2, 4))
     assert torch.equal(append_columns(None, new), new)
 
-    stacked = stack_rows([trimmed, torch.ones(1, 2, 3, 4)], columns=6)
-    assert stacked.shape == (3, 2, 6, 4)
-    assert torch.equal(stacked[:2, :, 1:], trimmed) and torch.equal(stacked[2, :, 3:], torch.ones(2, 3, 4))
-    assert not stacked[:2, :, :1].any() and not stacked[2, :, :3].any()  # zeros on the left of shorter rows
-    assert append_columns(stacked, torch.zeros(3, 2, 1, 4)).data_ptr() == stacked.data_ptr()
+
+def test_rows_joining_are_written_into_spare_rows_and_only_a_wider_row_copies_the_cache():
+    kept = append_columns(None, torch.randn(2, 2, 4, 3))  # a buffer with room for columns, none for rows
+    joined = append_rows(kept, torch.ones(1, 2, 3, 3), width=4)  # no spare rows: copied once, with spare rows
+    assert joined.shape == (3, 2, 4, 3)
+    assert torch.equal(joined[:2], kept) and torch.equal(joined[2, :, 1:], torch.ones(2, 3, 3))
+    assert not joined[2, :, :1].any()  # zeros on the left of a shorter row
+
+    again = append_rows(joined, torch.full((2, 2, 4, 3), 2.0), width=4)  # into the spare rows, in place
+    assert again.data_ptr() == joined.data_ptr() and again.shape == (5, 2, 4, 3)
+    assert torch.equal(again[:3], joined) and (again[3:] == 2).all()
+    assert append_columns(again, torch.zeros(5, 2, 1, 3)).data_ptr() == again.data_ptr()  # room for columns too
+
+    left = keep_rows(again, RowsLeaving([False, True, True, False, False]))  # two leave; a third row moves up
+    assert left.shape[0] == 3
+    back = append_rows(left, torch.full((2, 2, 2, 3), 3.0), width=4)  # into the rows that left
+    assert back.data_ptr() == left.data_ptr() and (back[3:, :, 2:] == 3).all() and not back[3:, :, :2].any()
+
+    wider = append_rows(back, torch.full((1, 2, 6, 3), 4.0), width=6)  # a wider row: the cache is copied
+    assert wider.data_ptr() != back.data_ptr() and wider.shape == (6, 2, 6, 3)
+    assert torch.equal(wider[:5, :, 2:], back) and not wider[:5, :, :2].any() and (wider[5] == 4).all()

@@ -1,0 +1,105 @@
+"""The continuous engine's running batch: its rows, their KV cache, mask, next positions, logits and sampling settings.
+
+Rows leaving are filled in by the last rows (`lean_decoder.RowsLeaving`), so few rows move.
+Rows joining are written after the last row, into spare rows the KV buffers keep for them:
+only the joining rows are copied, not the cache, unless they outgrow the spare rows or are
+wider than the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
+from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, RowsLeaving, keep_rows
+from agentrl.rollout.torch_engine import _RowSampling
+
+
+class RunningBatch:
+    def __init__(self):
+        self.clear()
+
+    def clear(self) -> None:
+        self.rows: list = []
+        self.cache: DynamicCache | None = None
+        self.mask: torch.Tensor | None = None  # bool (rows, cache width): True where a column holds the row's token
+        self.positions: torch.Tensor | None = None  # (rows,), position of each row's next token
+        self.logits: torch.Tensor | None = None  # (rows, vocab), the next token's logits
+        self.sampling: _RowSampling | None = None
+
+    def leave(self, leaving: list[bool]) -> torch.Tensor | None:
+        """Drop the rows marked in `leaving`; return which old row each row left is (None: no row is left)."""
+        if all(leaving):
+            self.clear()
+            return None
+        moves = RowsLeaving(leaving, self.mask.device)
+        keep = moves.index
+        self.rows = [self.rows[row] for row in moves.order]
+        for layer in self.cache.layers:
+            layer.keys, layer.values = keep_rows(layer.keys, moves), keep_rows(layer.values, moves)
+        self.mask = self.mask[keep]
+        self.positions = self.positions[keep]
+        self.logits = self.logits[keep]
+        self.sampling.select(keep, moves.order)
+        first = int(self.mask.any(dim=0).int().argmax())
+        if first > 0:  # columns only departed rows used
+            self.mask = self.mask[:, first:]
+            for layer in self.cache.layers:
+                layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
+        return keep
+
+    def join(self, rows: list, cache: DynamicCache, mask: torch.Tensor, positions, logits, sampling) -> None:
+        """Append prefilled `rows`: their KV `cache` (right-aligned, as wide as their `mask`), mask, next
+        positions, logits and sampling settings."""
+        mask = mask.bool()
+        if not self.rows:
+            self.rows, self.cache, self.mask, self.positions, self.logits = rows, cache, mask, positions, logits
+            self.sampling = sampling
+            return
+        width = max(self.mask.shape[1], mask.shape[1])
+        for old, new in zip(self.cache.layers, cache.layers, strict=True):
+            old.keys = append_rows(old.keys, new.keys, width)
+            old.values = append_rows(old.values, new.values, width)
+        self.mask = torch.cat([_left_pad(self.mask, width), _left_pad(mask, width)])
+        self.rows = self.rows + rows
+        self.positions = torch.cat([self.positions, positions])
+        self.logits = torch.cat([self.logits, logits])
+        self.sampling.extend(sampling)
+
+
+def append_rows(kept: torch.Tensor, new: torch.Tensor, width: int) -> torch.Tensor:
+    """`kept` (rows, heads, columns, dim) and `new` (rows, heads, its columns, dim) one above the other,
+    right-aligned to `width` columns, zeros on the left.
+
+    `new` is written into the spare rows of `kept`'s buffer where it has them and `width` is
+    `kept`'s own; otherwise both go into a new buffer with a quarter more rows (at least 8)
+    and COLUMN_HEADROOM more columns to spare."""
+    rows, heads, columns, dim = kept.shape
+    added = new.shape[0]
+    grown = _view_with_rows(kept, added) if width == columns else None
+    if grown is None:
+        spare = max(8, (rows + added) // 4)
+        buffer = kept.new_empty((rows + added + spare, heads, width + COLUMN_HEADROOM, dim))
+        buffer[:rows, :, : width - columns] = 0
+        buffer[:rows, :, width - columns : width] = kept
+        grown = buffer[: rows + added, :, :width]
+    grown[rows:, :, : width - new.shape[2]] = 0
+    grown[rows:, :, width - new.shape[2] :] = new
+    return grown
+
+
+def _view_with_rows(kept: torch.Tensor, added: int) -> torch.Tensor | None:
+    """`kept` grown by `added` rows within its buffer, or None if the buffer has no room for them.
+
+    Rows past a view's last are the buffer's spare rows (or rows that left): no other tensor looks at them."""
+    rows = kept.shape[0]
+    last = kept.storage_offset() + (rows + added - 1) * kept.stride(0)
+    end = last + sum((size - 1) * stride for size, stride in zip(kept.shape[1:], kept.stride()[1:], strict=True)) + 1
+    if end * kept.element_size() > kept.untyped_storage().nbytes():
+        return None
+    return kept.as_strided((rows + added, *kept.shape[1:]), kept.stride(), kept.storage_offset())
+
+
+def _left_pad(mask: torch.Tensor, width: int) -> torch.Tensor:
+    return mask if mask.shape[1] == width else F.pad(mask, (width - mask.shape[1], 0))
