@@ -175,10 +175,10 @@ class LeanDecoder:
                 query = own[:, :, :query_heads].transpose(1, 2) * weights.scaling
                 attended.append(attend(query, kept.keys, kept.values, bias))
             attention = attended[0] if len(attended) == 1 else torch.cat(attended)
-            hidden = hidden + F.linear(attention, *weights.output)
+            hidden = add_linear(hidden, attention, *weights.output)
             gate_up = F.linear(weights.post_attention_norm(hidden), weights.gate_up, weights.gate_up_bias)
             inner = weights.inner
-            hidden = hidden + F.linear(weights.activation(gate_up[:, :inner]) * gate_up[:, inner:], *weights.down)
+            hidden = add_linear(hidden, weights.activation(gate_up[:, :inner]) * gate_up[:, inner:], *weights.down)
         logits = F.linear(self.final_norm(_last_tokens(hidden, feeds)), *self.head)
         return list(logits.split([feed.ids.shape[0] for feed in feeds])) if len(feeds) > 1 else [logits]
 
@@ -337,6 +337,15 @@ class RotaryTable:
             cos, sin = self.rotary(hidden, every)
             self.cos, self.signed_sin = cos[0], rotation_sin(sin)[0]
         return self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]
+
+
+def add_linear(
+    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """`residual + F.linear(x, weight, bias)`; one matrix product adding onto the residual where there is no bias."""
+    if bias is None:
+        return torch.addmm(residual, x, weight.t())
+    return residual + F.linear(x, weight, bias)
 
 
 def rotation_sin(sin: torch.Tensor) -> torch.Tensor:
