@@ -26,7 +26,8 @@ those count, for all three; every one applies the same top-k/top-p):
   turn; `generate` runs turn by turn over the episodes' whole conversations.
 
 Every repeat times all three in rotating order; the table reports the median tokens/s of
-each and the ratios continuous/generate and continuous/batch.
+each, the ratios continuous/generate and continuous/batch of those medians, and the lowest
+and highest continuous/batch ratio of single repeats (how far this machine drifts).
 """
 
 from __future__ import annotations
@@ -187,8 +188,8 @@ def bench_shape(shape: str, args) -> None:
         f"env_ms={args.env_ms} top_k={args.top_k} top_p={args.top_p}; median of {args.repeats} repeats"
     )
     header = f"{'workload':>9} | {'batch':>5} | " + " | ".join(f"{name + ' tok/s':>16}" for name in CONTENDERS)
-    print(header + f" | {'cont/generate':>13} | {'cont/batch':>10}")
-    print("-" * len(header) + "-+-" + "-" * 13 + "-+-" + "-" * 10)
+    print(header + f" | {'cont/generate':>13} | {'cont/batch':>10} | {'cont/batch per repeat':>21}")
+    print("-" * len(header) + "-+-" + "-" * 13 + "-+-" + "-" * 10 + "-+-" + "-" * 21)
 
     def run(name: str, work: Workload) -> float:
         if name == "generate":
@@ -208,9 +209,10 @@ def bench_shape(shape: str, args) -> None:
                     times[name].append(run(name, work))
             rates = {name: work.tokens / statistics.median(times[name]) for name in CONTENDERS}
             cells = " | ".join(f"{rates[name]:>16.0f}" for name in CONTENDERS)
+            each = [batch / continuous for batch, continuous in zip(times["batch"], times["continuous"], strict=True)]
             print(
                 f"{kind:>9} | {batch_size:>5} | {cells} | {rates['continuous'] / rates['generate']:>13.2f} | "
-                f"{rates['continuous'] / rates['batch']:>10.2f}",
+                f"{rates['continuous'] / rates['batch']:>10.2f} | {f'{min(each):.2f} to {max(each):.2f}':>21}",
                 flush=True,
             )
     stats = engines["continuous"].stats
