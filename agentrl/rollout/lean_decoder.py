@@ -6,19 +6,23 @@ through every layer, updates a cache object and wraps its outputs, and runs thre
 projections where one matrix product would do. `LeanDecoder` runs the same computation
 on a mask the engine builds:
 
+- several feeds in one pass (`Feed`: a decode step's one token per row, a prefill's new
+  tokens): their tokens go through the projections, norms and MLPs as one flat batch,
+  only attention runs per feed, over the feed's own cache;
 - q/k/v projections as one matrix product, gate and up projections as another: the
   model's q/k/v (and gate/up) parameters become row blocks of one tensor each, so weight
   loads that copy into the parameters reach the fused products too;
-- rotary positions applied to the queries and keys together;
+- rotary positions looked up in a table of the model's own values (`RotaryTable`) and
+  applied to the queries and keys together;
 - attention as two matrix products around a softmax, grouped-query heads without
   repeating the keys;
-- the model's own embedding, rotary embedding, norms (one fused op in float32), output
-  projection, activation, down projection and LM head.
+- the output and down projections adding onto the residual in their matrix product;
+- the model's own embedding, norms (one fused op in float32), activation and LM head.
 
-The results equal the forward's up to float rounding (`LeanDecoder.for_model` runs a
-ragged prefill and a decode step both ways and refuses on a larger difference; the
-engine then keeps the forward). New keys and values go into buffers with room after
-them (`append_columns`), so a step writes its columns instead of copying the cache.
+The results equal the forward's up to float rounding (`LeanDecoder.for_model` runs ragged
+prefills and a decode step, alone and in one pass, both ways and refuses on a larger
+difference; the engine then keeps the forward). New keys and values go into buffers with
+room after them (`append_columns`), so a step writes its columns instead of copying the cache.
 """
 
 from __future__ import annotations
@@ -230,11 +234,11 @@ class Feed:
     def bias(self, dtype: torch.dtype) -> torch.Tensor:
         """0 where visible, -inf where not."""
         device = self.visible.device
-        zero, hidden = (
+        seen, unseen = (
             torch.zeros((), dtype=dtype, device=device),
             torch.full((), -torch.inf, dtype=dtype, device=device),
         )
-        return torch.where(self.visible, zero, hidden)
+        return torch.where(self.visible, seen, unseen)
 
 
 class LayerWeights:
@@ -331,9 +335,9 @@ class RotaryTable:
         if not self.static:
             cos, sin = self.rotary(hidden, positions[None])
             return cos[0, :, None, :], rotation_sin(sin)[0, :, None, :]
-        if self.cos is None or self.cos.dtype != hidden.dtype or int(positions.max()) >= self.cos.shape[0]:
-            count = max(256, 2 * (int(positions.max()) + 1))
-            every = torch.arange(count, device=hidden.device)[None]
+        furthest = int(positions.max())
+        if self.cos is None or self.cos.dtype != hidden.dtype or furthest >= self.cos.shape[0]:
+            every = torch.arange(max(256, 2 * (furthest + 1)), device=hidden.device)[None]
             cos, sin = self.rotary(hidden, every)
             self.cos, self.signed_sin = cos[0], rotation_sin(sin)[0]
         return self.cos[positions][:, None, :], self.signed_sin[positions][:, None, :]

@@ -16,7 +16,7 @@ from transformers import (
 )
 
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.lean_decoder import Feed, LeanDecoder, RowsLeaving, append_columns, keep_rows
+from agentrl.rollout.lean_decoder import Feed, LeanDecoder, RowsLeaving, append_columns, keep_rows, rotation_sin
 from agentrl.rollout.running_batch import append_rows
 from agentrl.rollout.torch_engine import cache_keyword
 
@@ -128,6 +128,18 @@ def test_a_decode_step_and_a_prefill_in_one_pass_match_them_apart(family):
     assert_close(step, expected_step)
     assert_close(admitted, expected_admitted)
     assert running.layers[0].keys.shape[2] == 5 and admitted_cache.layers[0].keys.shape[2] == 5
+
+
+@torch.inference_mode()
+def test_rotary_positions_are_the_models_own_far_past_the_first_table():
+    model = build("qwen2")
+    decoder = LeanDecoder.for_model(model)
+    hidden = torch.zeros(1, 3, SIZES["hidden_size"])
+    for positions in (torch.tensor([0, 5, 9]), torch.tensor([3, 700, 1500])):  # the second grows the table
+        cos, sin = model.model.rotary_emb(hidden, positions[None])
+        got_cos, got_signed_sin = decoder.rotary(hidden, positions)
+        assert torch.equal(got_cos[:, 0], cos[0]) and torch.equal(got_signed_sin[:, 0], rotation_sin(sin)[0])
+    assert decoder.rotary.cos.shape[0] > 1500
 
 
 @torch.inference_mode()
