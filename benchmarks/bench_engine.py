@@ -166,14 +166,22 @@ def time_engine(engine, loop, work: Workload, args) -> float:
     return elapsed
 
 
-def bench_shape(shape: str, args) -> None:
+def tiny_model(shape: str):
+    """The tiny random Qwen2 of `shape` (hidden x layers x heads) and its tokenizer, loaded back with
+    `from_pretrained`; no eos, so nothing stops early."""
     hidden, layers, heads = map(int, shape.split("x"))
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
         model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-        model.generation_config.eos_token_id = None  # the engines get no stop ids either
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model.generation_config.eos_token_id = None  # the engines get no stop ids either
+    return model, tokenizer
+
+
+def bench_shape(shape: str, args) -> None:
+    hidden, layers, heads = map(int, shape.split("x"))
+    model, tokenizer = tiny_model(shape)
     pad_id = tokenizer.pad_token_id
     biggest = max(1024, *map(int, args.batch_sizes.split(",")))
     engines = {

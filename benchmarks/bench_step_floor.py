@@ -19,16 +19,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from bench_engine import TEXTS
-from transformers import AutoModelForCausalLM, DynamicCache
+from bench_engine import tiny_model
+from transformers import DynamicCache
 
-from agentrl.models.tiny import build_tiny_model
 from agentrl.rollout.lean_decoder import LeanDecoder
 from agentrl.rollout.torch_engine import cache_keyword
 
@@ -115,12 +112,7 @@ def timed(step, calls: int) -> float:
 
 
 def bench_shape(shape: str, args) -> None:
-    hidden, layers, heads = map(int, shape.split("x"))
-    torch.manual_seed(0)
-    with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
-        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    model.generation_config.eos_token_id = None
+    model, _ = tiny_model(shape)
     decoder = LeanDecoder.for_model(model)
     lean, products = LeanStep(model, decoder, args.rows, args.columns), Products(decoder, args.rows, args.columns)
     times = {"generate": [], "lean": [], "products": []}
