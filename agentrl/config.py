@@ -97,8 +97,8 @@ class TorchEngineConfig(Section):
         "batch",
         description="batch: the requests pending together run as one batch to completion, each turn prefilled "
         "from its first token; continuous: requests join the running batch at the next step and an episode's "
-        "KV cache is kept between its turns (faster on every workload of benchmarks/bench_engine.py, 1.8x to 3x on "
-        "multi-turn episodes; docs/engine.md).",
+        "KV cache is kept between its turns (1.6x to 3x the batch scheduler's tokens/s on the multi-turn episodes of "
+        "benchmarks/bench_engine.py, faster by medians on its single-turn workloads; docs/engine.md).",
     )
     kv_cache_mb: float = Field(
         256,
