@@ -183,7 +183,7 @@ class LeanDecoder:
             gate_up = F.linear(weights.post_attention_norm(hidden), weights.gate_up, weights.gate_up_bias)
             inner = weights.inner
             hidden = add_linear(hidden, weights.activation(gate_up[:, :inner]) * gate_up[:, inner:], *weights.down)
-        logits = F.linear(self.final_norm(_last_tokens(hidden, feeds)), *self.head)
+        logits = F.linear(self.final_norm(_last_tokens(split(hidden), feeds)), *self.head)
         return list(logits.split([feed.ids.shape[0] for feed in feeds])) if len(feeds) > 1 else [logits]
 
 
@@ -194,13 +194,13 @@ def _splitter(counts: list[int]):
     return lambda flat: flat.split(counts)
 
 
-def _last_tokens(hidden: torch.Tensor, feeds: list[Feed]) -> torch.Tensor:
-    """The hidden states (all feeds' rows, hidden) of each row's last token, from the flat (tokens, hidden)."""
-    parts = []
-    for part, feed in zip(_splitter([feed.ids.numel() for feed in feeds])(hidden), feeds, strict=True):
+def _last_tokens(parts, feeds: list[Feed]) -> torch.Tensor:
+    """The hidden states (all feeds' rows, hidden) of each row's last token, from each feed's flat part."""
+    last = []
+    for part, feed in zip(parts, feeds, strict=True):
         rows, width = feed.ids.shape
-        parts.append(part if width == 1 else part.view(rows, width, -1)[:, -1])
-    return parts[0] if len(parts) == 1 else torch.cat(parts)
+        last.append(part if width == 1 else part.view(rows, width, -1)[:, -1])
+    return last[0] if len(last) == 1 else torch.cat(last)
 
 
 class Feed:
@@ -405,35 +405,6 @@ def append_columns(kept: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor
 
 
 COLUMN_HEADROOM = 64
-
-
-class RowsLeaving:
-    """Which rows stay when some leave, and how they move up: each departed row among the
-    first `count` rows takes a staying row from past them, so few rows move.
-
-    `order[i]` is the old row that new row i holds; apply it to every per-row tensor, and
-    `keep_rows` to the KV buffers.
-    """
-
-    def __init__(self, leaving: list[bool], device: torch.device | str = "cpu"):
-        staying = [row for row, gone in enumerate(leaving) if not gone]
-        self.count = len(staying)
-        holes = [row for row in range(self.count) if leaving[row]]
-        movers = staying[len(staying) - len(holes) :]
-        self.order = list(range(self.count))
-        for hole, mover in zip(holes, movers, strict=True):
-            self.order[hole] = mover
-        self.index = torch.tensor(self.order, device=device)
-        self.holes = torch.tensor(holes, dtype=torch.long, device=device)
-        self.movers = torch.tensor(movers, dtype=torch.long, device=device)
-
-
-def keep_rows(kept: torch.Tensor, leaving: RowsLeaving) -> torch.Tensor:
-    """`kept` with only the staying rows, in `leaving.order`, moved within its own buffer so the room after
-    its columns stays."""
-    if len(leaving.holes):
-        kept[leaving.holes] = kept[leaving.movers]
-    return kept[: leaving.count]
 
 
 def _view_with_room(kept: torch.Tensor, added: int) -> torch.Tensor | None:

@@ -1,6 +1,6 @@
 """The continuous engine's running batch: its rows, their KV cache, mask, next positions, logits and sampling settings.
 
-Rows leaving are filled in by the last rows (`lean_decoder.RowsLeaving`), so few rows move.
+Rows leaving are filled in by the last rows (`RowsLeaving`), so few rows move.
 Rows joining are written after the last row, into spare rows the KV buffers keep for them:
 only the joining rows are copied, not the cache, unless they outgrow the spare rows or are
 wider than the batch.
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, RowsLeaving, keep_rows
+from agentrl.rollout.lean_decoder import COLUMN_HEADROOM
 from agentrl.rollout.torch_engine import _RowSampling
 
 
@@ -87,6 +87,35 @@ def append_rows(kept: torch.Tensor, new: torch.Tensor, width: int) -> torch.Tens
     grown[rows:, :, : width - new.shape[2]] = 0
     grown[rows:, :, width - new.shape[2] :] = new
     return grown
+
+
+class RowsLeaving:
+    """Which rows stay when some leave, and how they move up: each departed row among the
+    first `count` rows takes a staying row from past them, so few rows move.
+
+    `order[i]` is the old row that new row i holds; apply it to every per-row tensor, and
+    `keep_rows` to the KV buffers.
+    """
+
+    def __init__(self, leaving: list[bool], device: torch.device | str = "cpu"):
+        staying = [row for row, gone in enumerate(leaving) if not gone]
+        self.count = len(staying)
+        holes = [row for row in range(self.count) if leaving[row]]
+        movers = staying[len(staying) - len(holes) :]
+        self.order = list(range(self.count))
+        for hole, mover in zip(holes, movers, strict=True):
+            self.order[hole] = mover
+        self.index = torch.tensor(self.order, device=device)
+        self.holes = torch.tensor(holes, dtype=torch.long, device=device)
+        self.movers = torch.tensor(movers, dtype=torch.long, device=device)
+
+
+def keep_rows(kept: torch.Tensor, leaving: RowsLeaving) -> torch.Tensor:
+    """`kept` with only the staying rows, in `leaving.order`, moved within its own buffer so the room after
+    its columns stays."""
+    if len(leaving.holes):
+        kept[leaving.holes] = kept[leaving.movers]
+    return kept[: leaving.count]
 
 
 def _view_with_rows(kept: torch.Tensor, added: int) -> torch.Tensor | None:

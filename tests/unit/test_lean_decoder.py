@@ -16,8 +16,8 @@ from transformers import (
 )
 
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.lean_decoder import Feed, LeanDecoder, RowsLeaving, append_columns, keep_rows, rotation_sin
-from agentrl.rollout.running_batch import append_rows
+from agentrl.rollout.lean_decoder import Feed, LeanDecoder, append_columns, rotation_sin
+from agentrl.rollout.running_batch import RowsLeaving, append_rows, keep_rows
 from agentrl.rollout.torch_engine import cache_keyword
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
