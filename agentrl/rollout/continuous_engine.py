@@ -37,7 +37,8 @@ from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
 from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, Feed, LeanDecoder
 from agentrl.rollout.running_batch import RunningBatch
-from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue, _RowSampling, _sample, _seeded_generator
+from agentrl.rollout.sampling import RowSampling, sample_tokens, seeded_generator
+from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
 # waited this many decode steps (measured in docs/engine.md).
@@ -120,7 +121,7 @@ class ContinuousTorchEngine(TorchEngine):
             loop.create_future(),
             self._abort_epoch,
             stop_ids=frozenset(sampling.stop_token_ids),
-            generator=_seeded_generator(sampling.seed, self.device) if sampling.seed is not None else None,
+            generator=seeded_generator(sampling.seed, self.device) if sampling.seed is not None else None,
         )
         queue = self._queues.setdefault(loop, _LoopQueue())
         queue.pending.append(row)
@@ -236,7 +237,7 @@ class ContinuousTorchEngine(TorchEngine):
     def _sample_running(self, batch: RunningBatch) -> torch.Tensor | None:
         """Sample a token for every running row and let finished rows leave; the tokens of the rows left."""
         self.stats["steps"] += 1
-        tokens, logprobs = _sample(batch.logits, batch.sampling, self.generator)
+        tokens, logprobs = sample_tokens(batch.logits, batch.sampling, self.generator)
         finished, reasons = [], []
         for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
             row.output.append(token)
@@ -272,7 +273,7 @@ class ContinuousTorchEngine(TorchEngine):
             batch.logits = logits[0]
             batch.positions += 1
         if admission is not None:
-            sampling = _RowSampling(
+            sampling = RowSampling(
                 [row.sampling for row in admitted],
                 self.vocab_size,
                 self.device,

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from agentrl.rollout.lean_decoder import COLUMN_HEADROOM
-from agentrl.rollout.torch_engine import _RowSampling
+from agentrl.rollout.sampling import RowSampling
 
 
 class RunningBatch:
@@ -26,7 +26,7 @@ class RunningBatch:
         self.mask: torch.Tensor | None = None  # bool (rows, cache width): True where a column holds the row's token
         self.positions: torch.Tensor | None = None  # (rows,), position of each row's next token
         self.logits: torch.Tensor | None = None  # (rows, vocab), the next token's logits
-        self.sampling: _RowSampling | None = None
+        self.sampling: RowSampling | None = None
 
     def leave(self, leaving: list[bool]) -> torch.Tensor | None:
         """Drop the rows marked in `leaving`; return which old row each row left is (None: no row is left)."""

@@ -12,7 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.models.tiny import build_tiny_model
 from agentrl.rollout.continuous_engine import ContinuousTorchEngine
 from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.torch_engine import TorchEngine, _RowSampling, _sample
+from agentrl.rollout.sampling import RowSampling, sample_tokens
+from agentrl.rollout.torch_engine import TorchEngine
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -198,8 +199,8 @@ def test_sampled_tokens_follow_the_filtered_distribution():
     """Many rows with the same logits: token frequencies match softmax(logits / T) cut to the top k."""
     rows, temperature, top_k = 40_000, 0.8, 3
     logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0]).repeat(rows, 1)
-    settings = _RowSampling([SamplingParams(1, temperature=temperature, top_k=top_k)] * rows, 6, torch.device("cpu"))
-    tokens, logprobs = _sample(logits, settings, torch.Generator().manual_seed(0))
+    settings = RowSampling([SamplingParams(1, temperature=temperature, top_k=top_k)] * rows, 6, torch.device("cpu"))
+    tokens, logprobs = sample_tokens(logits, settings, torch.Generator().manual_seed(0))
     full = torch.softmax(logits[0] / temperature, dim=-1)
     expected = torch.zeros(6)
     expected[:top_k] = full[:top_k] / full[:top_k].sum()
@@ -303,22 +304,22 @@ def test_row_settings_joined_and_selected_equal_those_built_at_once():
         SamplingParams(max_new_tokens=6, top_k=9),
     ]
 
-    def assert_same(got: _RowSampling, rows: list[SamplingParams]) -> None:
-        want = _RowSampling(rows, vocab, "cpu")
-        for name in (*_RowSampling.TENSORS, "stop_ids"):
+    def assert_same(got: RowSampling, rows: list[SamplingParams]) -> None:
+        want = RowSampling(rows, vocab, "cpu")
+        for name in (*RowSampling.TENSORS, "stop_ids"):
             assert torch.equal(getattr(got, name), getattr(want, name)), name
         facts = ("all_greedy", "any_greedy", "any_top_p", "largest_top_k")
         assert [getattr(got, fact) for fact in facts] == [getattr(want, fact) for fact in facts]
         assert [row for row, _ in got.seeded_rows] == [row for row, _ in want.seeded_rows]
 
-    joined = _RowSampling(params[:2], vocab, "cpu")
-    joined.extend(_RowSampling(params[2:], vocab, "cpu"))  # stop ids of another width, a seeded row
+    joined = RowSampling(params[:2], vocab, "cpu")
+    joined.extend(RowSampling(params[2:], vocab, "cpu"))  # stop ids of another width, a seeded row
     assert_same(joined, params)
     assert (joined.any_greedy, joined.any_top_p, joined.largest_top_k) == (True, True, 9)
     joined.select(torch.tensor([3, 2]), [3, 2])
     assert_same(joined, [params[3], params[2]])
-    joined.extend(_RowSampling(params[:1], vocab, "cpu"))  # a row with no stop ids after rows with some
+    joined.extend(RowSampling(params[:1], vocab, "cpu"))  # a row with no stop ids after rows with some
     assert_same(joined, [params[3], params[2], params[0]])
-    first = _RowSampling(params[:1], vocab, "cpu")  # no stop ids, then rows with some
-    first.extend(_RowSampling(params[1:3], vocab, "cpu"))
+    first = RowSampling(params[:1], vocab, "cpu")  # no stop ids, then rows with some
+    first.extend(RowSampling(params[1:3], vocab, "cpu"))
     assert_same(first, params[:3])

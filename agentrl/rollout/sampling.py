@@ -1,0 +1,140 @@
+"""Per-row token sampling for the torch engines: temperature, top-k, top-p, greedy rows and seeded rows in one batch.
+
+Logprobs follow SGLang: log_softmax(logits / temperature) of the chosen token, not
+renormalised after top-k/top-p filtering. Draws are inverse-CDF over the vocabulary in
+token order, with one uniform number per row (from the row's own generator if seeded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from agentrl.rollout.engine import SamplingParams
+
+
+class RowSampling:
+    """Per-row sampling settings of the running batch, as tensors aligned with its rows."""
+
+    TENSORS = ("greedy", "temperature", "top_k", "top_p", "max_new_tokens", "unfiltered")
+
+    def __init__(self, params: Sequence[SamplingParams], vocab_size: int, device: torch.device, generators=None):
+        self.params = list(params)
+        greedy = [p.temperature <= 0 for p in params]
+        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+        self.vocab_size = vocab_size
+        self.greedy = torch.tensor(greedy, device=device)
+        self.temperature = torch.tensor(
+            [[1.0 if g else float(p.temperature)] for g, p in zip(greedy, params, strict=True)], device=device
+        )
+        self.top_k = torch.tensor(top_k, device=device)
+        self.top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
+        self.max_new_tokens = torch.tensor([p.max_new_tokens for p in params], device=device)
+        self.unfiltered = (self.top_k >= self.vocab_size) & ~torch.isfinite(self.top_p)
+        widest = max(len(p.stop_token_ids) for p in params)
+        stop_ids = [list(p.stop_token_ids) + [-1] * (widest - len(p.stop_token_ids)) for p in params]
+        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device) if widest else None
+        if generators is None:
+            generators = [seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
+        self.generators = list(generators)
+        self._summarise()
+
+    def _summarise(self) -> None:
+        """Batch-wide facts that let a step skip work no row needs."""
+        params = self.params
+        self.all_greedy = all(p.temperature <= 0 for p in params)
+        self.any_greedy = any(p.temperature <= 0 for p in params)
+        self.any_top_p = any(p.top_p < 1.0 for p in params)
+        self.largest_top_k = max((p.top_k for p in params if 0 < p.top_k < self.vocab_size), default=None)
+        self.seeded_rows = [(row, gen) for row, gen in enumerate(self.generators) if gen is not None]
+
+    def select(self, keep: torch.Tensor, order: list[int] | None = None) -> None:
+        """Keep only the rows at positions `keep` (`order`: the same as a list, where the caller has it)."""
+        for name in self.TENSORS:
+            setattr(self, name, getattr(self, name)[keep])
+        if self.stop_ids is not None:
+            self.stop_ids = self.stop_ids[keep]
+        order = keep.tolist() if order is None else order
+        self.params = [self.params[row] for row in order]
+        self.generators = [self.generators[row] for row in order]
+        self._summarise()
+
+    def extend(self, more: RowSampling) -> None:
+        """Append the rows of `more` after these."""
+        for name in self.TENSORS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(more, name)]))
+        if self.stop_ids is not None or more.stop_ids is not None:
+            parts = [self.stop_ids, more.stop_ids]
+            counts = [len(self.params), len(more.params)]
+            widest = max(part.shape[1] for part in parts if part is not None)
+            device = self.greedy.device
+            self.stop_ids = torch.cat(
+                [
+                    F.pad(part, (0, widest - part.shape[1]), value=-1)
+                    if part is not None
+                    else torch.full((count, widest), -1, dtype=torch.long, device=device)
+                    for part, count in zip(parts, counts, strict=True)
+                ]
+            )
+        self.params += more.params
+        self.generators += more.generators
+        self._summarise()
+
+    def stopped(self, tokens: torch.Tensor) -> torch.Tensor | None:
+        """Which rows just generated one of their stop ids (None when no row has any)."""
+        if self.stop_ids is None:
+            return None
+        return (tokens[:, None] == self.stop_ids).any(dim=1)
+
+
+def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def filter_top_k_top_p(probs: torch.Tensor, rows: RowSampling) -> torch.Tensor:
+    """Zero the probabilities outside each row's top-k and top-p sets (not renormalised).
+
+    Each row keeps the tokens at least as probable as its last kept token in sorted
+    order, so a tie at the boundary keeps every tied token.
+    """
+    if rows.any_top_p:
+        sorted_probs = probs.sort(dim=-1, descending=True).values
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        kept = torch.minimum((mass_before <= rows.top_p[:, None]).sum(dim=-1), rows.top_k).clamp_min_(1)
+    else:
+        sorted_probs = probs.topk(rows.largest_top_k, dim=-1).values
+        kept = rows.top_k.clamp_max(rows.largest_top_k)
+    threshold = sorted_probs.gather(1, (kept - 1)[:, None])
+    threshold.masked_fill_(rows.unfiltered[:, None], 0.0)
+    return probs.masked_fill(probs < threshold, 0.0)
+
+
+def sample_tokens(
+    logits: torch.Tensor, rows: RowSampling, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row; return the tokens and their logprobs under softmax(logits / T)."""
+    logprobs = torch.log_softmax(logits.float() / rows.temperature, dim=-1)
+    if rows.all_greedy:
+        tokens = logprobs.argmax(dim=-1)
+    else:
+        probs = logprobs.exp()
+        if rows.any_top_p or rows.largest_top_k is not None:
+            probs = filter_top_k_top_p(probs, rows)
+        tokens = draw_from_unnormalised(probs, rows, generator)
+        if rows.any_greedy:
+            tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def draw_from_unnormalised(probs: torch.Tensor, rows: RowSampling, generator: torch.Generator) -> torch.Tensor:
+    """Inverse-CDF sampling: one uniform number per row, from the row's own generator if seeded."""
+    uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
+    for row, row_generator in rows.seeded_rows:
+        uniform[row] = torch.rand(1, generator=row_generator, device=probs.device)
+    # float64 keeps the draw strictly below the total mass, so zero-probability tokens never win.
+    cdf = probs.double().cumsum(dim=-1)
+    return torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True).squeeze(1)
