@@ -46,8 +46,10 @@ class RowSampling:
         params = self.params
         self.all_greedy = all(p.temperature <= 0 for p in params)
         self.any_greedy = any(p.temperature <= 0 for p in params)
+        self.unit_temperature = all(p.temperature <= 0 or p.temperature == 1.0 for p in params)
         self.any_top_p = any(p.top_p < 1.0 for p in params)
         self.largest_top_k = max((p.top_k for p in params if 0 < p.top_k < self.vocab_size), default=None)
+        self.every_row_top_k = not self.any_top_p and all(0 < p.top_k < self.vocab_size for p in params)
         self.seeded_rows = [(row, gen) for row, gen in enumerate(self.generators) if gen is not None]
 
     def select(self, keep: torch.Tensor, order: list[int] | None = None) -> None:
@@ -117,17 +119,41 @@ def sample_tokens(
     logits: torch.Tensor, rows: RowSampling, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row; return the tokens and their logprobs under softmax(logits / T)."""
-    logprobs = torch.log_softmax(logits.float() / rows.temperature, dim=-1)
+    scaled = logits.float() if rows.unit_temperature else logits.float() / rows.temperature
+    logprobs = torch.log_softmax(scaled, dim=-1)
     if rows.all_greedy:
         tokens = logprobs.argmax(dim=-1)
     else:
         probs = logprobs.exp()
-        if rows.any_top_p or rows.largest_top_k is not None:
-            probs = filter_top_k_top_p(probs, rows)
-        tokens = draw_from_unnormalised(probs, rows, generator)
+        candidates = top_k_candidates(probs, rows) if rows.every_row_top_k else None
+        if candidates is not None:
+            kept_probs, kept_tokens = candidates
+            tokens = kept_tokens.gather(1, draw_from_unnormalised(kept_probs, rows, generator)[:, None]).squeeze(1)
+        else:
+            if rows.any_top_p or rows.largest_top_k is not None:
+                probs = filter_top_k_top_p(probs, rows)
+            tokens = draw_from_unnormalised(probs, rows, generator)
         if rows.any_greedy:
             tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def top_k_candidates(probs: torch.Tensor, rows: RowSampling) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The tokens each row may draw under its top-k (rows, largest k), in token order, and their probabilities,
+    zero past the row's own k; None where a row has more tokens tied at its k-th probability than fit.
+
+    Drawing among these gives the token a draw over the whole filtered vocabulary gives with
+    the same uniform number: the tokens left out have zero probability, and adding zeros to a
+    running sum changes it by nothing. It only saves the whole-vocabulary filter and sum.
+    """
+    largest = rows.largest_top_k
+    kept_probs, kept_tokens = probs.topk(largest + 1, dim=-1)  # one past the largest k: is it tied?
+    threshold = kept_probs.gather(1, (rows.top_k - 1)[:, None])
+    if bool((kept_probs[:, largest:] >= threshold).any()):
+        return None
+    kept_tokens, order = kept_tokens[:, :largest].sort(dim=-1)
+    kept_probs = kept_probs.gather(1, order)
+    return kept_probs.masked_fill(kept_probs < threshold, 0.0), kept_tokens
 
 
 def draw_from_unnormalised(probs: torch.Tensor, rows: RowSampling, generator: torch.Generator) -> torch.Tensor:

@@ -1,0 +1,102 @@
+"""What one sampling step of the torch engines costs, by vocabulary size: the draw over the whole
+filtered vocabulary, the draw over each row's top-k candidates (what the engines run when every
+row has a top-k and none a top-p), and `model.generate`'s sampling, side by side.
+
+    python benchmarks/bench_sampler.py --vocabs 160,32000,151936 --rows 32 --top-k 50 --threads 1
+
+Each column times one step for `--rows` rows of random logits, median of the repeats, interleaved:
+
+- `whole vocabulary`: log-softmax, the top-k filter over the vocabulary, the inverse-CDF draw
+  summing the whole filtered vocabulary in float64 (the engines' path before the top-k draw);
+- `top-k candidates`: the engines' `sample_tokens` (the same tokens from the same seed);
+- `generate`: transformers' temperature and top-k warpers, softmax and `torch.multinomial`
+  (no logprobs, which generate does not return by default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
+
+from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.sampling import RowSampling, draw_from_unnormalised, filter_top_k_top_p, sample_tokens
+
+
+def parse_args():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--vocabs", default="160,32000,151936")
+    parser.add_argument("--rows", type=int, default=32)
+    parser.add_argument("--top-k", type=int, default=50)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    return parser.parse_args()
+
+
+def whole_vocabulary(logits: torch.Tensor, rows: RowSampling, generator: torch.Generator):
+    logprobs = torch.log_softmax(logits.float() / rows.temperature, dim=-1)
+    tokens = draw_from_unnormalised(filter_top_k_top_p(logprobs.exp(), rows), rows, generator)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def generate_sampling(args):
+    warpers = [TemperatureLogitsWarper(args.temperature), TopKLogitsWarper(args.top_k)]
+
+    def run(logits: torch.Tensor, rows, generator: torch.Generator) -> torch.Tensor:
+        scores = logits
+        for warper in warpers:
+            scores = warper(None, scores)
+        return torch.multinomial(scores.softmax(dim=-1), 1, generator=generator).squeeze(1)
+
+    return run
+
+
+def timed(step, logits, rows, calls: int) -> float:
+    generator = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    for _ in range(calls):
+        step(logits, rows, generator)
+    return (time.perf_counter() - start) / calls
+
+
+def bench_vocab(vocab: int, args) -> None:
+    logits = torch.randn(args.rows, vocab) * 3
+    params = [SamplingParams(1, temperature=args.temperature, top_k=args.top_k)] * args.rows
+    rows = RowSampling(params, vocab, torch.device("cpu"))
+    same = [step(logits, rows, torch.Generator().manual_seed(1))[0] for step in (whole_vocabulary, sample_tokens)]
+    assert torch.equal(*same), "the two draws must give the same tokens"
+    steps = {"whole": whole_vocabulary, "top_k": sample_tokens, "generate": generate_sampling(args)}
+    calls = max(3, int(2e6 / vocab))
+    times = {name: [] for name in steps}
+    with torch.inference_mode():
+        for step in steps.values():
+            timed(step, logits, rows, 2)
+        for _ in range(args.repeats):
+            for name, step in steps.items():
+                times[name].append(timed(step, logits, rows, calls))
+    ms = {name: statistics.median(values) * 1e3 for name, values in times.items()}
+    print(
+        f"| {vocab} | {ms['whole']:.3f} | {ms['top_k']:.3f} | {ms['generate']:.3f} "
+        f"| {ms['whole'] / ms['top_k']:.2f} | {ms['generate'] / ms['top_k']:.2f} |"
+    )
+
+
+def main() -> None:
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    print(
+        f"one sampling step, ms: {args.rows} rows, top_k={args.top_k}, temperature={args.temperature}, "
+        f"threads={torch.get_num_threads()}, median of {args.repeats} repeats"
+    )
+    print("| vocab | whole vocabulary | top-k candidates | generate | whole/top-k | generate/top-k |")
+    print("|---|---|---|---|---|---|")
+    for vocab in args.vocabs.split(","):
+        bench_vocab(int(vocab), args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,77 @@
+"""The top-k candidate draw gives exactly the tokens of the draw over the whole filtered vocabulary."""
+
+import pytest
+import torch
+
+from agentrl.rollout.engine import SamplingParams
+from agentrl.rollout.sampling import (
+    RowSampling,
+    draw_from_unnormalised,
+    filter_top_k_top_p,
+    sample_tokens,
+    top_k_candidates,
+)
+
+
+def whole_vocabulary(logits: torch.Tensor, rows: RowSampling, generator: torch.Generator):
+    logprobs = torch.log_softmax(logits / rows.temperature, dim=-1)
+    tokens = draw_from_unnormalised(filter_top_k_top_p(logprobs.exp(), rows), rows, generator)
+    tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def settings(params, vocab):
+    return RowSampling(params, vocab, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("vocab", [9, 300, 5000])
+@pytest.mark.parametrize("tied", [False, True])
+def test_same_tokens_and_logprobs_as_the_whole_vocabulary_draw(vocab, tied):
+    generator = torch.Generator().manual_seed(vocab)
+    for trial in range(20):
+        rows = 16
+        top_ks = torch.randint(1, vocab, (rows,), generator=generator).tolist()
+        params = [
+            SamplingParams(
+                4,
+                temperature=[0.0, 0.6, 1.0, 1.3][(row + trial) % 4],
+                top_k=min(top_k, 60),
+                seed=row if row % 3 == 0 else None,
+            )
+            for row, top_k in enumerate(top_ks)
+        ]
+        if tied:  # few distinct values: many tokens share the k-th probability
+            logits = torch.randint(0, 3, (rows, vocab), generator=generator).float()
+        else:
+            logits = torch.randn(rows, vocab, generator=generator) * (trial % 4 + 0.5)
+        expected = whole_vocabulary(logits, settings(params, vocab), torch.Generator().manual_seed(trial))
+        got = sample_tokens(logits, settings(params, vocab), torch.Generator().manual_seed(trial))
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_candidates_are_the_top_k_in_token_order_and_ties_fall_back():
+    probs = torch.tensor([[0.1, 0.4, 0.05, 0.3, 0.15], [0.3, 0.1, 0.3, 0.3, 0.0]])
+    rows = settings([SamplingParams(1, top_k=3), SamplingParams(1, top_k=2)], 5)
+    assert rows.every_row_top_k
+    kept_probs, kept_tokens = top_k_candidates(probs, rows)  # row 2's three tied tokens fit in 3 candidates
+    assert kept_tokens[1].tolist() == [0, 2, 3]
+    torch.testing.assert_close(kept_probs[1], torch.tensor([0.3, 0.3, 0.3]))
+    tied = torch.tensor([[0.1, 0.4, 0.05, 0.3, 0.15], [0.25, 0.25, 0.25, 0.25, 0.0]])
+    assert top_k_candidates(tied, rows) is None  # four tie for row 2's 2nd place: more than 3 candidates
+    kept_probs, kept_tokens = top_k_candidates(probs[:1], settings([SamplingParams(1, top_k=3)], 5))
+    assert kept_tokens.tolist() == [[1, 3, 4]]
+    torch.testing.assert_close(kept_probs, torch.tensor([[0.4, 0.3, 0.15]]))
+
+
+def test_a_row_with_no_top_k_or_with_a_top_p_draws_over_the_whole_vocabulary():
+    assert not settings([SamplingParams(1, top_k=3), SamplingParams(1, top_k=0)], 5).every_row_top_k
+    assert not settings([SamplingParams(1, top_k=3, top_p=0.9)], 5).every_row_top_k
+    assert not settings([SamplingParams(1, top_k=5)], 5).every_row_top_k  # k = vocab filters nothing
+
+
+def test_a_smaller_k_zeroes_the_candidates_past_it():
+    probs = torch.tensor([[0.1, 0.4, 0.05, 0.3, 0.15], [0.1, 0.4, 0.05, 0.3, 0.15]])
+    rows = settings([SamplingParams(1, top_k=3), SamplingParams(1, top_k=1)], 5)
+    kept_probs, kept_tokens = top_k_candidates(probs, rows)
+    assert kept_tokens.tolist() == [[1, 3, 4], [1, 3, 4]]
+    torch.testing.assert_close(kept_probs, torch.tensor([[0.4, 0.3, 0.15], [0.4, 0.0, 0.0]]))
