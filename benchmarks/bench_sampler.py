@@ -1,6 +1,7 @@
 """What one sampling step of the torch engines costs, by vocabulary size: the draw over the whole
-filtered vocabulary, the draw over each row's top-k candidates (what the engines run when every
-row has a top-k and none a top-p), and `model.generate`'s sampling, side by side.
+filtered vocabulary, the engines' `sample_tokens` (which draws among each row's top-k candidates
+when every row has a top-k, none a top-p, and the vocabulary is large), and `model.generate`'s
+sampling, side by side.
 
     python benchmarks/bench_sampler.py --vocabs 160,32000,151936 --rows 32 --top-k 50 --threads 1
 
@@ -8,7 +9,9 @@ Each column times one step for `--rows` rows of random logits, median of the rep
 
 - `whole vocabulary`: log-softmax, the top-k filter over the vocabulary, the inverse-CDF draw
   summing the whole filtered vocabulary in float64 (the engines' path before the top-k draw);
-- `top-k candidates`: the engines' `sample_tokens` (the same tokens from the same seed);
+- `sample_tokens`: what the engines run: from `CANDIDATE_DRAW_VOCAB` (2048) tokens on, the draw
+  among each row's top-k candidates (the same tokens from the same seed), below it the
+  whole-vocabulary draw (skipping the division where the temperature is 1);
 - `generate`: transformers' temperature and top-k warpers, softmax and `torch.multinomial`
   (no logprobs, which generate does not return by default).
 """
@@ -92,7 +95,7 @@ def main() -> None:
         f"one sampling step, ms: {args.rows} rows, top_k={args.top_k}, temperature={args.temperature}, "
         f"threads={torch.get_num_threads()}, median of {args.repeats} repeats"
     )
-    print("| vocab | whole vocabulary | top-k candidates | generate | whole/top-k | generate/top-k |")
+    print("| vocab | whole vocabulary | sample_tokens | generate | whole/sample_tokens | generate/sample_tokens |")
     print("|---|---|---|---|---|---|")
     for vocab in args.vocabs.split(","):
         bench_vocab(int(vocab), args)

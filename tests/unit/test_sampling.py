@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from agentrl.rollout import sampling
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.sampling import (
     RowSampling,
@@ -26,7 +27,8 @@ def settings(params, vocab):
 
 @pytest.mark.parametrize("vocab", [9, 300, 5000])
 @pytest.mark.parametrize("tied", [False, True])
-def test_same_tokens_and_logprobs_as_the_whole_vocabulary_draw(vocab, tied):
+def test_same_tokens_and_logprobs_as_the_whole_vocabulary_draw(vocab, tied, monkeypatch):
+    monkeypatch.setattr(sampling, "CANDIDATE_DRAW_VOCAB", 0)  # small vocabularies draw among candidates too
     generator = torch.Generator().manual_seed(vocab)
     for trial in range(20):
         rows = 16
@@ -75,3 +77,15 @@ def test_a_smaller_k_zeroes_the_candidates_past_it():
     kept_probs, kept_tokens = top_k_candidates(probs, rows)
     assert kept_tokens.tolist() == [[1, 3, 4], [1, 3, 4]]
     torch.testing.assert_close(kept_probs, torch.tensor([[0.4, 0.3, 0.15], [0.4, 0.0, 0.0]]))
+
+
+def test_small_vocabularies_draw_over_the_whole_vocabulary(monkeypatch):
+    called = []
+    monkeypatch.setattr(sampling, "top_k_candidates", lambda *args: called.append(args))
+    params = [SamplingParams(1, top_k=3)] * 2
+    sample_tokens(
+        torch.randn(2, sampling.CANDIDATE_DRAW_VOCAB - 1), settings(params, sampling.CANDIDATE_DRAW_VOCAB - 1), None
+    )
+    assert not called
+    sample_tokens(torch.randn(2, sampling.CANDIDATE_DRAW_VOCAB), settings(params, sampling.CANDIDATE_DRAW_VOCAB), None)
+    assert called
