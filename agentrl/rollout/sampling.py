@@ -14,12 +14,13 @@ import torch.nn.functional as F
 
 from agentrl.rollout.engine import SamplingParams
 
-# From this vocabulary size on, rows that all have a top-k draw among their candidates: the
-# whole-vocabulary draw's work grows with the vocabulary, the candidates' extra ops do not.
-# In the continuous engine at a vocabulary of 160 the whole-vocabulary draw was the faster
-# (7% on the multi-turn benchmark); at 4000 and more the candidates are 3x faster
+# From this vocabulary size on, rows that all have a top-k draw among their candidates, and
+# the probabilities and running sums go into buffers kept between steps: the whole-vocabulary
+# work grows with the vocabulary, the extra ops do not. In the continuous engine at a
+# vocabulary of 160 the whole-vocabulary draw was the faster (7% on the multi-turn
+# benchmark); from 4000 on the candidates are faster, 4x at 32000 and more
 # (benchmarks/bench_sampler.py).
-CANDIDATE_DRAW_VOCAB = 2048
+LARGE_VOCAB = 2048
 
 
 class RowSampling:
@@ -46,6 +47,7 @@ class RowSampling:
         if generators is None:
             generators = [seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
         self.generators = list(generators)
+        self._scratch: dict[torch.dtype, torch.Tensor] = {}
         self._summarise()
 
     def _summarise(self) -> None:
@@ -91,6 +93,20 @@ class RowSampling:
         self.generators += more.generators
         self._summarise()
 
+    def scratch(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
+        """A buffer of `shape` (rows, vocabulary) and `dtype`, kept between steps, for the probabilities
+        (float32) or the draw's running sums (float64).
+
+        At a real vocabulary fresh memory costs more than the work itself: 32 rows of 151,936
+        tokens take 55 ms to convert and sum into new tensors, 8 ms into a kept buffer (the
+        pages of new tensors are faulted in at every step).
+        """
+        rows, columns = shape
+        kept = self._scratch.get(dtype)
+        if kept is None or kept.shape[0] < rows or kept.shape[1] != columns:
+            kept = self._scratch[dtype] = torch.empty((rows, columns), dtype=dtype, device=self.greedy.device)
+        return kept[:rows]
+
     def stopped(self, tokens: torch.Tensor) -> torch.Tensor | None:
         """Which rows just generated one of their stop ids (None when no row has any)."""
         if self.stop_ids is None:
@@ -105,7 +121,7 @@ def seeded_generator(seed: int, device: torch.device) -> torch.Generator:
 
 
 def filter_top_k_top_p(probs: torch.Tensor, rows: RowSampling) -> torch.Tensor:
-    """Zero the probabilities outside each row's top-k and top-p sets (not renormalised).
+    """Zero the probabilities outside each row's top-k and top-p sets (not renormalised), in place.
 
     Each row keeps the tokens at least as probable as its last kept token in sorted
     order, so a tie at the boundary keeps every tied token.
@@ -119,7 +135,7 @@ def filter_top_k_top_p(probs: torch.Tensor, rows: RowSampling) -> torch.Tensor:
         kept = rows.top_k.clamp_max(rows.largest_top_k)
     threshold = sorted_probs.gather(1, (kept - 1)[:, None])
     threshold.masked_fill_(rows.unfiltered[:, None], 0.0)
-    return probs.masked_fill(probs < threshold, 0.0)
+    return probs.masked_fill_(probs < threshold, 0.0)
 
 
 def sample_tokens(
@@ -131,16 +147,17 @@ def sample_tokens(
     if rows.all_greedy:
         tokens = logprobs.argmax(dim=-1)
     else:
-        probs = logprobs.exp()
-        draw_among_candidates = rows.every_row_top_k and rows.vocab_size >= CANDIDATE_DRAW_VOCAB
-        candidates = top_k_candidates(probs, rows) if draw_among_candidates else None
+        large = rows.vocab_size >= LARGE_VOCAB
+        probs = torch.exp(logprobs, out=rows.scratch(logprobs.shape, logprobs.dtype)) if large else logprobs.exp()
+        candidates = top_k_candidates(probs, rows) if large and rows.every_row_top_k else None
         if candidates is not None:
             kept_probs, kept_tokens = candidates
             tokens = kept_tokens.gather(1, draw_from_unnormalised(kept_probs, rows, generator)[:, None]).squeeze(1)
         else:
             if rows.any_top_p or rows.largest_top_k is not None:
                 probs = filter_top_k_top_p(probs, rows)
-            tokens = draw_from_unnormalised(probs, rows, generator)
+            cdf = rows.scratch(probs.shape, torch.float64) if large else None
+            tokens = draw_from_unnormalised(probs, rows, generator, cdf)
         if rows.any_greedy:
             tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
     return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
@@ -164,11 +181,17 @@ def top_k_candidates(probs: torch.Tensor, rows: RowSampling) -> tuple[torch.Tens
     return kept_probs.masked_fill(kept_probs < threshold, 0.0), kept_tokens
 
 
-def draw_from_unnormalised(probs: torch.Tensor, rows: RowSampling, generator: torch.Generator) -> torch.Tensor:
-    """Inverse-CDF sampling: one uniform number per row, from the row's own generator if seeded."""
+def draw_from_unnormalised(
+    probs: torch.Tensor, rows: RowSampling, generator: torch.Generator, cdf: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Inverse-CDF sampling: one uniform number per row, from the row's own generator if seeded.
+
+    `cdf`, if given, is a float64 buffer of `probs`' shape to sum into (`RowSampling.scratch`).
+    """
     uniform = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)
     for row, row_generator in rows.seeded_rows:
         uniform[row] = torch.rand(1, generator=row_generator, device=probs.device)
     # float64 keeps the draw strictly below the total mass, so zero-probability tokens never win.
-    cdf = probs.double().cumsum(dim=-1)
+    cdf = probs.double() if cdf is None else cdf.copy_(probs)
+    cdf.cumsum_(dim=-1)
     return torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True).squeeze(1)

@@ -28,7 +28,7 @@ def settings(params, vocab):
 @pytest.mark.parametrize("vocab", [9, 300, 5000])
 @pytest.mark.parametrize("tied", [False, True])
 def test_same_tokens_and_logprobs_as_the_whole_vocabulary_draw(vocab, tied, monkeypatch):
-    monkeypatch.setattr(sampling, "CANDIDATE_DRAW_VOCAB", 0)  # small vocabularies draw among candidates too
+    monkeypatch.setattr(sampling, "LARGE_VOCAB", 0)  # small vocabularies draw among candidates too
     generator = torch.Generator().manual_seed(vocab)
     for trial in range(20):
         rows = 16
@@ -83,9 +83,26 @@ def test_small_vocabularies_draw_over_the_whole_vocabulary(monkeypatch):
     called = []
     monkeypatch.setattr(sampling, "top_k_candidates", lambda *args: called.append(args))
     params = [SamplingParams(1, top_k=3)] * 2
-    sample_tokens(
-        torch.randn(2, sampling.CANDIDATE_DRAW_VOCAB - 1), settings(params, sampling.CANDIDATE_DRAW_VOCAB - 1), None
-    )
+    sample_tokens(torch.randn(2, sampling.LARGE_VOCAB - 1), settings(params, sampling.LARGE_VOCAB - 1), None)
     assert not called
-    sample_tokens(torch.randn(2, sampling.CANDIDATE_DRAW_VOCAB), settings(params, sampling.CANDIDATE_DRAW_VOCAB), None)
+    sample_tokens(torch.randn(2, sampling.LARGE_VOCAB), settings(params, sampling.LARGE_VOCAB), None)
     assert called
+
+
+def test_large_vocabularies_reuse_their_buffers_across_steps_and_row_changes():
+    vocab = sampling.LARGE_VOCAB
+    generator = torch.Generator().manual_seed(3)
+    params = [SamplingParams(1, top_k=[0, 40][row % 2], temperature=0.9) for row in range(6)]
+    rows, reference_rows = settings(params, vocab), settings(params, vocab)
+    pointers = set()
+    for step in range(4):
+        if step == 2:  # rows leave, as in the running batch
+            keep = torch.tensor([0, 2, 3])
+            rows.select(keep)
+            reference_rows.select(keep)
+        logits = torch.randn(len(rows.params), vocab, generator=generator)
+        got = sample_tokens(logits, rows, torch.Generator().manual_seed(step))
+        expected = whole_vocabulary(logits, reference_rows, torch.Generator().manual_seed(step))
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+        pointers.add(rows.scratch((len(rows.params), vocab), torch.float64).data_ptr())
+    assert len(pointers) == 1
