@@ -71,6 +71,13 @@ def parse_args():
     parser.add_argument("--top-p", type=float, default=1.0, help="applied by all")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")
     parser.add_argument("--workload", default="fixed,ragged,multiturn", help="fixed, ragged, multiturn")
+    parser.add_argument(
+        "--vocab",
+        type=int,
+        default=0,
+        help="the model's vocabulary: 0 keeps the tiny tokenizer's 160; a larger one (151936 is Qwen's) resizes "
+        "the embedding and LM head (prompts and observations stay within the tokenizer's tokens)",
+    )
     return parser.parse_args()
 
 
@@ -166,22 +173,25 @@ def time_engine(engine, loop, work: Workload, args) -> float:
     return elapsed
 
 
-def tiny_model(shape: str):
+def tiny_model(shape: str, vocab: int = 0):
     """The tiny random Qwen2 of `shape` (hidden x layers x heads) and its tokenizer, loaded back with
-    `from_pretrained`; no eos, so nothing stops early."""
+    `from_pretrained`; no eos, so nothing stops early. A `vocab` larger than the tokenizer's
+    resizes the embedding and LM head to it."""
     hidden, layers, heads = map(int, shape.split("x"))
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
         model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if vocab > model.config.vocab_size:
+        model.resize_token_embeddings(vocab, mean_resizing=False)
     model.generation_config.eos_token_id = None  # the engines get no stop ids either
     return model, tokenizer
 
 
 def bench_shape(shape: str, args) -> None:
     hidden, layers, heads = map(int, shape.split("x"))
-    model, tokenizer = tiny_model(shape)
+    model, tokenizer = tiny_model(shape, args.vocab)
     pad_id = tokenizer.pad_token_id
     biggest = max(1024, *map(int, args.batch_sizes.split(",")))
     engines = {
