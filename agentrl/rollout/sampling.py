@@ -178,7 +178,7 @@ def top_k_candidates(probs: torch.Tensor, rows: RowSampling) -> tuple[torch.Tens
         return None
     kept_tokens, order = kept_tokens[:, :largest].sort(dim=-1)
     kept_probs = kept_probs.gather(1, order)
-    return kept_probs.masked_fill(kept_probs < threshold, 0.0), kept_tokens
+    return kept_probs.masked_fill_(kept_probs < threshold, 0.0), kept_tokens  # kept_probs is gather's own copy
 
 
 def draw_from_unnormalised(
