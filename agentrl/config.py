@@ -304,6 +304,13 @@ class WeightsConfig(Section):
         description="Size of one bucket in MiB. `shm`: a model up to this size goes in one round; a larger one "
         "through two slots of this size per node.",
     )
+    shm_mapped: Literal["auto"] | bool = Field(
+        "auto",
+        description="`shm`: rollout engines use the shared window itself as their weights, no copy per rank "
+        "(`true`; a node holds two versions in shared memory, and no rollout rank a copy of its own), or copy "
+        "them out (`false`; two buckets of shared memory per node). `auto`: `true` where a node has two or "
+        "more rollout ranks. Engines that cannot (SGLang, GPUs) copy either way.",
+    )
 
 
 class AlgorithmSection(Section):

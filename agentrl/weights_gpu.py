@@ -278,7 +278,7 @@ def make_weight_sync(config, layout, engine=None) -> WeightSync:
     if choice == "shm":
         from agentrl.weights_shm import SharedMemoryWeights
 
-        return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb)
+        return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb, config.weights.shm_mapped)
     if choice in ("nccl", "gloo"):
         return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, choice, layout.device, engine)
     return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device)

@@ -23,9 +23,19 @@ instead of loading silently.
 A model that fits one bucket (weights.bucket_mb) goes in one slot and one round; a
 larger one goes bucket by bucket through two slots, so a node holds at most two
 buckets of shared memory on top of the engines' own weights.
+
+Mapped (`weights.shm_mapped`): the window holds two whole versions, and every rollout
+rank's engine takes its weights as views of the newest (`map_weights`): no copy per
+rank, one copy of the weights per node however many rollout ranks share it. Version k
+goes into slot k % 2; the `written` barrier as above; the second barrier, `switched`,
+tells the node leader every engine now views the new slot, so the other one (the
+version before) may be rewritten at the next sync. A reader checks, before it switches,
+that the slot it generated from still carries the stamp it bound to.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import numpy as np
 import torch
@@ -63,6 +73,22 @@ def plan_layout(manifest, bucket_bytes: int) -> tuple[list[tuple[int, int]], lis
             filled += sizes[index]
         capacity = max(capacity, filled)
     return buckets, offsets, capacity
+
+
+def mapped_layout(manifest, bucket_bytes: int) -> tuple[list[int], int, list[tuple[int, int]]]:
+    """A mapped version: (each tensor's byte offset in its slot, slot capacity, byte ranges broadcast one by one).
+
+    Weights first, then biases, each in manifest order: projections an engine fuses into one matrix
+    product (q/k/v, gate/up) then lie back to back, and so do their biases, so the fused tensor can be
+    a view of the window too (`lean_decoder.stacked`).
+    """
+    order = sorted(range(len(manifest)), key=lambda index: manifest[index][0].endswith(".bias"))
+    offsets, filled = [0] * len(manifest), 0
+    for index in order:
+        offsets[index] = filled
+        filled += aligned(spec_nbytes(*manifest[index][1:]))
+    chunks = [(start, min(start + bucket_bytes, filled)) for start in range(0, filled, max(bucket_bytes, ALIGN))]
+    return offsets, filled, chunks
 
 
 class Slot:
@@ -127,10 +153,17 @@ class SharedMemoryWeights(WeightSync):
     trainer in a polled broadcast rather than in a spinning split.
     """
 
-    def __init__(self, weight_comm, node: int, bucket_mb: float):
+    def __init__(self, weight_comm, node: int, bucket_mb: float, mapped: bool | str = "auto"):
+        if mapped not in ("auto", True, False):
+            raise ValueError(f"mapped={mapped!r}: expected 'auto', True or False")
         self.comm = weight_comm
         self.node = node
         self.bucket_bytes = int(bucket_mb * 2**20)
+        self.mapped_choice = mapped
+        self.mapped: bool | None = None  # decided at the split, the same on every rank
+        self.versions_moved = 0  # mapped: version number k of this sync goes into slot k % 2
+        self.bound: tuple[int, int, int] | None = None  # reader: (slot, version, sequence) its engine views
+        self.mapped_engine = None  # reader: the engine whose parameters view the window
         self.node_comm = None
         self.leaders_comm = None  # one rank per node; None on the other ranks
         self.window: SharedWindow | None = None
@@ -149,6 +182,9 @@ class SharedMemoryWeights(WeightSync):
         self.leaders_comm = self.comm.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
         if rank == 0 and not is_leader:
             raise RuntimeError("the trainer leader must lead its node's shared-memory window")
+        readers_per_node = Counter(self.comm.allgather(self.node)[1:])  # rank 0 is the trainer leader
+        most = max(readers_per_node.values(), default=0)
+        self.mapped = most >= 2 if self.mapped_choice == "auto" else self.mapped_choice
 
     @property
     def is_node_leader(self) -> bool:
@@ -170,8 +206,15 @@ class SharedMemoryWeights(WeightSync):
         self.pending.clear()
         self.slot_free.clear()
 
+    def _own_weights(self) -> None:
+        """Reader: its engine copies its parameters out of the window (before the window is freed or written)."""
+        if self.mapped_engine is not None:
+            self.mapped_engine.own_weights()
+        self.mapped_engine, self.bound = None, None
+
     def _close(self) -> None:
         self._finish_pending()
+        self._own_weights()
         if self.window is not None:
             self.window.free()
             self.window = None
@@ -180,6 +223,9 @@ class SharedMemoryWeights(WeightSync):
 
     def _transfer(self, header: dict, named_tensors=None, engine=None) -> None:
         """Every node fills its slots bucket by bucket; every rollout rank loads each bucket into `engine`."""
+        if self.mapped:
+            self._transfer_mapped(header, named_tensors, engine)
+            return
         manifest = header["manifest"]
         buckets, offsets, capacity = plan_layout(manifest, self.bucket_bytes)
         self._finish_pending()  # the trainer leader: the last version's readers, done during its training step
@@ -229,6 +275,64 @@ class SharedMemoryWeights(WeightSync):
             transport.bcast_array(self.leaders_comm, slot.payload[:used], root=0, max_sleep_s=HANDOFF_MAX_SLEEP_S)
         slot.end_write(version, bucket)
         self.window.sync()
+
+    def _transfer_mapped(self, header: dict, named_tensors=None, engine=None) -> None:
+        """The node leader writes the whole version into the slot not in use; every engine then views it."""
+        manifest, version = header["manifest"], header["version"]
+        offsets, capacity, chunks = mapped_layout(manifest, self.bucket_bytes)
+        self._finish_pending()  # every engine views the last version: the slot before it is free
+        if self.window is not None and not self.window.fits(2, capacity):
+            self._own_weights()
+        window = self._window_for(2, capacity)
+        index = self.versions_moved % 2
+        self.versions_moved += 1
+        slot = window.slots[index]
+        if self.is_node_leader:
+            slot.begin_write()
+            window.sync()
+            if named_tensors is not None:  # manifest order: FSDP's gathers are collective, in that order
+                for offset, (_, tensor) in zip(offsets, full_tensors(named_tensors), strict=True):
+                    flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
+                    slot.tensor[offset : offset + flat.numel()].copy_(flat)
+                    del tensor, flat
+            if self.leaders_comm is not None and self.leaders_comm.Get_size() > 1:
+                for start, end in chunks:
+                    transport.bcast_array(
+                        self.leaders_comm, slot.payload[start:end], root=0, max_sleep_s=HANDOFF_MAX_SLEEP_S
+                    )
+            slot.end_write(version, 0)
+            window.sync()
+        if self.node_comm.Get_size() > 1:
+            written = self.node_comm.Ibarrier()
+            if self.is_node_leader:
+                self.pending.append(written)
+            else:
+                transport.wait(written, what="a shared-memory weight version", max_sleep_s=HANDOFF_MAX_SLEEP_S)
+                window.sync()
+        if engine is not None:
+            self._switch(engine, window, index, version, manifest, offsets)
+        if self.node_comm.Get_size() > 1:
+            self.pending.append(self.node_comm.Ibarrier())  # switched: the other slot is free
+        if engine is not None:
+            self._finish_pending()
+
+    def _switch(self, engine, window: SharedWindow, index: int, version: int, manifest, offsets) -> None:
+        """Reader: check the slot it generated from was left alone, then view (or copy) the new version."""
+        if self.bound is not None:
+            bound_index, bound_version, sequence = self.bound
+            window.slots[bound_index].check(bound_version, 0, sequence)
+        slot = window.slots[index]
+        seen = slot.check(version, 0)
+        views = self._views(slot, manifest, offsets, 0, len(manifest))
+        if engine.map_weights(views, version):
+            self.mapped_engine, self.bound = engine, (index, version, seen)
+            return
+        self._own_weights()  # a copy must not land in the window an engine viewed
+        engine.begin_weight_update()
+        engine.load_weight_bucket(views)
+        engine.end_weight_update(version)
+        window.sync()
+        slot.check(version, 0, seen)
 
     @staticmethod
     def _views(slot: Slot, manifest, offsets, start: int, end: int) -> list[tuple[str, torch.Tensor]]:

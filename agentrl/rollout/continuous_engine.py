@@ -171,6 +171,19 @@ class ContinuousTorchEngine(TorchEngine):
         with self._model_lock:
             self.sessions.clear()
 
+    def map_weights(self, named_tensors: list, version: int) -> bool:
+        mapped = super().map_weights(named_tensors, version)
+        if mapped:
+            with self._model_lock:
+                self.sessions.clear()
+        return mapped
+
+    def own_weights(self) -> None:
+        super().own_weights()
+        with self._model_lock:
+            if self.decoder is not None:  # its fused projections may still view the memory given to map_weights
+                self.decoder.refresh()
+
     # ---- the decode loop (worker thread) ------------------------------------------------
 
     def _serve(self) -> None:

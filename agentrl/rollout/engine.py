@@ -109,6 +109,15 @@ class Engine(abc.ABC):
         """Every bucket has arrived: finish the update and set the version."""
         raise NotImplementedError(f"{type(self).__name__} cannot load weights bucket by bucket")
 
+    def map_weights(self, named_tensors: list, version: int) -> bool:
+        """Use `named_tensors` as the weights themselves, without copying them (they live in memory the caller
+        keeps unchanged until the next version: a shared-memory window). False, changing nothing, where this
+        engine cannot: the caller then loads them by copy."""
+        return False
+
+    def own_weights(self) -> None:  # noqa: B027
+        """Weights taken by `map_weights` move into memory of the engine's own (before the caller frees theirs)."""
+
     def sleep(self) -> None:  # noqa: B027
         """Colocated: give the GPU memory back while the trainer trains (a no-op where nothing is held)."""
 

@@ -289,14 +289,14 @@ class RMSNormWeights:
 
 
 def fuse_rows(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Put the weights (and biases, if all have one) of `linears` one above the other in one tensor each,
-    and make each linear's parameters views of its rows."""
+    """Put the weights (and biases, if all have one) of `linears` one above the other in one tensor each
+    (`stacked`), and make each linear's parameters views of its rows."""
     has_bias = [linear.bias is not None for linear in linears]
     if any(has_bias) and not all(has_bias):
         raise ValueError("some projections have a bias and some do not")
     with torch.no_grad():
-        weight = torch.cat([linear.weight.detach() for linear in linears])
-        bias = torch.cat([linear.bias.detach() for linear in linears]) if all(has_bias) else None
+        weight = stacked([linear.weight.detach() for linear in linears])
+        bias = stacked([linear.bias.detach() for linear in linears]) if all(has_bias) else None
         row = 0
         for linear in linears:
             count = linear.weight.shape[0]
@@ -305,6 +305,26 @@ def fuse_rows(linears) -> tuple[torch.Tensor, torch.Tensor | None]:
                 linear.bias.data = bias[row : row + count]
             row += count
     return weight, bias
+
+
+def stacked(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """`tensors` one above the other: a view where they already lie back to back in one storage (weights
+    mapped from a shared-memory window), else a new tensor."""
+    first = tensors[0]
+    storage = first.untyped_storage()
+    end = first.data_ptr()
+    for tensor in tensors:
+        if not (
+            tensor.is_contiguous()
+            and tensor.dtype == first.dtype
+            and tensor.shape[1:] == first.shape[1:]
+            and tensor.untyped_storage().data_ptr() == storage.data_ptr()
+            and tensor.data_ptr() == end
+        ):
+            return torch.cat(tensors)
+        end += tensor.numel() * tensor.element_size()
+    rows = sum(tensor.shape[0] for tensor in tensors)
+    return first.new_empty(0).set_(storage, first.storage_offset(), (rows, *first.shape[1:]))
 
 
 def is_fused(linears, weight: torch.Tensor) -> bool:

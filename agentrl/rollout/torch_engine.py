@@ -268,6 +268,31 @@ class TorchEngine(Engine):
             raise ValueError(f"weight update left parameters unchanged: {', '.join(missing)}")
         self.weight_version = version
 
+    def map_weights(self, named_tensors: list, version: int) -> bool:
+        """Every parameter becomes the given tensor itself (same name, shape, dtype and device), no copy."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        named_tensors = list(named_tensors)
+
+        def kind(tensor):
+            return tensor.shape, tensor.dtype, tensor.device
+
+        fits = all(name in params and kind(tensor) == kind(params[name]) for name, tensor in named_tensors)
+        given = {id(params[name]) for name, _ in named_tensors if name in params}
+        if not fits or any(id(param) not in given for param in self.model.parameters()):
+            return False  # the copy path names what is wrong, or converts what it can
+        with self._model_lock, torch.no_grad():
+            for name, tensor in named_tensors:
+                params[name].data = tensor
+            self.weight_version = version
+            self.weights_mapped = True
+        return True
+
+    def own_weights(self) -> None:
+        with self._model_lock, torch.no_grad():
+            if vars(self).pop("weights_mapped", False):
+                for param in self.model.parameters():
+                    param.data = param.data.clone()
+
     # ---- batched generation (worker thread) -----------------------------------------
 
     def _run_batch(

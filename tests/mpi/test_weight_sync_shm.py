@@ -9,16 +9,19 @@ from tests.mpi.helpers import assert_ok, scalars, script, small_run, train
 pytestmark = pytest.mark.mpi
 
 
-def test_two_simulated_nodes_of_two_ranks_hold_the_trainers_exact_weights(tiny_model_dir):
-    """2 nodes x 2 ranks: one broadcast per bucket to node 1's leader, windows on both nodes, a lagging
-    reader, two versions back to back: every rollout rank holds each version bit for bit."""
-    result = script(4, "weight_sync_shm.py", str(tiny_model_dir), "1,3,0", timeout=240)
+@pytest.mark.parametrize("mapped", ["on", "off"])
+def test_two_simulated_nodes_of_two_ranks_hold_the_trainers_exact_weights(tiny_model_dir, mapped):
+    """2 nodes x 2 ranks: one broadcast to node 1's leader, windows on both nodes, lagging readers, three
+    versions back to back: every rollout rank holds each version bit for bit, viewing the window (mapped)
+    or copying from it."""
+    result = script(4, "weight_sync_shm.py", str(tiny_model_dir), "1,3,0", mapped, timeout=240)
     assert_ok(result)
-    assert "trainer on node 0: 2 node leaders get the broadcast" in result.stdout
-    assert "rank 2 on node 1 is a node leader (broadcast into the window)" in result.stdout
-    assert "rank 1 on node 0 is a window reader" in result.stdout
-    assert "rank 3 on node 1 is a window reader" in result.stdout
-    assert result.stdout.count("holds versions 1 and 2 bit for bit") == 3
+    how = "views the window" if mapped == "on" else "copies from the window"
+    assert f"trainer on node 0: 2 node leaders get the broadcast; mapped: {mapped == 'on'}" in result.stdout
+    assert f"rank 2 on node 1 is a node leader (broadcast into the window); it {how}" in result.stdout
+    assert f"rank 1 on node 0 is a window reader; it {how}" in result.stdout
+    assert f"rank 3 on node 1 is a window reader; it {how}" in result.stdout
+    assert result.stdout.count("holds versions 1, 2 and 3 bit for bit") == 3
 
 
 def test_a_rollout_rank_takes_weights_while_the_trainer_computes(tiny_model_dir):
@@ -34,8 +37,9 @@ def test_env_ranks_stay_out_of_the_shared_memory_sync(tiny_model_dir):
     """trainer, rollout | rollout, env: the env rank joins no weight communicator or window."""
     result = script(4, "weight_sync_shm.py", str(tiny_model_dir), "1,2,1", timeout=240)
     assert_ok(result)
+    assert "mapped: False" in result.stdout, "auto: one rollout rank per node copies"
     assert "rank 2 on node 1 is a node leader (broadcast into the window)" in result.stdout
-    assert result.stdout.count("holds versions 1 and 2 bit for bit") == 2
+    assert result.stdout.count("holds versions 1, 2 and 3 bit for bit") == 2
 
 
 def test_fsdp_sharded_trainer_gathers_into_the_window_one_bucket_at_a_time(tmp_path):
@@ -45,19 +49,25 @@ def test_fsdp_sharded_trainer_gathers_into_the_window_one_bucket_at_a_time(tmp_p
 
 
 def test_training_with_shared_memory_weights_matches_the_mpi_sync(tmp_path, tiny_model_dir, monkeypatch):
-    """`agentrl train` with weights.transport=shm on 2 simulated nodes (trainer + rollout | rollout)
-    trains exactly like the MPI broadcast."""
+    """`agentrl train` with weights.transport=shm on 2 simulated nodes (trainer + rollout | rollout),
+    engines copying from the window or viewing it (shm_mapped=true), trains exactly like the MPI broadcast."""
     monkeypatch.setenv("AGENTRL_RANKS_PER_NODE", "2")
     layout = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "weights.bucket_mb": 0.05}
+    syncs = {
+        "shm": {"weights.transport": "shm"},
+        "shm mapped": {"weights.transport": "shm", "weights.shm_mapped": True},
+        "mpi": {"weights.transport": "mpi"},
+    }
     runs = {}
-    for sync in ("shm", "mpi"):
-        run = tmp_path / sync
-        result = train(3, small_run(run, tiny_model_dir, **layout, **{"weights.transport": sync}))
+    for sync, overrides in syncs.items():
+        run = tmp_path / sync.replace(" ", "_")
+        result = train(3, small_run(run, tiny_model_dir, **layout, **overrides))
         assert_ok(result)
         if sync == "shm":  # the printed placement: rank 2 leads node 1 and gets the broadcast
             assert "bcast+shm" in result.stdout and result.stdout.count(" shm\n") == 1, result.stdout
         runs[sync] = scalars(run / "run")
-    assert all(v < 1e-4 for _, v in runs["shm"]["train/logprob_diff_vs_rollout"])
-    assert all(v == 0 for _, v in runs["shm"]["episode/weight_lag_mean"])
-    for metric in ("episode/reward_mean", "train/loss"):  # same seeds, same weights: the same run
-        assert runs["shm"][metric] == runs["mpi"][metric]
+    for sync in ("shm", "shm mapped"):
+        assert all(v < 1e-4 for _, v in runs[sync]["train/logprob_diff_vs_rollout"])
+        assert all(v == 0 for _, v in runs[sync]["episode/weight_lag_mean"])
+        for metric in ("episode/reward_mean", "train/loss"):  # same seeds, same weights: the same run
+            assert runs[sync][metric] == runs["mpi"][metric], (sync, metric)

@@ -2,12 +2,15 @@
 
 Rank 0 (trainer leader) writes node 0's window; rank 2 leads node 1 and receives the one
 broadcast per bucket into node 1's window; ranks 1 and 3 read their node's window. The
-trainer sends two versions back to back with different values, in many small buckets
-through two slots, while rank 3 copies its first bucket slowly: every rollout rank must hold
-exactly version 1, then exactly version 2 (a reader that saw a slot being rewritten would
-hold a mix). Then stop reaches every rank and leaves the weights alone.
+trainer sends three versions back to back with different values, while both window
+readers lag: copied (mapped=off), its first bucket of each version loads slowly, in many
+small buckets through two slots; mapped (on), it keeps generating from a version's slot for
+a while before it looks at its weights. Every rollout rank must hold exactly each version
+when it looks (a slot rewritten too early would show the next version's values, or a mix).
+Then stop reaches every rank and leaves the weights alone (mapped: copied out of the window).
 
-Usage: weight_sync_shm.py MODEL_DIR [LAYOUT]   LAYOUT: "1,3,0" (default) or "1,2,1" (trainer,rollout,env)
+Usage: weight_sync_shm.py MODEL_DIR [LAYOUT] [MAPPED]
+  LAYOUT: "1,3,0" (default) or "1,2,1" (trainer,rollout,env); MAPPED: auto (default), on, off
 """
 
 import os
@@ -45,18 +48,27 @@ def flat(model) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1).clone() for p in model.parameters()])
 
 
+def in_window(model, sync) -> bool:
+    """Whether every parameter views this rank's shared-memory window."""
+    start = sync.window.slots[0].tensor.data_ptr()
+    end = sync.window.slots[-1].tensor.data_ptr() + sync.window.capacity
+    return all(start <= p.data_ptr() < end for p in model.parameters())
+
+
 def main():
     os.environ.setdefault("AGENTRL_RANKS_PER_NODE", "2")
     trainer, rollout, env = (int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,3,0").split(","))
+    mapped = {"on": True, "off": False, "auto": "auto"}[sys.argv[3] if len(sys.argv) > 3 else "auto"]
     layout = Layout(LayoutConfig(trainer=trainer, rollout=rollout, env=env), gpus_per_node=0)
     model = load_causal_lm(sys.argv[1])
+    versions = (1, 2, 3)  # three: with two slots per node, version 3 rewrites version 1's slot
     held = []
     if layout.role is Role.ENV:
         assert layout.weight_comm == MPI.COMM_NULL, "env ranks must stay out of the weight group"
     else:
-        sync = SharedMemoryWeights(layout.weight_comm, layout.node, BUCKET_MB)
+        sync = SharedMemoryWeights(layout.weight_comm, layout.node, BUCKET_MB, mapped)
     if layout.is_trainer_leader:
-        for version in (1, 2):
+        for version in versions:
             torch.manual_seed(version)
             with torch.no_grad():
                 for p in model.parameters():
@@ -65,22 +77,28 @@ def main():
             held.append(flat(model))
         sync.stop()
         node, leads = layout.node, sync.leaders_comm.Get_size()
-        print(f"trainer on node {node}: {leads} node leaders get the broadcast", flush=True)
+        print(f"trainer on node {node}: {leads} node leaders get the broadcast; mapped: {sync.mapped}", flush=True)
     elif layout.role is Role.ROLLOUT:
-        engine_class = SlowFirstBucket if layout.rank == layout.rollout_ranks[-1] else TorchEngine
-        engine = engine_class(model, pad_token_id=0)
-        for version in (1, 2):
+        lagging = layout.rank in (1, 3)  # the window readers of both nodes (ranks 0 and 2 fill the windows)
+        engine = (SlowFirstBucket if lagging else TorchEngine)(model, pad_token_id=0)
+        for version in versions:
             assert sync.receive(engine) == version and engine.weight_version == version
+            if sync.mapped:
+                assert in_window(model, sync), "mapped: every parameter must view the window"
+                if lagging:
+                    time.sleep(0.5)  # generating from this version's slot while the trainer publishes the next
             held.append(flat(model))
-        assert sync.receive(engine) is None and engine.weight_version == 2, "stop must leave the weights alone"
+        assert sync.receive(engine) is None and engine.weight_version == versions[-1], "stop must leave the weights"
+        assert torch.equal(flat(model), held[-1]), "stop changed the weights"
+        assert not vars(engine).get("weights_mapped"), "stop must copy the weights out of the window it frees"
         part = "node leader (broadcast into the window)" if sync.is_node_leader else "window reader"
-        print(f"rank {layout.rank} on node {layout.node} is a {part}", flush=True)
+        how = "views the window" if sync.mapped else "copies from the window"
+        print(f"rank {layout.rank} on node {layout.node} is a {part}; it {how}", flush=True)
     expected = transport.bcast_object(layout.world, held if layout.is_trainer_leader else None, root=0)
     if layout.role is Role.ROLLOUT:
-        for version, (mine, theirs) in enumerate(zip(held, expected, strict=True), start=1):
-            same = torch.equal(mine, theirs)
-            assert same, f"rank {layout.rank} holds different weights than the trainer's version {version}"
-        print(f"rank {layout.rank} holds versions 1 and 2 bit for bit", flush=True)
+        for version, mine, theirs in zip(versions, held, expected, strict=True):
+            assert torch.equal(mine, theirs), f"rank {layout.rank} holds other weights than the trainer's {version}"
+        print(f"rank {layout.rank} holds versions 1, 2 and 3 bit for bit", flush=True)
 
 
 if __name__ == "__main__":
