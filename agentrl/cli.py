@@ -201,7 +201,9 @@ def cmd_layout(args) -> int:
     sync = resolve_weight_sync(
         config.weights.transport, config.layout.colocate, args.gpus_per_node > 0, config.layout.rollout
     )
-    rows = plan(config.layout, args.np, ranks_per_node, args.gpus_per_node, engine_gpus(config), sync)
+    rows = plan(
+        config.layout, args.np, ranks_per_node, args.gpus_per_node, engine_gpus(config), sync, config.weights.shm_mapped
+    )
     print(format_plan(rows, single_process=args.np == 1, evaluating=args.eval))
     if args.np == 1:
         print("world size 1: every role runs in this one process")

@@ -8,6 +8,7 @@ index among GPU-using ranks; env ranks never take a GPU.
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
@@ -39,11 +40,23 @@ def simulated_ranks_per_node() -> int | None:
     return int(value)
 
 
-def weight_roles(roles: list[Role], nodes: list[int], transport: str = "shm") -> list[str]:
+def maps_shared_weights(choice: bool | str, rollout_nodes: list[int]) -> bool:
+    """`weights.shm_mapped` resolved: `auto` maps where some node holds two or more rollout ranks."""
+    if choice == "auto":
+        return max(Counter(rollout_nodes).values(), default=0) >= 2
+    return bool(choice)
+
+
+def weight_roles(
+    roles: list[Role], nodes: list[int], transport: str = "shm", shm_mapped: bool | str = "auto"
+) -> list[str]:
     """Each rank's part in a weight sync: `send` (trainer leader), `bcast+shm` (first rollout rank of a
     node without the trainer leader: receives the one broadcast into the node's window), `shm`
-    (reads the window), `mpi`/`...` (another transport's receiver) or `-` (not in the weight group)."""
+    (reads the window), `mpi`/`...` (another transport's receiver) or `-` (not in the weight group).
+    A rollout rank whose engine views the window rather than copying from it shows ` view`."""
     leader = roles.index(Role.TRAINER)
+    rollout_nodes = [node for role, node in zip(roles, nodes, strict=True) if role is Role.ROLLOUT]
+    view = " view" if maps_shared_weights(shm_mapped, rollout_nodes) else ""
     led_nodes: set[int] = {nodes[leader]}
     parts = []
     for rank, (role, node) in enumerate(zip(roles, nodes, strict=True)):
@@ -54,10 +67,10 @@ def weight_roles(roles: list[Role], nodes: list[int], transport: str = "shm") ->
         elif transport != "shm":
             parts.append(transport)
         elif node in led_nodes:
-            parts.append("shm")
+            parts.append("shm" + view)
         else:
             led_nodes.add(node)
-            parts.append("bcast+shm")
+            parts.append("bcast+shm" + view)
     return parts
 
 
@@ -153,13 +166,14 @@ def plan(
     gpus_per_node: int = 0,
     rollout_gpus: int = 1,
     weights_transport: str = "shm",
+    shm_mapped: bool | str = "auto",
 ):
     """The whole job's placement, as `agentrl layout` prints it (no MPI needed)."""
     roles = assign_roles(layout, world_size)
     per_node = ranks_per_node or world_size
     nodes = [rank // per_node for rank in range(world_size)]
     gpus = bind_gpus(roles, nodes, gpus_per_node, layout.colocate and world_size > 1, rollout_gpus)
-    parts = weight_roles(roles, nodes, weights_transport) if world_size > 1 else ["in-process"]
+    parts = weight_roles(roles, nodes, weights_transport, shm_mapped) if world_size > 1 else ["in-process"]
     counters: dict[Role, int] = {}
     rows = []
     for rank, (role, node, gpu, part) in enumerate(zip(roles, nodes, gpus, parts, strict=True)):

@@ -35,12 +35,11 @@ that the slot it generated from still carries the stamp it bound to.
 
 from __future__ import annotations
 
-from collections import Counter
-
 import numpy as np
 import torch
 
 from agentrl import transport
+from agentrl.layout import maps_shared_weights
 from agentrl.weights import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors, plan_buckets
 
 ALIGN = 64  # every tensor and slot starts on a cache line; any dtype is aligned there
@@ -182,9 +181,8 @@ class SharedMemoryWeights(WeightSync):
         self.leaders_comm = self.comm.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
         if rank == 0 and not is_leader:
             raise RuntimeError("the trainer leader must lead its node's shared-memory window")
-        readers_per_node = Counter(self.comm.allgather(self.node)[1:])  # rank 0 is the trainer leader
-        most = max(readers_per_node.values(), default=0)
-        self.mapped = most >= 2 if self.mapped_choice == "auto" else self.mapped_choice
+        rollout_nodes = self.comm.allgather(self.node)[1:]  # rank 0 is the trainer leader
+        self.mapped = maps_shared_weights(self.mapped_choice, rollout_nodes)
 
     @property
     def is_node_leader(self) -> bool:

@@ -149,11 +149,15 @@ def test_layout_command_takes_overrides_after_options(capsys):
     assert devices == ["cuda:0", "cuda:1", "cuda:2", "cuda:4", "cpu", "cpu"]
 
 
-def test_weights_column_names_the_node_leader_that_gets_the_broadcast():
-    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2)
+def test_weights_column_names_the_node_leader_that_gets_the_broadcast_and_engines_viewing_the_window():
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2, shm_mapped=False)
     assert [(r.node, r.weights) for r in rows] == [(0, "send"), (0, "shm"), (1, "bcast+shm"), (1, "shm")]
-    rows = plan(LayoutConfig(trainer=2, rollout=3, env=1), 6, ranks_per_node=2)  # node 0: trainers only
-    assert [r.weights for r in rows] == ["send", "-", "bcast+shm", "shm", "bcast+shm", "-"]
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2)  # auto: node 1 has two
+    assert [r.weights for r in rows] == ["send", "shm view", "bcast+shm view", "shm view"]
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2)  # auto: one per node copies
+    assert [r.weights for r in rows] == ["send", "shm", "bcast+shm", "-"]
+    rows = plan(LayoutConfig(trainer=2, rollout=3, env=1), 6, ranks_per_node=2, shm_mapped=False)
+    assert [r.weights for r in rows] == ["send", "-", "bcast+shm", "shm", "bcast+shm", "-"]  # node 0: trainers
     rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2, weights_transport="mpi")
     assert [r.weights for r in rows] == ["send", "mpi", "mpi", "-"]
 
@@ -181,7 +185,8 @@ def test_layout_command_groups_ranks_into_simulated_nodes(capsys, monkeypatch):
     config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "quickstart.yaml")
     assert main(["layout", config, "--np", "4", "layout.rollout=3", "layout.env=0", "rollout.tasks_per_step=3"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
-    assert [(row[3], row[5]) for row in rows] == [("0", "send"), ("0", "shm"), ("1", "bcast+shm"), ("1", "shm")]
+    expected = [("0", "send"), ("0", "shm view"), ("1", "bcast+shm view"), ("1", "shm view")]
+    assert [(row[3], " ".join(row[5:])) for row in rows] == expected
 
 
 def test_layout_of_agentrl_eval_shows_the_trainer_leader_reporting_and_the_other_trainers_idle(capsys):
