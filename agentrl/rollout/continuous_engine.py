@@ -179,9 +179,10 @@ class ContinuousTorchEngine(TorchEngine):
         return mapped
 
     def own_weights(self) -> None:
+        mapped = vars(self).get("weights_mapped", False)
         super().own_weights()
         with self._model_lock:
-            if self.decoder is not None:  # its fused projections may still view the memory given to map_weights
+            if mapped and self.decoder is not None:  # its fused projections still view the memory given away
                 self.decoder.refresh()
 
     # ---- the decode loop (worker thread) ------------------------------------------------

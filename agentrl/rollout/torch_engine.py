@@ -213,6 +213,7 @@ class TorchEngine(Engine):
         ]
         if problems:
             raise ValueError("load_weights rejected the update; " + "; ".join(problems))
+        self.own_weights()
         with self._model_lock, torch.no_grad():
             for name, tensor in incoming.items():
                 targets[name].copy_(torch.as_tensor(tensor))
@@ -229,6 +230,7 @@ class TorchEngine(Engine):
         groups[group_name] = init_weight_group(backend, address, port, world_size, rank_offset, group_name)
 
     def begin_weight_update(self) -> None:
+        self.own_weights()  # copies must not land in memory given to map_weights, which other ranks may view
         self._names_updated: set[str] = set()
 
     def receive_weight_bucket(self, specs: list[tuple[str, tuple[int, ...], str]], group_name: str) -> None:

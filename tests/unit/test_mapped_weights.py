@@ -132,3 +132,20 @@ def test_shm_mapped_takes_auto_or_a_bool():
     assert WeightsConfig().shm_mapped == "auto"
     with pytest.raises(ValueError, match="shm_mapped"):
         WeightsConfig(shm_mapped="sometimes")
+
+
+def test_a_copy_into_a_mapped_engine_never_writes_into_the_viewed_memory(model_dir):
+    """Loading by copy first moves the weights out: other ranks may view that memory."""
+    engine = TorchEngine(AutoModelForCausalLM.from_pretrained(model_dir).eval(), pad_token_id=0)
+    buffer, views = laid_out(new_weights(model_dir))
+    before = buffer.clone()
+    assert engine.map_weights(views, version=1)
+    fresh = [(name, torch.zeros_like(tensor)) for name, tensor in views]
+    engine.load_weights(fresh, version=2)
+    assert torch.equal(buffer, before)
+    assert all(not inside(p, buffer) and not p.any() for p in engine.model.parameters())
+    assert engine.map_weights(views, version=3)
+    engine.begin_weight_update()
+    engine.load_weight_bucket(fresh)
+    engine.end_weight_update(version=4)
+    assert torch.equal(buffer, before) and engine.weight_version == 4
