@@ -42,8 +42,10 @@ def test_env_ranks_stay_out_of_the_shared_memory_sync(tiny_model_dir):
     assert result.stdout.count("holds versions 1, 2 and 3 bit for bit") == 2
 
 
-def test_fsdp_sharded_trainer_gathers_into_the_window_one_bucket_at_a_time(tmp_path):
-    result = script(3, "fsdp_weight_sync.py", str(tmp_path / "model"), "1.0", "shm", timeout=120)
+@pytest.mark.parametrize("transport", ["shm", "shm-mapped"])
+def test_fsdp_sharded_trainer_gathers_into_the_window_one_bucket_at_a_time(tmp_path, transport):
+    """Copying: bounded extra memory; mapped: the gathers in manifest order land at the mapped layout's offsets."""
+    result = script(3, "fsdp_weight_sync.py", str(tmp_path / "model"), "1.0", transport, timeout=120)
     assert_ok(result)
     assert "rollout rank holds the gathered weights" in result.stdout
 
