@@ -3,10 +3,11 @@
 Rank 0 (trainer leader) writes node 0's window; rank 2 leads node 1 and receives the one
 broadcast per bucket into node 1's window; ranks 1 and 3 read their node's window. The
 trainer sends three versions back to back with different values, while both window
-readers lag: copied (mapped=off), its first bucket of each version loads slowly, in many
-small buckets through two slots; mapped (on), it keeps generating from a version's slot for
-a while before it looks at its weights. Every rollout rank must hold exactly each version
-when it looks (a slot rewritten too early would show the next version's values, or a mix).
+readers (ranks 1 and 3) lag. Copying (mapped off), each loads its first bucket of every
+version slowly, in many small buckets through two slots; mapped (on), each keeps
+generating from a version's slot for a while before it looks at its weights. Every rollout
+rank must hold exactly each version when it looks (a slot rewritten too early would show
+the next version's values, or a mix).
 Then stop reaches every rank and leaves the weights alone (mapped: copied out of the window).
 
 Usage: weight_sync_shm.py MODEL_DIR [LAYOUT] [MAPPED]
