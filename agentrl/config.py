@@ -498,6 +498,11 @@ class Config(Section):
                 "weights.transport=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "
                 "NCCL needs one GPU per group member. Use weights.transport=cuda_ipc (one rollout rank) or mpi"
             )
+        if self.weights.shm_mapped is True and transport not in ("shm", "auto"):
+            raise ValueError(
+                f"weights.shm_mapped=true has engines view the shared-memory window, but weights.transport={transport} "
+                "uses none; set weights.transport=shm (or auto on CPU), or leave weights.shm_mapped=auto"
+            )
         return self
 
     def _default_async_correction(self) -> None:

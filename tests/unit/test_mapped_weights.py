@@ -134,18 +134,10 @@ def test_shm_mapped_takes_auto_or_a_bool():
         WeightsConfig(shm_mapped="sometimes")
 
 
-def test_a_copy_into_a_mapped_engine_never_writes_into_the_viewed_memory(model_dir):
-    """Loading by copy first moves the weights out: other ranks may view that memory."""
-    engine = TorchEngine(AutoModelForCausalLM.from_pretrained(model_dir).eval(), pad_token_id=0)
-    buffer, views = laid_out(new_weights(model_dir))
-    before = buffer.clone()
-    assert engine.map_weights(views, version=1)
-    fresh = [(name, torch.zeros_like(tensor)) for name, tensor in views]
-    engine.load_weights(fresh, version=2)
-    assert torch.equal(buffer, before)
-    assert all(not inside(p, buffer) and not p.any() for p in engine.model.parameters())
-    assert engine.map_weights(views, version=3)
-    engine.begin_weight_update()
-    engine.load_weight_bucket(fresh)
-    engine.end_weight_update(version=4)
-    assert torch.equal(buffer, before) and engine.weight_version == 4
+def test_shm_mapped_true_with_a_transport_without_a_window_is_refused_naming_the_fix():
+    from agentrl.config import ConfigError, from_dict
+
+    model = {"path": "some/model"}
+    with pytest.raises(ConfigError, match=r"shm_mapped=true .*transport=mpi uses none; set weights.transport=shm"):
+        from_dict({"model": model, "weights": {"transport": "mpi", "shm_mapped": True}})
+    assert from_dict({"model": model, "weights": {"transport": "mpi"}}).weights.shm_mapped == "auto"
