@@ -74,8 +74,13 @@ def plan_layout(manifest, bucket_bytes: int) -> tuple[list[tuple[int, int]], lis
     return buckets, offsets, capacity
 
 
-def mapped_layout(manifest, bucket_bytes: int) -> tuple[list[int], int, list[tuple[int, int]]]:
-    """A mapped version: (each tensor's byte offset in its slot, slot capacity, byte ranges broadcast one by one).
+def pieces(nbytes: int, bucket_bytes: int) -> list[tuple[int, int]]:
+    """Byte ranges of at most `bucket_bytes` covering [0, nbytes): one broadcast each across nodes."""
+    return [(start, min(start + bucket_bytes, nbytes)) for start in range(0, nbytes, max(bucket_bytes, ALIGN))]
+
+
+def mapped_layout(manifest) -> tuple[list[int], int]:
+    """A mapped version: (each tensor's byte offset in its slot, slot capacity).
 
     Weights first, then biases, each in manifest order: projections an engine fuses into one matrix
     product (q/k/v, gate/up) then lie back to back, and so do their biases, so the fused tensor can be
@@ -86,8 +91,7 @@ def mapped_layout(manifest, bucket_bytes: int) -> tuple[list[int], int, list[tup
     for index in order:
         offsets[index] = filled
         filled += aligned(spec_nbytes(*manifest[index][1:]))
-    chunks = [(start, min(start + bucket_bytes, filled)) for start in range(0, filled, max(bucket_bytes, ALIGN))]
-    return offsets, filled, chunks
+    return offsets, filled
 
 
 class Slot:
@@ -237,12 +241,7 @@ class SharedMemoryWeights(WeightSync):
             if self.is_node_leader:
                 self._fill(slot, bucket, header["version"], named_tensors, start, end, offsets, used)
             if node_size > 1:
-                written = self.node_comm.Ibarrier()
-                if not self.is_node_leader:
-                    transport.wait(written, what="a shared-memory weight bucket", max_sleep_s=HANDOFF_MAX_SLEEP_S)
-                    window.sync()
-                else:
-                    self.pending.append(written)
+                self._written(window)
             if engine is not None:
                 seen = slot.check(header["version"], bucket)
                 engine.load_weight_bucket(self._views(slot, manifest, offsets, start, end))
@@ -270,14 +269,26 @@ class SharedMemoryWeights(WeightSync):
                 slot.tensor[offsets[index] : offsets[index] + flat.numel()].copy_(flat)
                 del tensor, flat  # a gathered tensor is freed before the next one is gathered
         if self.leaders_comm is not None and self.leaders_comm.Get_size() > 1:
-            transport.bcast_array(self.leaders_comm, slot.payload[:used], root=0, max_sleep_s=HANDOFF_MAX_SLEEP_S)
+            for first, last in pieces(used, self.bucket_bytes):
+                transport.bcast_array(
+                    self.leaders_comm, slot.payload[first:last], root=0, max_sleep_s=HANDOFF_MAX_SLEEP_S
+                )
         slot.end_write(version, bucket)
         self.window.sync()
+
+    def _written(self, window: SharedWindow) -> None:
+        """The `written` barrier: the node leader starts it and goes on; a reader waits for it."""
+        written = self.node_comm.Ibarrier()
+        if self.is_node_leader:
+            self.pending.append(written)
+        else:
+            transport.wait(written, what="a shared-memory weight bucket", max_sleep_s=HANDOFF_MAX_SLEEP_S)
+            window.sync()
 
     def _transfer_mapped(self, header: dict, named_tensors=None, engine=None) -> None:
         """The node leader writes the whole version into the slot not in use; every engine then views it."""
         manifest, version = header["manifest"], header["version"]
-        offsets, capacity, chunks = mapped_layout(manifest, self.bucket_bytes)
+        offsets, capacity = mapped_layout(manifest)
         self._finish_pending()  # every engine views the last version: the slot before it is free
         if self.window is not None and not self.window.fits(2, capacity):
             self._own_weights()
@@ -285,28 +296,10 @@ class SharedMemoryWeights(WeightSync):
         index = self.versions_moved % 2
         self.versions_moved += 1
         slot = window.slots[index]
-        if self.is_node_leader:
-            slot.begin_write()
-            window.sync()
-            if named_tensors is not None:  # manifest order: FSDP's gathers are collective, in that order
-                for offset, (_, tensor) in zip(offsets, full_tensors(named_tensors), strict=True):
-                    flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
-                    slot.tensor[offset : offset + flat.numel()].copy_(flat)
-                    del tensor, flat
-            if self.leaders_comm is not None and self.leaders_comm.Get_size() > 1:
-                for start, end in chunks:
-                    transport.bcast_array(
-                        self.leaders_comm, slot.payload[start:end], root=0, max_sleep_s=HANDOFF_MAX_SLEEP_S
-                    )
-            slot.end_write(version, 0)
-            window.sync()
+        if self.is_node_leader:  # the whole version as one bucket (gathers in manifest order, as FSDP needs)
+            self._fill(slot, 0, version, named_tensors, 0, len(manifest), offsets, capacity)
         if self.node_comm.Get_size() > 1:
-            written = self.node_comm.Ibarrier()
-            if self.is_node_leader:
-                self.pending.append(written)
-            else:
-                transport.wait(written, what="a shared-memory weight version", max_sleep_s=HANDOFF_MAX_SLEEP_S)
-                window.sync()
+            self._written(window)
         if engine is not None:
             self._switch(engine, window, index, version, manifest, offsets)
         if self.node_comm.Get_size() > 1:

@@ -177,7 +177,7 @@ def run_mpi_part(args) -> None:
         else:
             assert sync.receive(engine) is None
     if not is_trainer:
-        assert all(not vars(e).get("weights_mapped") for e in engines.values()), "mapped weights left in a window"
+        assert not any(e.weights_mapped for e in engines.values()), "mapped weights left in a window"
     if is_trainer:
         Path(args.json).write_text(json.dumps({"times": times, "verified": verified, "nbytes": nbytes}))
 

@@ -179,7 +179,7 @@ class ContinuousTorchEngine(TorchEngine):
         return mapped
 
     def own_weights(self) -> None:
-        mapped = vars(self).get("weights_mapped", False)
+        mapped = self.weights_mapped
         super().own_weights()
         with self._model_lock:
             if mapped and self.decoder is not None:  # its fused projections still view the memory given away

@@ -94,6 +94,7 @@ class TorchEngine(Engine):
         self.vocab_size = output_head.weight.shape[0] if output_head is not None else model.config.vocab_size
         self.generator = seeded_generator(seed, self.device)
         self.weight_version = -1
+        self.weights_mapped = False  # parameters view memory given to map_weights
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "largest_batch": 0}
         self._keeps_last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._takes_ready_masks = _takes_ready_made_sdpa_masks(model)
@@ -291,9 +292,10 @@ class TorchEngine(Engine):
 
     def own_weights(self) -> None:
         with self._model_lock, torch.no_grad():
-            if vars(self).pop("weights_mapped", False):
+            if self.weights_mapped:
                 for param in self.model.parameters():
                     param.data = param.data.clone()
+                self.weights_mapped = False
 
     # ---- batched generation (worker thread) -----------------------------------------
 

@@ -13,7 +13,7 @@ from agentrl.rollout.continuous_engine import ContinuousTorchEngine
 from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.lean_decoder import stacked
 from agentrl.rollout.torch_engine import TorchEngine
-from agentrl.weights_shm import ALIGN, SharedMemoryWeights, mapped_layout, spec_nbytes
+from agentrl.weights_shm import ALIGN, SharedMemoryWeights, mapped_layout, pieces, spec_nbytes
 from tests.unit.test_continuous_engine import TEXTS, run_episodes
 
 
@@ -32,7 +32,7 @@ def new_weights(model_dir) -> list[tuple[str, torch.Tensor]]:
 def laid_out(named: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]:
     """One buffer holding `named` as the shared window's mapped slot does, and a view of each tensor in it."""
     manifest = [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named]
-    offsets, capacity, _ = mapped_layout(manifest, bucket_bytes=2**20)
+    offsets, capacity = mapped_layout(manifest)
     buffer = torch.zeros(capacity, dtype=torch.uint8)
     views = []
     for (name, tensor), offset in zip(named, offsets, strict=True):
@@ -55,7 +55,8 @@ def test_the_mapped_layout_puts_weights_then_biases_back_to_back_and_chunks_cove
         ("k.bias", (4,), "float32"),
         ("norm.weight", (3,), "bfloat16"),  # 6 bytes: padded to 64
     ]
-    offsets, capacity, chunks = mapped_layout(manifest, bucket_bytes=300)
+    offsets, capacity = mapped_layout(manifest)
+    chunks = pieces(capacity, bucket_bytes=300)
     assert offsets == [0, 832, 512, 896, 768]  # q.w (512 bytes), k.w (256), norm (64), then q.b, k.b
     assert all(offset % ALIGN == 0 for offset in offsets)
     assert capacity == 960

@@ -116,7 +116,7 @@ def main():
         engine = TorchEngine(build_model(seed=1), pad_token_id=0)
         receiver = weight_sync(weight_comm)
         assert [receiver.receive(engine), receiver.receive(engine)] == [1, 2]
-        assert bool(vars(engine).get("weights_mapped")) == (transport_name == "shm-mapped")
+        assert engine.weights_mapped == (transport_name == "shm-mapped")
         expected = transport.bcast_object(weight_comm, None)
         for name, param in engine.model.named_parameters():
             assert torch.equal(param.detach(), torch.from_numpy(expected[name])), f"{name} differs from the trainer's"

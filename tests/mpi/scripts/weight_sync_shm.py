@@ -91,7 +91,7 @@ def main():
             held.append(flat(model))
         assert sync.receive(engine) is None and engine.weight_version == versions[-1], "stop must leave the weights"
         assert torch.equal(flat(model), held[-1]), "stop changed the weights"
-        assert not vars(engine).get("weights_mapped"), "stop must copy the weights out of the window it frees"
+        assert not engine.weights_mapped, "stop must copy the weights out of the window it frees"
         part = "node leader (broadcast into the window)" if sync.is_node_leader else "window reader"
         how = "views the window" if sync.mapped else "copies from the window"
         print(f"rank {layout.rank} on node {layout.node} is a {part}; it {how}", flush=True)
