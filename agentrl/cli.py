@@ -273,5 +273,15 @@ COMMANDS = {
     "config-doc": cmd_config_doc,
 }
 
+
+def entry_point() -> None:
+    """The `agentrl` command: `main`, then MPI ended where its errors are still reported."""
+    code = main()
+    from agentrl.transport import finalize
+
+    finalize()
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()

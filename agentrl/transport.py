@@ -420,6 +420,27 @@ def world_rank() -> int:
     return next((int(os.environ[name]) for name in RANK_VARIABLES if os.environ.get(name, "").isdigit()), 0)
 
 
+def finalize() -> None:
+    """End MPI on this rank now, where a failure can still be told; a no-op where MPI is not running.
+
+    Left to mpi4py's exit hook, a failing MPI_Finalize (MPICH refuses one while a message to this
+    rank was never received) is dropped in silence, and mpirun kills every other rank (exit 9).
+    """
+    MPI = _mpi_if_running()
+    if MPI is None:
+        return
+    rank = MPI.COMM_WORLD.Get_rank()
+    try:
+        MPI.Finalize()
+    except MPI.Exception as error:
+        sys.stderr.write(
+            f"agentrl (rank {rank}): MPI_Finalize failed, so mpirun ends the other ranks: {error}\n"
+            "This is a bug in agentrl (a message sent to this rank was never received); please report it.\n"
+        )
+        sys.stderr.flush()
+        raise SystemExit(1) from None
+
+
 def _mpi_if_running():
     MPI = sys.modules.get("mpi4py.MPI")
     return MPI if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() else None

@@ -13,6 +13,11 @@ finished since the last one, so dynamic sampling (DAPO) hands out more tasks exa
 step is short of kept groups: a step's total is `tasks_per_step` kept groups, as with the fixed
 split, from at most `tasks_per_step * (1 + max_extra_rounds)` tasks.
 
+At the end of a run, or after a stop, rank 0 and each other rank `close` the queue: rank 0 answers
+every claim still waiting with [] and takes each rank's claims until its goodbye, and each rank takes
+the answers to claims a stop cancelled until the goodbye's acknowledgement. No message is then left
+unreceived, which MPI_Finalize would refuse ("unmatched messages").
+
 Answers: a list of (task index, data position) to run; [] once the step hands out nothing more;
 None for "nothing now, ask again with your next verdict" (some groups in flight may still be
 dropped and need replacing). A rank with no group in flight is not told None: its claim is held
@@ -74,6 +79,9 @@ class StepQueue:
         }
 
 
+GOODBYE = {"goodbye": True}  # a rank's last message to rank 0, and rank 0's acknowledgement
+
+
 class DispatchServer:
     """Rollout rank 0's side: the queue of the current step, its own claims and its peers'."""
 
@@ -86,6 +94,7 @@ class DispatchServer:
         self.held: list[tuple[int | asyncio.Future, int]] = []  # (peer rank or local future, want)
         self.later: list[tuple[int, dict]] = []  # claims for a step not open yet
         self.finished: set[int] = set()
+        self.gone: set[int] = set()  # peers that said goodbye
 
     def open(self, step: int) -> None:
         self.step, self.queue = step, StepQueue(self.target, self.budget)
@@ -111,14 +120,41 @@ class DispatchServer:
 
     async def serve(self) -> None:
         """Answer peers until each has finished the step."""
-        while len(self.finished) < len(self.peers):
+        while not self.finished | self.gone >= set(self.peers):
             found, message, peer = transport.try_recv(self.comm, _any_source(), Tag.TASKS)
             if found:
                 self._handle(peer, message)
             else:
                 await asyncio.sleep(POLL_S)
 
+    def close(self) -> None:
+        """After this rank's last step: every claim still waiting gets [] (nothing more to run), and each peer's
+        messages are taken until its goodbye."""
+        for who, _ in self.held:
+            if not isinstance(who, asyncio.Future):
+                transport.send(self.comm, [], who, Tag.TASK_REPLY)
+        for peer, message in self.later:
+            if not message.get("finished"):
+                transport.send(self.comm, [], peer, Tag.TASK_REPLY)
+        self.held, self.later = [], []
+        while self.gone != set(self.peers):
+            message, peer = transport.recv(self.comm, _any_source(), Tag.TASKS)
+            if message.get("goodbye"):
+                self._goodbye(peer)
+            elif not message.get("finished"):
+                transport.send(self.comm, [], peer, Tag.TASK_REPLY)
+
+    def _goodbye(self, peer: int) -> None:
+        """`peer` ran its last step: its waiting claims need no answer; acknowledge, and send it nothing more."""
+        self.gone.add(peer)
+        self.held = [(who, want) for who, want in self.held if who != peer]
+        self.later = [(who, message) for who, message in self.later if who != peer]
+        transport.send(self.comm, GOODBYE, peer, Tag.TASK_REPLY)
+
     def _handle(self, peer: int, message: dict) -> None:
+        if message.get("goodbye"):  # stopped between steps while this rank still serves one
+            self._goodbye(peer)
+            return
         if message["step"] != self.step:
             self.later.append((peer, message))
             return
@@ -171,6 +207,15 @@ class DispatchClient:
     async def finish(self, step: int, kept: int, dropped: int) -> None:
         message = {"step": step, "kept": kept, "dropped": dropped, "finished": True}
         transport.send(self.comm, message, self.server, Tag.TASKS)
+
+    def close(self) -> int:
+        """After this rank's last step: say goodbye, taking the answers to claims a stop cancelled until rank 0
+        acknowledges it; how many such answers there were."""
+        transport.send(self.comm, GOODBYE, self.server, Tag.TASKS)
+        dropped = 0
+        while transport.recv(self.comm, self.server, Tag.TASK_REPLY)[0] != GOODBYE:
+            dropped += 1
+        return dropped
 
 
 _HOLD = object()  # answer later, once a verdict from another rank decides it

@@ -419,7 +419,7 @@ def run(config, layout, start_step: int, env_client, weight_sync, task_source: T
         from agentrl.rollout.ahead import run_ahead
 
         run_ahead(config, layout, start_step, worker, evaluator, weight_sync)
-        env_client.shutdown()
+        _close(worker, env_client)
         return
     weight_sync.receive(worker.engine)
     idle = 0.0
@@ -441,6 +441,13 @@ def run(config, layout, start_step: int, env_client, weight_sync, task_source: T
         if not more or weight_sync.receive(worker.engine) is None:
             break
         idle = time.perf_counter() - waited
+    _close(worker, env_client)
+
+
+def _close(worker: RolloutWorker, env_client) -> None:
+    """Take every message still addressed to this rank: MPI_Finalize fails on unreceived ones."""
+    if worker.dispatch is not None:
+        worker.dispatch.close()
     env_client.shutdown()
 
 

@@ -1,5 +1,5 @@
-"""Dynamic task dispatch: the step queue's arithmetic, the dispatcher's answers (held, later, deferred), and
-a single-process run that claims its tasks from its own queue."""
+"""Dynamic task dispatch: the step queue's arithmetic, the dispatcher's answers (held, later, deferred), its
+goodbyes at the end of a run, and a single-process run that claims its tasks from its own queue."""
 
 import asyncio
 
@@ -99,6 +99,37 @@ def test_claims_for_a_later_step_wait_until_rank_0_opens_it(sent):
     assert sent == [] and len(server.later) == 1
     server.open(1)
     assert sent == [(6, [(0, None), (1, None)])] and not server.later
+
+
+def test_a_peer_that_says_goodbye_mid_step_gets_nothing_more_and_no_longer_holds_the_step_open(sent):
+    server = DispatchServer(None, [5, 6], tasks_per_step=1, max_extra_rounds=1, source=SeededTasks(0))
+    server.open(0)
+    server._handle(6, claim(0, want=1, running=0))  # the step's one task
+    server._handle(5, claim(0, want=1, running=0))  # held: group 0 may still be dropped
+    server._handle(5, claim(1, want=1, running=0))  # for the next step
+    server._handle(5, dispatch.GOODBYE)  # stopped between its claims and their answers
+    assert sent == [(6, [(0, None)]), (5, dispatch.GOODBYE)] and not server.held and not server.later
+    server._handle(6, {"step": 0, "kept": 0, "dropped": 1, "finished": True})  # a replacement is due...
+    asyncio.run(server.serve())  # ...but no peer is left to claim it: serving ends
+    assert sent[2:] == [] and server.gone == {5}
+
+
+def test_closing_answers_every_waiting_claim_and_takes_each_peers_messages_until_its_goodbye(sent, monkeypatch):
+    server = DispatchServer(None, [5, 6], tasks_per_step=1, max_extra_rounds=1, source=SeededTasks(0))
+    server.open(0)
+    server._handle(6, claim(0, want=1, running=0))
+    server._handle(5, claim(0, want=1, running=0))  # held
+    server._handle(6, claim(1, want=1, running=1))  # later
+    incoming = [
+        (claim(1, want=1, running=0), 5),  # sent before 5 saw the stop: told [] (nothing more)
+        ({"step": 0, "kept": 0, "dropped": 1, "finished": True}, 6),  # needs no answer
+        (dispatch.GOODBYE, 6),
+        (dispatch.GOODBYE, 5),
+    ]
+    monkeypatch.setattr(dispatch.transport, "recv", lambda comm, source, tag: incoming.pop(0))
+    server.close()
+    assert sent[1:] == [(5, []), (6, []), (5, []), (6, dispatch.GOODBYE), (5, dispatch.GOODBYE)]
+    assert not incoming and server.gone == {5, 6}
 
 
 def test_rates_weigh_by_each_ranks_first_round_episodes_and_the_spread_is_logged():
