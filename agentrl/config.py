@@ -449,6 +449,17 @@ class Config(Section):
                 "so every rollout rank sends every trainer the same number of groups; "
                 f"set rollout.tasks_per_step to a multiple of {shards} (or rollout.dispatch=dynamic)"
             )
+        rc = self.rollout
+        between_steps_only = not rc.partial_rollouts or rc.engine.backend == "sglang"
+        if rc.max_staleness and rc.dispatch == "dynamic" and self.layout.rollout > 1 and between_steps_only:
+            why = "rollout.partial_rollouts=false" if not rc.partial_rollouts else "the sglang engine"
+            raise ValueError(
+                f"rollout.dispatch=dynamic with rollout.max_staleness={rc.max_staleness} on {self.layout.rollout} "
+                f"rollout ranks needs new weights taken mid-step (partial rollouts on the torch engine), but with "
+                f"{why} each rank takes them only between its steps, and a rank taking them waits for one still "
+                "serving a step: the job would hang. Set rollout.partial_rollouts=true (torch engine) or "
+                "rollout.dispatch=static"
+            )
         if self.rollout.max_new_tokens >= self.rollout.max_episode_tokens:
             raise ValueError(
                 f"rollout.max_new_tokens={self.rollout.max_new_tokens} must be below "

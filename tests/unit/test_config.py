@@ -41,6 +41,15 @@ def test_batch_must_split_over_ranks():
         from_dict({**BASE, "layout": {"trainer": 2, "rollout": 2}, "rollout": {"tasks_per_step": 6}})
 
 
+@pytest.mark.parametrize("rollout", [{"partial_rollouts": False}, {"engine": {"backend": "sglang"}}])
+def test_dynamic_dispatch_running_ahead_that_takes_weights_only_between_steps_is_refused(rollout):
+    base = {"dispatch": "dynamic", "max_staleness": 2, "tasks_per_step": 8}
+    with pytest.raises(ConfigError, match=r"would hang.*rollout\.partial_rollouts=true.*rollout\.dispatch=static"):
+        from_dict({**BASE, "layout": {"trainer": 1, "rollout": 2}, "rollout": {**base, **rollout}})
+    from_dict({**BASE, "layout": {"trainer": 1, "rollout": 2}, "rollout": base})  # partial rollouts on the torch engine
+    from_dict({**BASE, "layout": {"trainer": 1, "rollout": 1}, "rollout": {**base, **rollout}})  # one rank: no wait
+
+
 def test_bad_override_syntax():
     with pytest.raises(ConfigError, match="not key=value"):
         load_config(None, ["rollout.group_size"])
