@@ -161,7 +161,8 @@ class RolloutConfig(Section):
         description="How a step's tasks reach rollout ranks. `static`: each rank runs a fixed share "
         "(tasks_per_step / rollout ranks; bit-reproducible). `dynamic`: ranks claim tasks one group at a "
         "time from a queue on rollout rank 0, so a rank slowed by long episodes or a slow env takes fewer "
-        "(time/rollout_spread shows the imbalance).",
+        "(time/rollout_spread shows the imbalance). Dynamic with max_staleness >= 1 on several rollout ranks "
+        "needs partial rollouts on the torch engine.",
     )
     groups_in_flight: int | None = Field(
         None,
