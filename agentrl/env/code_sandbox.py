@@ -484,14 +484,25 @@ def _folders_between(top: str, folder: str) -> list[str]:
 
 @functools.cache
 def _rlimit_private_mounts() -> bool:
-    """Whether the rlimit backend gets a private mount namespace here: root with CAP_SYS_ADMIN (a probe child)."""
+    """Whether the rlimit backend gets a private mount namespace here: root with CAP_SYS_ADMIN (a probe child
+    that runs the sandbox's own interpreter: this process's may sit under a folder the namespace replaces, such
+    as a venv in /tmp)."""
     if os.geteuid() != 0:
         return False
     probe = functools.partial(_private_mounts, SandboxLimits(max_file_mb=1), SANDBOX_UID_BASE)
+    interpreter = _rlimit_interpreter()
     try:
-        result = subprocess.run([sys.executable, "-c", "pass"], preexec_fn=probe, capture_output=True, timeout=30)
+        result = subprocess.run([interpreter, "-c", "pass"], preexec_fn=probe, capture_output=True, timeout=30)
     except subprocess.SubprocessError as error:  # "Exception occurred in preexec_fn": a mount was refused
         logger.warning("code sandbox (rlimit): no private mount namespace here (%s); writes are not contained", error)
+        return False
+    except FileNotFoundError:
+        logger.warning(
+            "code sandbox (rlimit): %s is hidden in the private mount namespace (it lies under %s); writes are not "
+            "contained. Install Python outside those folders to contain them",
+            interpreter,
+            " or ".join(PRIVATE_FOLDERS),
+        )
         return False
     return result.returncode == 0
 

@@ -466,3 +466,15 @@ def test_rlimit_as_root_contains_writes_and_processes():
     if not code_sandbox._rlimit_private_mounts():
         pytest.skip("no private mount namespace here (no CAP_SYS_ADMIN)")
     assert code_sandbox.uncontained("rlimit") == []
+
+
+def test_the_private_mount_probe_runs_the_sandboxs_interpreter_not_a_venvs_in_tmp(monkeypatch, tmp_path):
+    # A venv under /tmp is hidden once the namespace mounts a private /tmp; the probe used to exec it and crash.
+    if os.geteuid() != 0 or not code_sandbox._rlimit_private_mounts():
+        pytest.skip("needs root with a private mount namespace")
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.symlink_to(sys.executable)
+    monkeypatch.setattr(code_sandbox.sys, "executable", str(venv_python))
+    assert str(tmp_path).startswith(code_sandbox.SANDBOX_DIR)
+    assert code_sandbox._rlimit_private_mounts.__wrapped__() is True
