@@ -485,12 +485,12 @@ def _folders_between(top: str, folder: str) -> list[str]:
 @functools.cache
 def _rlimit_private_mounts() -> bool:
     """Whether the rlimit backend gets a private mount namespace here: root with CAP_SYS_ADMIN (a probe child
-    that runs the sandbox's own interpreter: this process's may sit under a folder the namespace replaces, such
-    as a venv in /tmp)."""
+    that runs the base interpreter, as sandboxed code does: this process's may sit under a folder the namespace
+    replaces, such as a venv in /tmp)."""
     if os.geteuid() != 0:
         return False
     probe = functools.partial(_private_mounts, SandboxLimits(max_file_mb=1), SANDBOX_UID_BASE)
-    interpreter = _rlimit_interpreter()
+    interpreter = _base_interpreter()
     try:
         result = subprocess.run([interpreter, "-c", "pass"], preexec_fn=probe, capture_output=True, timeout=30)
     except subprocess.SubprocessError as error:  # "Exception occurred in preexec_fn": a mount was refused
