@@ -44,7 +44,9 @@ def start_training(n: int, overrides: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=ROOT, env=job_env(), start_new_session=True, **pipes)
 
 
-def wait_for(condition, timeout_s: float, process: subprocess.Popen, what: str = "a checkpoint") -> None:
+def wait_for(
+    condition, timeout_s: float, process: subprocess.Popen, what: str = "a checkpoint", poll_s: float = 0.2
+) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
         if process.poll() is not None or time.monotonic() > deadline:
@@ -52,7 +54,7 @@ def wait_for(condition, timeout_s: float, process: subprocess.Popen, what: str =
             out, err = process.communicate()
             detail = f"exit {process.returncode}\nstdout:\n{out}\nstderr:\n{err[-4000:]}"
             raise AssertionError(f"no {what} appeared in time; {detail}")
-        time.sleep(0.2)
+        time.sleep(poll_s)
 
 
 def finish(process: subprocess.Popen, timeout_s: float, what: str) -> tuple[str, str]:

@@ -75,9 +75,12 @@ def test_a_rank_killed_mid_run_resumes_with_the_next_unseen_row(tmp_path, tiny_m
     run = tmp_path / "run"
     overrides = data_run(tmp_path, tiny_model_dir, rows)
     job = start_training(4, overrides)
-    # past the checkpoint of step 4: step 5's episodes are dumped, the checkpoint of step 8 still far off
-    wait_for(lambda: dump_path(run, 5).exists(), 400, job, "the episode dump of step 5")
-    os.kill(rank_pids(run)[2], signal.SIGKILL)  # the second rollout rank
+    wait_for(lambda: 2 in rank_pids(run), 400, job, "the second rollout rank")
+    victim = rank_pids(run)[2]
+    # Past the checkpoint of step 4: step 5's episodes are dumped, and the checkpoint of step 8 is two whole steps
+    # off. A step can take 0.1 s on a quick machine, so the kill follows the dump within a short poll.
+    wait_for(lambda: dump_path(run, 5).exists(), 400, job, "the episode dump of step 5", poll_s=0.005)
+    os.kill(victim, signal.SIGKILL)  # the second rollout rank
     out, err = finish(job, 120, "the job after a rank was killed")
     assert job.returncode != 0, out + err[-3000:]
     resumed_at = checkpoint.latest(run)[0]
