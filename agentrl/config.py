@@ -154,7 +154,8 @@ class RolloutConfig(Section):
     partial_rollouts: bool = Field(
         True,
         description="With max_staleness >= 1: new weights reach episodes in flight at their next turn "
-        "(each token records the version that generated it); false: only between steps.",
+        "(each token records the version that generated it); false: every episode runs on one version, new "
+        "weights are taken between steps (dispatch=dynamic: also mid-step while none of the rank's groups runs).",
     )
     dispatch: Literal["static", "dynamic"] = Field(
         "static",
@@ -162,7 +163,7 @@ class RolloutConfig(Section):
         "(tasks_per_step / rollout ranks; bit-reproducible). `dynamic`: ranks claim tasks one group at a "
         "time from a queue on rollout rank 0, so a rank slowed by long episodes or a slow env takes fewer "
         "(time/rollout_spread shows the imbalance). Dynamic with max_staleness >= 1 on several rollout ranks "
-        "needs partial rollouts on the torch engine.",
+        "needs the torch engine.",
     )
     groups_in_flight: int | None = Field(
         None,
@@ -451,15 +452,12 @@ class Config(Section):
                 f"set rollout.tasks_per_step to a multiple of {shards} (or rollout.dispatch=dynamic)"
             )
         rc = self.rollout
-        between_steps_only = not rc.partial_rollouts or rc.engine.backend == "sglang"
-        if rc.max_staleness and rc.dispatch == "dynamic" and self.layout.rollout > 1 and between_steps_only:
-            why = "rollout.partial_rollouts=false" if not rc.partial_rollouts else "the sglang engine"
+        if rc.max_staleness and rc.dispatch == "dynamic" and self.layout.rollout > 1 and rc.engine.backend == "sglang":
             raise ValueError(
                 f"rollout.dispatch=dynamic with rollout.max_staleness={rc.max_staleness} on {self.layout.rollout} "
-                f"rollout ranks needs new weights taken mid-step (partial rollouts on the torch engine), but with "
-                f"{why} each rank takes them only between its steps, and a rank taking them waits for one still "
-                "serving a step: the job would hang. Set rollout.partial_rollouts=true (torch engine) or "
-                "rollout.dispatch=static"
+                "rollout ranks needs each rank to take new weights in the middle of a step, and the sglang engine "
+                "takes them only between steps: a rank taking them would wait for one still serving a step, which "
+                "waits for it. Set rollout.dispatch=static, or rollout.max_staleness=0"
             )
         if self.rollout.max_new_tokens >= self.rollout.max_episode_tokens:
             raise ValueError(

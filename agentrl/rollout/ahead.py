@@ -31,6 +31,11 @@ def run_ahead(config, layout, start_step: int, worker, evaluator, weight_sync) -
     watcher = WeightWatcher(weight_sync, worker.engine, layout.world, layout.trainer_ranks[0])
     if config.rollout.partial_rollouts and worker.engine.event_loop is None:
         worker.between_batches = watcher.poll
+    elif worker.dispatch is not None and worker.engine.event_loop is None:
+        # Whole episodes on one version, tasks from one queue: a rank takes new weights mid-step while none of its
+        # groups runs. Taking them only between steps hung: a rank in the weight handoff waited for rank 0, which
+        # served a step that waited for that rank's verdicts.
+        worker.between_batches = worker.when_idle(watcher.poll)
     elif config.rollout.partial_rollouts and index == 0:  # SGLang updates weights by running its own loop
         print(f"agentrl: {type(worker.engine).__name__} takes new weights between steps only", flush=True)
     in_flight: list = []  # the last batch's sends: complete before the next batch is sent

@@ -91,6 +91,7 @@ class RolloutWorker:
         # Running ahead (rollout.partial_rollouts): called between engine batches while episodes are in flight;
         # it takes newly published weights and returns False once the trainer said stop.
         self.between_batches: Callable[[], bool] | None = None
+        self.groups_live = 0  # rollout.dispatch=dynamic: claimed groups whose episodes are still running
         # rollout.dispatch=dynamic: where this rank claims its tasks (agentrl/rollout/dispatch.py); set by `run`,
         # else (one rollout rank) a queue of its own.
         self.dispatch = None
@@ -231,9 +232,17 @@ class RolloutWorker:
 
     async def _run_group(self, step: int, index: int, task, first_key: int, timers: LoopTimers) -> list[Episode]:
         episodes = self._episodes(index, task)
-        await _gather(self._episode_runs(step, episodes, first_key, timers))
+        self.groups_live += 1
+        try:
+            await _gather(self._episode_runs(step, episodes, first_key, timers))
+        finally:
+            self.groups_live -= 1
         self._name_failed_rows(episodes)
         return episodes
+
+    def when_idle(self, poll: Callable[[], bool]) -> Callable[[], bool]:
+        """`poll`, called only while no claimed group is running (a `between_batches` for whole-episode versions)."""
+        return lambda: poll() if self.groups_live == 0 else True
 
     def _run_tasks(self, step: int, tasks: list[int], first_key: int, timers: LoopTimers) -> list[list[Episode]]:
         """`group_size` episodes of each task, run concurrently; env keys (step, first_key + i) stay unique."""

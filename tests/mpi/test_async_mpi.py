@@ -96,3 +96,32 @@ def test_a_stop_with_batches_generated_ahead_resumes_losing_and_repeating_nothin
     trained = {step: trained_ids(records) for step, records in dumps.items()}
     assert trained == uninterrupted_order(rows)  # each row once per epoch, in the order of a run never stopped
     assert sorted(s for s, _ in scalars(run)["train/loss"]) == list(range(STEPS))
+
+
+
+def test_dynamic_dispatch_running_ahead_with_whole_episode_versions_finishes(tmp_path, tiny_model_dir):
+    # rollout.partial_rollouts=false: every episode on one weight version. Ranks that took new weights only between
+    # their steps hung in 4 runs of 12 of this job: one in the weight handoff, rank 0 serving a step that waited for
+    # that rank's verdicts. A rank now takes them mid-step while none of its groups runs.
+    ahead, steps = 2, 16
+    run = tmp_path / "run"
+    settings = {
+        "steps": steps,
+        "rollout.dispatch": "dynamic",
+        "rollout.tasks_per_step": 3,
+        "rollout.max_staleness": ahead,
+        "rollout.partial_rollouts": "false",
+        "trainer.updates_per_step": 4,  # a slow trainer: the rollout ranks run ahead
+        "trainer.micro_batch_size": 1,
+    }
+    assert_ok(train(4, data_run(tmp_path, tiny_model_dir, write_rows(tmp_path / "rows.jsonl"), **settings), 300))
+    dumps = read_steps(run)
+    assert sorted(dumps) == list(range(steps))
+    records = [record for step_records in dumps.values() for record in step_records]
+    for step, step_records in dumps.items():
+        for record in step_records:
+            versions = record["turn_versions"]
+            assert len(set(versions)) == 1 and step - ahead <= versions[0] <= step, (step, record)
+    assert any(record["step"] > record["weight_version"] for record in records), "nothing ran ahead"
+    assert {record["rollout_rank"] for record in records} == {0, 1}
+    assert sorted(s for s, _ in scalars(run)["train/loss"]) == list(range(steps))
