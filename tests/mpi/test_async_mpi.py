@@ -98,7 +98,6 @@ def test_a_stop_with_batches_generated_ahead_resumes_losing_and_repeating_nothin
     assert sorted(s for s, _ in scalars(run)["train/loss"]) == list(range(STEPS))
 
 
-
 def test_dynamic_dispatch_running_ahead_with_whole_episode_versions_finishes(tmp_path, tiny_model_dir):
     # rollout.partial_rollouts=false: every episode on one weight version. Ranks that took new weights only between
     # their steps hung in 4 runs of 12 of this job: one in the weight handoff, rank 0 serving a step that waited for
