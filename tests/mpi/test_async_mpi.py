@@ -100,7 +100,7 @@ def test_a_stop_with_batches_generated_ahead_resumes_losing_and_repeating_nothin
 
 def test_dynamic_dispatch_running_ahead_with_whole_episode_versions_finishes(tmp_path, tiny_model_dir):
     # rollout.partial_rollouts=false: every episode on one weight version. Ranks that took new weights only between
-    # their steps hung in 4 runs of 12 of this job: one in the weight handoff, rank 0 serving a step that waited for
+    # their steps hung in 3 runs of 6 of this test: one in the weight handoff, rank 0 serving a step that waited for
     # that rank's verdicts. A rank now takes them mid-step while none of its groups runs.
     ahead, steps = 2, 16
     run = tmp_path / "run"
