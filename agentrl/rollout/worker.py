@@ -88,8 +88,9 @@ class RolloutWorker:
         self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=_no_trainer_reduce))
         self.generated: list[Episode] = []  # the last step's episodes, trained or dropped (for episode dumps)
         self.kept_groups: set[int] = set()
-        # Running ahead (rollout.partial_rollouts): called between engine batches while episodes are in flight;
-        # it takes newly published weights and returns False once the trainer said stop.
+        # Running ahead: called between engine batches while episodes are in flight (rollout.partial_rollouts; with
+        # whole-episode versions and dynamic dispatch, wrapped by `when_idle`); it takes newly published weights and
+        # returns False once the trainer said stop.
         self.between_batches: Callable[[], bool] | None = None
         self.groups_live = 0  # rollout.dispatch=dynamic: claimed groups whose episodes are still running
         # rollout.dispatch=dynamic: where this rank claims its tasks (agentrl/rollout/dispatch.py); set by `run`,
