@@ -313,6 +313,13 @@ class WeightsConfig(Section):
         "them out (`false`; two buckets of shared memory per node). `auto`: `true` where a node has two or "
         "more rollout ranks. Engines that cannot (SGLang, GPUs) copy either way.",
     )
+    shm_in_place: Literal["auto"] | bool = Field(
+        "auto",
+        description="`shm` with mapped weights, lockstep runs (`rollout.max_staleness=0`): the trainer leader's "
+        "parameters live in its node's shared window, so its optimizer writes each version where the engines "
+        "view it and a sync copies nothing there (`true`; needs whole CPU parameters, not FSDP shards), or the "
+        "trainer copies each version into the window (`false`). `auto`: `true` where it can be.",
+    )
 
 
 class AlgorithmSection(Section):
@@ -507,6 +514,15 @@ class Config(Section):
             raise ValueError(
                 "weights.transport=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "
                 "NCCL needs one GPU per group member. Use weights.transport=cuda_ipc (one rollout rank) or mpi"
+            )
+        if self.weights.shm_in_place is True and (
+            transport not in ("shm", "auto") or self.weights.shm_mapped is False or self.rollout.max_staleness
+        ):
+            raise ValueError(
+                "weights.shm_in_place=true has the trainer train in the shared-memory window the engines view, which "
+                f"needs weights.transport=shm (here {transport}), weights.shm_mapped not false (here "
+                f"{self.weights.shm_mapped}) and lockstep rollouts, rollout.max_staleness=0 (here "
+                f"{self.rollout.max_staleness}); change those or set weights.shm_in_place=auto"
             )
         if self.weights.shm_mapped is True and transport not in ("shm", "auto"):
             raise ValueError(

@@ -307,6 +307,7 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
             from agentrl.rollout.weight_watch import AnnouncedWeights
 
             weights = AnnouncedWeights(weights, layout.world, layout.rollout_ranks)
+        weights.place(trainer.model)
     weights.send(trainer.named_weights(), start_step)
     logger = _logger(config, start_step) if layout.is_trainer_leader else None
     recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if layout.is_trainer_leader else None

@@ -35,6 +35,12 @@ class WeightSync(abc.ABC):
     def receive(self, engine) -> int | None:
         """Rollout rank: load the next published weights into `engine`; the version, or None when told to stop."""
 
+    def place(self, model) -> None:  # noqa: B027 - optional hook, nothing to do for most transports
+        """Trainer leader, before its first send: the sync may keep `model`'s parameters where it publishes from."""
+
+    def begin_update(self) -> None:  # noqa: B027 - optional hook
+        """Trainer leader: its optimizer is about to change the weights it sent last."""
+
 
 def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
     """[start, end) tensor index ranges whose byte sizes add up to at most bucket_bytes (one oversized tensor alone)."""

@@ -31,6 +31,13 @@ goes into slot k % 2; the `written` barrier as above; the second barrier, `switc
 tells the node leader every engine now views the new slot, so the other one (the
 version before) may be rewritten at the next sync. A reader checks, before it switches,
 that the slot it generated from still carries the stamp it bound to.
+
+In place (`weights.shm_in_place`, lockstep runs only): the trainer leader's parameters
+themselves live in slot 0 of its node's window, so its optimizer writes each new version
+there and a sync copies nothing on that node, only stamps and barriers. Lockstep makes it
+safe: the trainer changes its weights only once every rollout rank has sent the step's
+episodes, and a rollout rank generates again only after the next `written` barrier.
+The stamp is odd from `begin_update` (before the optimizer step) to the next send.
 """
 
 from __future__ import annotations
@@ -136,6 +143,10 @@ class SharedWindow:
         transport.barrier(node_comm)
         self.sync()
 
+    def holds(self, tensor: torch.Tensor) -> bool:
+        start = self.slots[0].tensor.data_ptr()
+        return start <= tensor.data_ptr() < start + self.slots_count * (STAMP_BYTES + self.capacity)
+
     def fits(self, slots: int, capacity: int) -> bool:
         return self.slots_count >= slots and self.capacity >= capacity
 
@@ -156,9 +167,13 @@ class SharedMemoryWeights(WeightSync):
     trainer in a polled broadcast rather than in a spinning split.
     """
 
-    def __init__(self, weight_comm, node: int, bucket_mb: float, mapped: bool | str = "auto"):
+    def __init__(
+        self, weight_comm, node: int, bucket_mb: float, mapped: bool | str = "auto", in_place: bool | str = False
+    ):
         if mapped not in ("auto", True, False):
             raise ValueError(f"mapped={mapped!r}: expected 'auto', True or False")
+        if in_place not in ("auto", True, False):
+            raise ValueError(f"in_place={in_place!r}: expected 'auto', True or False")
         self.comm = weight_comm
         self.node = node
         self.bucket_bytes = int(bucket_mb * 2**20)
@@ -167,6 +182,10 @@ class SharedMemoryWeights(WeightSync):
         self.versions_moved = 0  # mapped: version number k of this sync goes into slot k % 2
         self.bound: tuple[int, int, int] | None = None  # reader: (slot, version, sequence) its engine views
         self.mapped_engine = None  # reader: the engine whose parameters view the window
+        self.in_place_choice = in_place
+        self.placed_model = None  # trainer leader: the model whose parameters may live in the window
+        self.in_place: bool | None = None  # decided at the first send, the same on every rank
+        self.updating = False  # trainer leader: its optimizer is writing the slot its parameters live in
         self.node_comm = None
         self.leaders_comm = None  # one rank per node; None on the other ranks
         self.window: SharedWindow | None = None
@@ -188,6 +207,16 @@ class SharedMemoryWeights(WeightSync):
         rollout_nodes = self.comm.allgather(self.node)[1:]  # rank 0 is the trainer leader
         self.mapped = maps_shared_weights(self.mapped_choice, rollout_nodes)
 
+    def _check_in_place(self) -> None:
+        """In place needs mapped weights: the engines must view the slot the trainer trains in."""
+        if self.in_place and not self.mapped:
+            if self.in_place_choice is True and self.comm.Get_rank() == 0:
+                raise RuntimeError(
+                    "weights.shm_in_place=true needs mapped weights, but they are copied here (one rollout rank on "
+                    "the trainer's node, or weights.shm_mapped=false); set weights.shm_in_place=auto or false"
+                )
+            self.in_place = False
+
     @property
     def is_node_leader(self) -> bool:
         return self.node_comm.Get_rank() == 0
@@ -195,6 +224,7 @@ class SharedMemoryWeights(WeightSync):
     def _window_for(self, slots: int, capacity: int) -> SharedWindow:
         if self.window is None or not self.window.fits(slots, capacity):
             if self.window is not None:
+                self._unplace()
                 self.window.free()
             self.window = SharedWindow(self.node_comm, slots, capacity)
         return self.window
@@ -214,9 +244,18 @@ class SharedMemoryWeights(WeightSync):
             self.mapped_engine.own_weights()
         self.mapped_engine, self.bound = None, None
 
+    def _unplace(self) -> None:
+        """Trainer leader: its parameters move out of the window into memory of their own (before it is freed)."""
+        if self.placed_model is not None and self.window is not None:
+            with torch.no_grad():
+                for param in self.placed_model.parameters():
+                    if self.window.holds(param):
+                        param.data = param.data.clone()
+
     def _close(self) -> None:
         self._finish_pending()
         self._own_weights()
+        self._unplace()
         if self.window is not None:
             self.window.free()
             self.window = None
@@ -261,12 +300,16 @@ class SharedMemoryWeights(WeightSync):
         previous = self.slot_free.pop(bucket % self.window.slots_count, None)
         if previous is not None:
             transport.wait(previous, what="readers of a weight slot", max_sleep_s=HANDOFF_MAX_SLEEP_S)
-        slot.begin_write()
-        self.window.sync()
+        if not self.updating:  # begin_update already marked the slot the trainer trains in
+            slot.begin_write()
+            self.window.sync()
+        self.updating = False
         if named_tensors is not None:  # the trainer leader: gather (FSDP) one tensor at a time and copy it in
             for index, (_, tensor) in zip(range(start, end), full_tensors(named_tensors[start:end]), strict=True):
                 flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
-                slot.tensor[offsets[index] : offsets[index] + flat.numel()].copy_(flat)
+                target = slot.tensor[offsets[index] : offsets[index] + flat.numel()]
+                if flat.data_ptr() != target.data_ptr():  # else trained in place: already there
+                    target.copy_(flat)
                 del tensor, flat  # a gathered tensor is freed before the next one is gathered
         if self.leaders_comm is not None and self.leaders_comm.Get_size() > 1:
             for first, last in pieces(used, self.bucket_bytes):
@@ -290,14 +333,17 @@ class SharedMemoryWeights(WeightSync):
         manifest, version = header["manifest"], header["version"]
         offsets, capacity = mapped_layout(manifest)
         self._finish_pending()  # every engine views the last version: the slot before it is free
-        if self.window is not None and not self.window.fits(2, capacity):
+        slots = 1 if self.in_place else 2  # in place (lockstep): nothing reads while the next version is written
+        if self.window is not None and not self.window.fits(slots, capacity):
             self._own_weights()
-        window = self._window_for(2, capacity)
-        index = self.versions_moved % 2
+        window = self._window_for(slots, capacity)
+        index = 0 if self.in_place else self.versions_moved % 2
         self.versions_moved += 1
         slot = window.slots[index]
         if self.is_node_leader:  # the whole version as one bucket (gathers in manifest order, as FSDP needs)
             self._fill(slot, 0, version, named_tensors, 0, len(manifest), offsets, capacity)
+            if self.in_place and named_tensors is not None:
+                self._place_in(slot, manifest, offsets)
         if self.node_comm.Get_size() > 1:
             self._written(window)
         if engine is not None:
@@ -309,7 +355,7 @@ class SharedMemoryWeights(WeightSync):
 
     def _switch(self, engine, window: SharedWindow, index: int, version: int, manifest, offsets) -> None:
         """Reader: check the slot it generated from was left alone, then view (or copy) the new version."""
-        if self.bound is not None:
+        if self.bound is not None and not self.in_place:  # in place, the trainer trained in the slot meanwhile
             bound_index, bound_version, sequence = self.bound
             window.slots[bound_index].check(bound_version, 0, sequence)
         slot = window.slots[index]
@@ -324,6 +370,46 @@ class SharedMemoryWeights(WeightSync):
         engine.end_weight_update(version)
         window.sync()
         slot.check(version, 0, seen)
+
+    def _place_in(self, slot: Slot, manifest, offsets) -> None:
+        """Trainer leader: each parameter becomes its view of the slot (same values: the slot was just filled)."""
+        params = list(self.placed_model.named_parameters())
+        views = self._views(slot, manifest, offsets, 0, len(manifest))
+        with torch.no_grad():
+            for (name, param), (view_name, view) in zip(params, views, strict=True):
+                if name != view_name:
+                    raise RuntimeError(f"weights sent out of the model's parameter order: {view_name} vs {name}")
+                if param.data_ptr() != view.data_ptr():
+                    param.data = view
+
+    def _decide_in_place(self, named_tensors) -> bool:
+        """Trainer leader: whether its parameters can live in the window (whole CPU tensors, sent as they are)."""
+        if self.in_place_choice is False or self.placed_model is None:
+            if self.in_place_choice is True:
+                raise RuntimeError("weights.shm_in_place=true, but the trainer gave the weight sync no model to place")
+            return False
+        params = list(self.placed_model.named_parameters())
+        why = None
+        if [name for name, _ in params] != [name for name, _ in named_tensors]:
+            why = "the weights sent are not the model's parameters in order"
+        elif any(hasattr(p, "full_tensor") or p.device.type != "cpu" or not p.is_contiguous() for _, p in params):
+            why = "the trainer's parameters are sharded (FSDP), not on the CPU, or not contiguous"
+        if why and self.in_place_choice is True:
+            raise RuntimeError(f"weights.shm_in_place=true, but {why}; set weights.shm_in_place=auto or false")
+        return why is None
+
+    # ---- WeightSync -------------------------------------------------------------------
+
+    def place(self, model) -> None:
+        self.placed_model = model
+
+    def begin_update(self) -> None:
+        """Trainer leader, in place: the slot its optimizer writes is marked as being written until the next send."""
+        if self.in_place and self.window is not None and self.window.holds(next(self.placed_model.parameters())):
+            self._finish_pending()  # done already: every rollout rank switched before it generated this step
+            self.window.slots[0].begin_write()
+            self.window.sync()
+            self.updating = True
 
     @staticmethod
     def _views(slot: Slot, manifest, offsets, start: int, end: int) -> list[tuple[str, torch.Tensor]]:
@@ -344,10 +430,19 @@ class SharedMemoryWeights(WeightSync):
         """
         named_tensors = list(named_tensors)
         manifest = [(name, tuple(t.shape), str(t.dtype).removeprefix("torch.")) for name, t in named_tensors]
-        header = {"stop": False, "version": version, "manifest": manifest}
+        if self.in_place is None:
+            self.in_place = self._decide_in_place(named_tensors)
+        header = {"stop": False, "version": version, "manifest": manifest, "in_place": self.in_place}
         transport.bcast_object(self.comm, header, root=0)
         if self.node_comm is None:
             self._split()
+            self._check_in_place()
+            if self.in_place:
+                print(
+                    "agentrl: the trainer's parameters live in its node's shared-memory window: its optimizer "
+                    "writes each version where the engines there view it (weights.shm_in_place)",
+                    flush=True,
+                )
         self._transfer(header, named_tensors=named_tensors)
         # The readers' barriers need this rank's part: keep it going while the trainer trains, or
         # a rollout rank loading these weights waits for the trainer's next step (rollout.max_staleness).
@@ -365,6 +460,8 @@ class SharedMemoryWeights(WeightSync):
                 self._close()
             return None
         if self.node_comm is None:
+            self.in_place = header["in_place"]
             self._split()
+            self._check_in_place()
         self._transfer(header, engine=engine)
         return header["version"]

@@ -7,7 +7,9 @@ One run measures, interleaved round by round (medians of --repeats):
 - the receivers' own load: all receivers copy the weights from a private buffer into
   their engines at once (what every transport adds on top of moving the bytes);
 - agentrl, each transport: shm (node-local shared memory; default bucket and one bucket;
-  mapped: the engines view the window instead of copying from it), mpi (a broadcast to
+  mapped: the engines view the window instead of copying from it; trained in place: the
+  trainer's own parameters live in the window as well, so its optimizer's update is the
+  write and a sync copies nothing), mpi (a broadcast to
   every rollout rank), gloo (the NCCL code path's process-group broadcast, buckets pipelined);
 - a raw `comm.Bcast` of the same bytes (moving bytes only, no load);
 - Ray's object store (`ray.put` by the trainer, `ray.get` + copy in 3 actors): the peers'
@@ -104,7 +106,9 @@ def run_mpi_part(args) -> None:
     named = [(name, p.detach()) for name, p in model.named_parameters()]
     nbytes = sum(t.numel() * t.element_size() for _, t in named)
     engine = None if is_trainer else TorchEngine(model, pad_token_id=0)
-    mapped = ["agentrl shm, mapped", "agentrl shm, mapped, 2 simulated nodes"]
+    in_place = "agentrl shm, mapped, trained in place"
+    mapped = ["agentrl shm, mapped", "agentrl shm, mapped, 2 simulated nodes", in_place]
+    placed = build_model(args.mb, seed=0) if is_trainer else None  # trained in place: its parameters move in
     engines = {}  # a mapped engine views its own window: one of its own, so the others copy into private memory
     if not is_trainer:
         engines = {method: TorchEngine(build_model(args.mb, seed=rank), pad_token_id=0) for method in mapped}
@@ -120,6 +124,7 @@ def run_mpi_part(args) -> None:
         ),
         mapped[0]: SharedMemoryWeights(world, node=0, bucket_mb=args.bucket_mb, mapped=True),
         mapped[1]: SharedMemoryWeights(world, node=rank // 2, bucket_mb=args.bucket_mb, mapped=True),
+        in_place: SharedMemoryWeights(world, node=0, bucket_mb=args.bucket_mb, mapped=True, in_place=True),
         "agentrl mpi": MPIWeightBroadcast(world, args.bucket_mb),
         "gloo process group": DistributedWeightBroadcast(world, args.bucket_mb, "gloo", "cpu", engine),
     }
@@ -135,7 +140,11 @@ def run_mpi_part(args) -> None:
             offset += size
     else:
         transport.bcast_array(world, flat, root=0)
+        syncs[in_place].place(placed)
     version = 0
+
+    def trainer_model(method: str):
+        return placed if method == in_place else model
 
     def trial(method: str) -> float:
         nonlocal version
@@ -148,7 +157,7 @@ def run_mpi_part(args) -> None:
             if not is_trainer:
                 engine.load_weights(own_copy, version)
         elif is_trainer:
-            syncs[method].send(named, version)
+            syncs[method].send([(n, p.detach()) for n, p in trainer_model(method).named_parameters()], version)
         else:
             assert syncs[method].receive(engines.get(method, engine)) == version
         elapsed = time.perf_counter() - started
@@ -164,12 +173,13 @@ def run_mpi_part(args) -> None:
         for method in methods:
             times[method].append(trial(method))
             if method in syncs:
-                expected = world.bcast(checksum(model) if is_trainer else None, root=0)
-                held = model if is_trainer else engines.get(method, engine).model
+                expected = world.bcast(checksum(trainer_model(method)) if is_trainer else None, root=0)
+                held = trainer_model(method) if is_trainer else engines.get(method, engine).model
                 verified[method] = all(world.allgather(checksum(held) == expected))
-                if is_trainer:  # the next version differs everywhere
+                if is_trainer:  # the next version differs everywhere (untimed, as an optimizer step is)
+                    syncs[method].begin_update()
                     with torch.no_grad():
-                        for p in model.parameters():
+                        for p in trainer_model(method).parameters():
                             p.add_(1.0)
     for sync in syncs.values():
         if is_trainer:
@@ -320,13 +330,14 @@ def print_table(times: dict, verified: dict, nbytes: int) -> None:
         exact = {True: "yes", False: "NO"}.get(verified.get(name), "")
         rate = nbytes / med / 1e9
         print(f"{name:<38} {med:9.3f} {min(value):8.3f} {rate:6.2f} {med / memcpy:9.1f} {ratio_ray}  {exact}")
-    copying, mapped = "agentrl shm", "agentrl shm, mapped"
+    copying, mapped, in_place = "agentrl shm", "agentrl shm, mapped", "agentrl shm, mapped, trained in place"
     own = medians["receivers' own load"]
     print(f"\nfloor = memcpy + receivers' own load = {memcpy:.3f} + {own:.3f} = {floor:.3f} s")
     print(f"{copying} (copying: the default with one rollout rank per node): {medians[copying] / floor:.2f}x the floor")
-    print(f"{mapped} (the default with two or more per node): {medians[mapped] / memcpy:.2f}x one memcpy")
+    print(f"{mapped} (two or more per node, running ahead): {medians[mapped] / memcpy:.2f}x one memcpy")
+    print(f"{in_place} (two or more per node, lockstep): {medians[in_place] / memcpy:.2f}x one memcpy")
     for name, value in rays.items():
-        for ours in (copying, mapped):
+        for ours in (copying, mapped, in_place):
             print(f"{name} / {ours} = {value / medians[ours]:.1f}x (goal >= 5)")
     print(f"agentrl mpi / {copying} = {medians['agentrl mpi'] / medians[copying]:.1f}x")
 

@@ -135,6 +135,8 @@ def train_loop(
         batch, staleness_sums = staleness.admit(batch, step, config.rollout.max_staleness)
         received = time.perf_counter()
 
+        if weights is not None:
+            weights.begin_update()
         metrics = trainer.train_step(batch)
         trained = time.perf_counter()
 

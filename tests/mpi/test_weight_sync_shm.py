@@ -9,15 +9,16 @@ from tests.mpi.helpers import assert_ok, scalars, script, small_run, train
 pytestmark = pytest.mark.mpi
 
 
-@pytest.mark.parametrize("mapped", ["on", "off"])
+@pytest.mark.parametrize("mapped", ["on", "off", "inplace"])
 def test_two_simulated_nodes_of_two_ranks_hold_the_trainers_exact_weights(tiny_model_dir, mapped):
     """2 nodes x 2 ranks: one broadcast to node 1's leader, windows on both nodes, lagging readers, three
     versions back to back: every rollout rank holds each version bit for bit, viewing the window (mapped)
-    or copying from it."""
+    or copying from it; in place, the trainer's own parameters live in node 0's window (lockstep)."""
     result = script(4, "weight_sync_shm.py", str(tiny_model_dir), "1,3,0", mapped, timeout=240)
     assert_ok(result)
-    how = "views the window" if mapped == "on" else "copies from the window"
-    assert f"trainer on node 0: 2 node leaders get the broadcast; mapped: {mapped == 'on'}" in result.stdout
+    how = "copies from the window" if mapped == "off" else "views the window"
+    assert f"trainer on node 0: 2 node leaders get the broadcast; mapped: {mapped != 'off'}" in result.stdout
+    assert f"trainer trains in the window: {mapped == 'inplace'}" in result.stdout
     assert f"rank 2 on node 1 is a node leader (broadcast into the window); it {how}" in result.stdout
     assert f"rank 1 on node 0 is a window reader; it {how}" in result.stdout
     assert f"rank 3 on node 1 is a window reader; it {how}" in result.stdout
@@ -52,12 +53,14 @@ def test_fsdp_sharded_trainer_gathers_into_the_window_one_bucket_at_a_time(tmp_p
 
 def test_training_with_shared_memory_weights_matches_the_mpi_sync(tmp_path, tiny_model_dir, monkeypatch):
     """`agentrl train` with weights.transport=shm on 2 simulated nodes (trainer + rollout | rollout),
-    engines copying from the window or viewing it (shm_mapped=true), trains exactly like the MPI broadcast."""
+    engines copying from the window or viewing it (shm_mapped=true), the trainer training in the window
+    itself or copying each version into it, trains exactly like the MPI broadcast."""
     monkeypatch.setenv("AGENTRL_RANKS_PER_NODE", "2")
     layout = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "weights.bucket_mb": 0.05}
     syncs = {
         "shm": {"weights.transport": "shm"},
-        "shm mapped": {"weights.transport": "shm", "weights.shm_mapped": True},
+        "shm mapped": {"weights.transport": "shm", "weights.shm_mapped": True, "weights.shm_in_place": False},
+        "shm in place": {"weights.transport": "shm", "weights.shm_mapped": True, "weights.shm_in_place": True},
         "mpi": {"weights.transport": "mpi"},
     }
     runs = {}
@@ -67,8 +70,10 @@ def test_training_with_shared_memory_weights_matches_the_mpi_sync(tmp_path, tiny
         assert_ok(result)
         if sync == "shm":  # the printed placement: rank 2 leads node 1 and gets the broadcast
             assert "bcast+shm" in result.stdout and result.stdout.count(" shm\n") == 1, result.stdout
+        trains_in_window = "parameters live in its node's shared-memory window" in result.stdout
+        assert trains_in_window == (sync == "shm in place"), (sync, result.stdout)
         runs[sync] = scalars(run / "run")
-    for sync in ("shm", "shm mapped"):
+    for sync in ("shm", "shm mapped", "shm in place"):
         assert all(v < 1e-4 for _, v in runs[sync]["train/logprob_diff_vs_rollout"])
         assert all(v == 0 for _, v in runs[sync]["episode/weight_lag_mean"])
         for metric in ("episode/reward_mean", "train/loss"):  # same seeds, same weights: the same run

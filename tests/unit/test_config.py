@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from agentrl.config import ConfigError, config_reference, from_dict, load_config
@@ -39,6 +41,22 @@ def test_missing_model_path_is_reported():
 def test_batch_must_split_over_ranks():
     with pytest.raises(ConfigError, match=r"tasks_per_step=6 must be a multiple of .* = 4"):
         from_dict({**BASE, "layout": {"trainer": 2, "rollout": 2}, "rollout": {"tasks_per_step": 6}})
+
+
+@pytest.mark.parametrize(
+    "weights, rollout, named",
+    [
+        ({"transport": "mpi"}, {}, "weights.transport=shm"),
+        ({"shm_mapped": False}, {}, "weights.shm_mapped not false"),
+        ({}, {"max_staleness": 1}, "rollout.max_staleness=0"),
+    ],
+)
+def test_training_in_the_shared_window_needs_shm_mapped_weights_and_lockstep(weights, rollout, named):
+    layout = {"trainer": 1, "rollout": 2}
+    with pytest.raises(ConfigError, match=rf"weights.shm_in_place=true[\s\S]*{re.escape(named)}"):
+        from_dict({**BASE, "layout": layout, "weights": {"shm_in_place": True, **weights}, "rollout": rollout})
+    from_dict({**BASE, "layout": layout, "weights": weights, "rollout": rollout})  # auto: copies where it must
+    from_dict({**BASE, "layout": layout, "weights": {"shm_in_place": True}})
 
 
 def test_dynamic_dispatch_running_ahead_on_sglang_is_refused():

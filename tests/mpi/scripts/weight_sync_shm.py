@@ -8,10 +8,12 @@ version slowly, in many small buckets through two slots; mapped (on), each keeps
 generating from a version's slot for a while before it looks at its weights. Every rollout
 rank must hold exactly each version when it looks (a slot rewritten too early would show
 the next version's values, or a mix).
+In place (inplace), the trainer's parameters live in node 0's window and it changes them
+there, in lockstep: only once every rollout rank has looked at the last version.
 Then stop reaches every rank and leaves the weights alone (mapped: copied out of the window).
 
 Usage: weight_sync_shm.py MODEL_DIR [LAYOUT] [MAPPED]
-  LAYOUT: "1,3,0" (default) or "1,2,1" (trainer,rollout,env); MAPPED: auto (default), on, off
+  LAYOUT: "1,3,0" (default) or "1,2,1" (trainer,rollout,env); MAPPED: auto (default), on, off, inplace
 """
 
 import os
@@ -59,7 +61,9 @@ def in_window(model, sync) -> bool:
 def main():
     os.environ.setdefault("AGENTRL_RANKS_PER_NODE", "2")
     trainer, rollout, env = (int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,3,0").split(","))
-    mapped = {"on": True, "off": False, "auto": "auto"}[sys.argv[3] if len(sys.argv) > 3 else "auto"]
+    choice = sys.argv[3] if len(sys.argv) > 3 else "auto"
+    mapped = {"on": True, "off": False, "auto": "auto", "inplace": True}[choice]
+    lockstep = choice == "inplace"
     layout = Layout(LayoutConfig(trainer=trainer, rollout=rollout, env=env), gpus_per_node=0)
     model = load_causal_lm(sys.argv[1])
     versions = (1, 2, 3)  # three: with two slots per node, version 3 rewrites version 1's slot
@@ -67,18 +71,26 @@ def main():
     if layout.role is Role.ENV:
         assert layout.weight_comm == MPI.COMM_NULL, "env ranks must stay out of the weight group"
     else:
-        sync = SharedMemoryWeights(layout.weight_comm, layout.node, BUCKET_MB, mapped)
+        sync = SharedMemoryWeights(layout.weight_comm, layout.node, BUCKET_MB, mapped, in_place=lockstep)
     if layout.is_trainer_leader:
+        sync.place(model)
         for version in versions:
+            if version > 1:
+                sync.begin_update()
             torch.manual_seed(version)
             with torch.no_grad():
                 for p in model.parameters():
                     p.copy_(torch.randn_like(p) * version)
             sync.send([(n, p.detach()) for n, p in model.named_parameters()], version)  # back to back
             held.append(flat(model))
+            assert in_window(model, sync) == lockstep, "in place: the trainer's parameters must live in the window"
+            if lockstep:
+                layout.weight_comm.Barrier()  # every rollout rank is done with this version
         sync.stop()
+        assert sync.window is None and torch.equal(flat(model), held[-1]), "stop: the trainer keeps its weights"
         node, leads = layout.node, sync.leaders_comm.Get_size()
         print(f"trainer on node {node}: {leads} node leaders get the broadcast; mapped: {sync.mapped}", flush=True)
+        print(f"trainer trains in the window: {sync.in_place}", flush=True)
     elif layout.role is Role.ROLLOUT:
         lagging = layout.rank in (1, 3)  # the window readers of both nodes (ranks 0 and 2 fill the windows)
         engine = (SlowFirstBucket if lagging else TorchEngine)(model, pad_token_id=0)
@@ -89,6 +101,8 @@ def main():
                 if lagging:
                     time.sleep(0.5)  # generating from this version's slot while the trainer publishes the next
             held.append(flat(model))
+            if lockstep:
+                layout.weight_comm.Barrier()
         assert sync.receive(engine) is None and engine.weight_version == versions[-1], "stop must leave the weights"
         assert torch.equal(flat(model), held[-1]), "stop changed the weights"
         assert not engine.weights_mapped, "stop must copy the weights out of the window it frees"
