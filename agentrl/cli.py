@@ -201,9 +201,8 @@ def cmd_layout(args) -> int:
     sync = resolve_weight_sync(
         config.weights.transport, config.layout.colocate, args.gpus_per_node > 0, config.layout.rollout
     )
-    rows = plan(
-        config.layout, args.np, ranks_per_node, args.gpus_per_node, engine_gpus(config), sync, config.weights.shm_mapped
-    )
+    gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
+    rows = plan(config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, sync, mapped, in_place)
     print(format_plan(rows, single_process=args.np == 1, evaluating=args.eval))
     if args.np == 1:
         print("world size 1: every role runs in this one process")

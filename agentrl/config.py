@@ -553,6 +553,13 @@ class Config(Section):
     def notes(self) -> list[str]:
         return self._notes
 
+    @property
+    def trains_in_window(self) -> bool | str:
+        """`weights.shm_in_place` as far as the config decides it: False running ahead or sharded (FSDP)."""
+        if self.rollout.max_staleness or self.parallelism.fsdp:
+            return False
+        return self.weights.shm_in_place
+
 
 # Fields that moved when `trainer` and `rollout` were split into one section per component:
 # old dotted path -> new dotted path (None: removed, nothing read it).

@@ -48,12 +48,17 @@ def maps_shared_weights(choice: bool | str, rollout_nodes: list[int]) -> bool:
 
 
 def weight_roles(
-    roles: list[Role], nodes: list[int], transport: str = "shm", shm_mapped: bool | str = "auto"
+    roles: list[Role],
+    nodes: list[int],
+    transport: str = "shm",
+    shm_mapped: bool | str = "auto",
+    in_place: bool | str = False,
 ) -> list[str]:
     """Each rank's part in a weight sync: `send` (trainer leader), `bcast+shm` (first rollout rank of a
     node without the trainer leader: receives the one broadcast into the node's window), `shm`
     (reads the window), `mpi`/`...` (another transport's receiver) or `-` (not in the weight group).
-    A rollout rank whose engine views the window rather than copying from it shows ` view`."""
+    A rollout rank whose engine views the window rather than copying from it shows ` view`; the
+    trainer leader whose parameters live in the window (`weights.shm_in_place`) shows `send in place`."""
     leader = roles.index(Role.TRAINER)
     rollout_nodes = [node for role, node in zip(roles, nodes, strict=True) if role is Role.ROLLOUT]
     view = " view" if maps_shared_weights(shm_mapped, rollout_nodes) else ""
@@ -61,7 +66,7 @@ def weight_roles(
     parts = []
     for rank, (role, node) in enumerate(zip(roles, nodes, strict=True)):
         if rank == leader:
-            parts.append("send")
+            parts.append("send in place" if transport == "shm" and view and in_place is not False else "send")
         elif role is not Role.ROLLOUT:
             parts.append("-")
         elif transport != "shm":
@@ -167,13 +172,14 @@ def plan(
     rollout_gpus: int = 1,
     weights_transport: str = "shm",
     shm_mapped: bool | str = "auto",
+    in_place: bool | str = False,
 ):
     """The whole job's placement, as `agentrl layout` prints it (no MPI needed)."""
     roles = assign_roles(layout, world_size)
     per_node = ranks_per_node or world_size
     nodes = [rank // per_node for rank in range(world_size)]
     gpus = bind_gpus(roles, nodes, gpus_per_node, layout.colocate and world_size > 1, rollout_gpus)
-    parts = weight_roles(roles, nodes, weights_transport, shm_mapped) if world_size > 1 else ["in-process"]
+    parts = weight_roles(roles, nodes, weights_transport, shm_mapped, in_place) if world_size > 1 else ["in-process"]
     counters: dict[Role, int] = {}
     rows = []
     for rank, (role, node, gpu, part) in enumerate(zip(roles, nodes, gpus, parts, strict=True)):

@@ -92,9 +92,8 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
 
     on_gpu, rollouts = layout.device.startswith("cuda"), len(layout.rollout_ranks)
     sync = resolve_weight_sync(config.weights.transport, config.layout.colocate, on_gpu, rollouts)
-    rows = plan(
-        config.layout, layout.size, simulated_ranks_per_node(), 0, engine_gpus(config), sync, config.weights.shm_mapped
-    )
+    gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
+    rows = plan(config.layout, layout.size, simulated_ranks_per_node(), 0, gpus, sync, mapped, in_place)
     print(format_plan(rows, layout.single_process), flush=True)
     return start_step
 

@@ -278,8 +278,8 @@ def make_weight_sync(config, layout, engine=None) -> WeightSync:
     if choice == "shm":
         from agentrl.weights_shm import SharedMemoryWeights
 
-        in_place = config.weights.shm_in_place if not config.rollout.max_staleness else False
-        return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb, config.weights.shm_mapped, in_place)
+        mapped, in_place = config.weights.shm_mapped, config.trains_in_window
+        return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb, mapped, in_place)
     if choice in ("nccl", "gloo"):
         return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, choice, layout.device, engine)
     return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device)

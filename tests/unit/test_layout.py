@@ -160,6 +160,10 @@ def test_weights_column_names_the_node_leader_that_gets_the_broadcast_and_engine
     assert [r.weights for r in rows] == ["send", "-", "bcast+shm", "shm", "bcast+shm", "-"]  # node 0: trainers
     rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2, weights_transport="mpi")
     assert [r.weights for r in rows] == ["send", "mpi", "mpi", "-"]
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2, in_place="auto")
+    assert [r.weights for r in rows] == ["send in place", "shm view", "bcast+shm view", "shm view"]
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2, in_place="auto")
+    assert rows[0].weights == "send", "copying engines: the trainer cannot train where they read"
 
 
 def test_simulated_nodes_come_from_the_environment(monkeypatch):
@@ -185,8 +189,11 @@ def test_layout_command_groups_ranks_into_simulated_nodes(capsys, monkeypatch):
     config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "quickstart.yaml")
     assert main(["layout", config, "--np", "4", "layout.rollout=3", "layout.env=0", "rollout.tasks_per_step=3"]) == 0
     rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
-    expected = [("0", "send"), ("0", "shm view"), ("1", "bcast+shm view"), ("1", "shm view")]
+    expected = [("0", "send in place"), ("0", "shm view"), ("1", "bcast+shm view"), ("1", "shm view")]
     assert [(row[3], " ".join(row[5:])) for row in rows] == expected
+    overrides = ["layout.rollout=3", "layout.env=0", "rollout.tasks_per_step=3", "rollout.max_staleness=1"]
+    assert main(["layout", config, "--np", "4", *overrides]) == 0  # running ahead: the trainer copies
+    assert capsys.readouterr().out.splitlines()[1].split()[5:] == ["send"]
 
 
 def test_layout_of_agentrl_eval_shows_the_trainer_leader_reporting_and_the_other_trainers_idle(capsys):
