@@ -1,4 +1,5 @@
-"""Node memory of shared-memory weights: engines viewing the window (mapped) against copying from it.
+"""Node memory of shared-memory weights: engines viewing the window (mapped), the trainer training in
+it as well (in place, lockstep), against engines copying from it.
 
 One `mpirun -n RECEIVERS+1` job per mode: the trainer leader sends three versions of a
 Qwen2-shaped model to torch engines on one node, each engine then reads every weight (as
@@ -24,6 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
 from bench_weights import build_model, mpirun_command  # noqa: E402
 
 FIELDS = ("Pss", "Pss_Anon", "Pss_Shmem")
@@ -48,15 +50,24 @@ def run_mpi_part(args) -> None:
     world = MPI.COMM_WORLD
     rank = world.Get_rank()
     model = build_model(args.mb, seed=rank)
-    named = [(name, p.detach()) for name, p in model.named_parameters()] if rank == 0 else None
     engine = TorchEngine(model, pad_token_id=0) if rank else None
-    del model
-    sync = SharedMemoryWeights(world, node=0, bucket_mb=args.bucket_mb, mapped=args.mapped == "on")
+    mapped, in_place = args.mapped in ("on", "inplace"), args.mapped == "inplace"
+    sync = SharedMemoryWeights(world, node=0, bucket_mb=args.bucket_mb, mapped=mapped, in_place=in_place)
+    if rank == 0:
+        sync.place(model)
+    else:
+        del model
     for version in range(1, 4):
         if rank == 0:
-            sync.send(named, version)
+            if version > 1:  # the optimizer's step, where the trainer's parameters live
+                sync.begin_update()
+                with torch.no_grad():
+                    for p in model.parameters():
+                        p.add_(1.0)
+            sync.send([(name, p.detach()) for name, p in model.named_parameters()], version)
         else:
             assert sync.receive(engine) == version
+        world.Barrier()  # lockstep: the engines are done with a version before the trainer changes it
     gc.collect()
     if rank:
         sum(float(p.sum()) for p in engine.model.parameters())  # every weight read, as generating does
@@ -73,7 +84,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=400, help="weights in MB of float32 (default 400)")
     parser.add_argument("--receivers", type=int, default=3, help="rollout ranks on the node (default 3)")
     parser.add_argument("--bucket-mb", type=float, default=64.0, help="weights.bucket_mb (64)")
-    parser.add_argument("--mapped", choices=["on", "off"], help=argparse.SUPPRESS)
+    parser.add_argument("--mapped", choices=["inplace", "on", "off"], help=argparse.SUPPRESS)
     parser.add_argument("--json", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.mapped:
@@ -83,7 +94,7 @@ def main() -> None:
         return
     results = {}
     with tempfile.TemporaryDirectory(prefix="bench_weights_memory_") as folder:
-        for mapped in ("on", "off"):
+        for mapped in ("inplace", "on", "off"):
             out = Path(folder) / f"{mapped}.json"
             command = [*mpirun_command(args.receivers + 1), sys.executable, __file__, "--mapped", mapped]
             command += ["--json", str(out), "--mb", str(args.mb), "--bucket-mb", str(args.bucket_mb)]
@@ -91,13 +102,14 @@ def main() -> None:
             subprocess.run(command, env=env, check=True)
             results[mapped] = json.loads(out.read_text())
     print(f"\nweights: {args.mb:g} MB float32, trainer leader + {args.receivers} engines on one node; PSS in MB")
-    print(f"{'shm_mapped':<11} {'rank':<14} {'PSS':>7} {'private':>8} {'shared':>7}")
+    print(f"{'mode':<11} {'rank':<14} {'PSS':>7} {'private':>8} {'shared':>7}")
     for mapped, sizes in results.items():
         for name, size in (("trainer", sizes[0]), ("engine (most)", max(sizes[1:], key=lambda s: s["Pss"]))):
             print(f"{mapped:<11} {name:<14} {size['Pss']:7.0f} {size['Pss_Anon']:8.0f} {size['Pss_Shmem']:7.0f}")
         print(f"{mapped:<11} {'node total':<14} {sum(s['Pss'] for s in sizes):7.0f}")
-    saved = sum(s["Pss"] for s in results["off"]) - sum(s["Pss"] for s in results["on"])
-    print(f"mapped saves {saved:.0f} MB on this node")
+    totals = {mapped: sum(s["Pss"] for s in sizes) for mapped, sizes in results.items()}
+    saved_mapped, saved_in_place = totals["off"] - totals["on"], totals["off"] - totals["inplace"]
+    print(f"against copying, mapped saves {saved_mapped:.0f} MB on this node, in place {saved_in_place:.0f} MB")
 
 
 if __name__ == "__main__":
