@@ -188,6 +188,7 @@ class ContinuousTorchEngine(TorchEngine):
     # ---- the decode loop (worker thread) ------------------------------------------------
 
     def _serve(self) -> None:
+        torch.set_num_threads(self.threads)  # this thread's own OpenMP count (see TorchEngine.__init__)
         batch = self._batch
         while True:
             with self._wake:

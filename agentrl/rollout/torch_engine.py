@@ -100,7 +100,15 @@ class TorchEngine(Engine):
         self._takes_ready_masks = _takes_ready_made_sdpa_masks(model)
         self._cache_keyword = cache_keyword(model)
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = weakref.WeakKeyDictionary()
-        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="torch-engine")
+        # A new thread starts with OpenMP's default thread count (OMP_NUM_THREADS, else every core), not the
+        # count torch.set_num_threads gave the thread that built the engine: the worker sets the same itself.
+        self.threads = torch.get_num_threads()
+        self._worker = ThreadPoolExecutor(
+            max_workers=1,
+            thread_name_prefix="torch-engine",
+            initializer=torch.set_num_threads,
+            initargs=(self.threads,),
+        )
         self._model_lock = threading.Lock()  # a batch and a weight update never overlap
         self._abort_epoch = 0  # bumped by abort_all; a batch from an older epoch stops early
 

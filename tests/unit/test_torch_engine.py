@@ -323,3 +323,45 @@ def test_row_settings_joined_and_selected_equal_those_built_at_once():
     first = RowSampling(params[:1], vocab, "cpu")  # no stop ids, then rows with some
     first.extend(RowSampling(params[1:3], vocab, "cpu"))
     assert_same(first, params[:3])
+
+
+def openmp_threads() -> int:
+    """The calling thread's OpenMP thread count (what MKL's matrix products use), from the libgomp torch loaded."""
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).omp_get_max_threads()
+    except AttributeError:
+        pytest.skip("this torch build does not use libgomp")
+
+
+@ENGINE_CLASSES
+def test_the_worker_thread_runs_with_the_torch_threads_of_the_rank(engine_class, model, tokenizer, prompts):
+    """A fresh thread gets OpenMP's default count, not torch.set_num_threads': the engine's worker sets its own."""
+    import threading
+
+    fresh = []
+    probe = threading.Thread(target=lambda: fresh.append(openmp_threads()))
+    probe.start()
+    probe.join()
+    before = torch.get_num_threads()
+    wanted = 2 if fresh[0] == 1 else 1  # a count a new thread would not get by itself
+    torch.set_num_threads(wanted)
+    try:
+        engine = engine_class(model, pad_token_id=tokenizer.pad_token_id, seed=0)
+        seen = []
+        pass_name = "_step" if engine_class is ContinuousTorchEngine else "_run_batch"
+        model_pass = getattr(engine, pass_name)
+
+        def recording(*args, **kwargs):
+            seen.append((threading.current_thread().name, openmp_threads()))
+            return model_pass(*args, **kwargs)
+
+        setattr(engine, pass_name, recording)
+        sampling = SamplingParams(max_new_tokens=3, temperature=1.0)
+        asyncio.run(engine.generate(prompts[0], sampling))
+        engine.shutdown()
+    finally:
+        torch.set_num_threads(before)
+    assert seen and all(name.startswith("torch-engine") for name, _ in seen), seen
+    assert {threads for _, threads in seen} == {wanted}, (fresh, seen)
