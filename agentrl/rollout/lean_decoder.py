@@ -153,8 +153,12 @@ class LeanDecoder:
         query_heads, kv_heads, head_dim = self.query_heads, self.kv_heads, self.head_dim
         query_keys = (query_heads + kv_heads) * head_dim
         ids = torch.cat([feed.ids.reshape(-1) for feed in feeds]) if len(feeds) > 1 else feeds[0].ids.reshape(-1)
-        hidden = self.body.embed_tokens(ids)
         positions = torch.cat([feed.positions.reshape(-1) for feed in feeds]) if len(feeds) > 1 else feeds[0].positions
+        tokens = ids.numel()
+        real = _real_tokens(feeds)  # padding skips the projections and MLPs; attention sees it laid out again
+        if real is not None:
+            ids, positions = ids[real], positions.reshape(-1)[real]
+        hidden = self.body.embed_tokens(ids)
         cos, signed_sin = self.rotary(hidden, positions.reshape(-1))
         biases = [feed.bias(hidden.dtype) for feed in feeds]
         split = _splitter([feed.ids.numel() for feed in feeds])
@@ -166,6 +170,8 @@ class LeanDecoder:
                 queries, keys = query_key[:, :query_heads], query_key[:, query_heads:]
                 query_key = torch.cat([weights.q_norm(queries), weights.k_norm(keys)], dim=1)
             query_key = query_key * cos + query_key.roll(head_dim // 2, dims=-1) * signed_sin
+            if real is not None:
+                query_key, value = _spread(query_key, real, tokens), _spread(value, real, tokens)
             attended = []
             for feed, bias, own, own_value in zip(feeds, biases, split(query_key), split(value), strict=True):
                 rows, width = feed.ids.shape
@@ -179,11 +185,14 @@ class LeanDecoder:
                 query = own[:, :, :query_heads].transpose(1, 2) * weights.scaling
                 attended.append(attend(query, kept.keys, kept.values, bias))
             attention = attended[0] if len(attended) == 1 else torch.cat(attended)
+            if real is not None:
+                attention = attention[real]
             hidden = add_linear(hidden, attention, *weights.output)
             gate_up = F.linear(weights.post_attention_norm(hidden), weights.gate_up, weights.gate_up_bias)
             inner = weights.inner
             hidden = add_linear(hidden, weights.activation(gate_up[:, :inner]) * gate_up[:, inner:], *weights.down)
-        logits = F.linear(self.final_norm(_last_tokens(split(hidden), feeds)), *self.head)
+        last = hidden[_last_real(feeds)] if real is not None else _last_tokens(split(hidden), feeds)
+        logits = F.linear(self.final_norm(last), *self.head)
         return list(logits.split([feed.ids.shape[0] for feed in feeds])) if len(feeds) > 1 else [logits]
 
 
@@ -203,6 +212,38 @@ def _last_tokens(parts, feeds: list[Feed]) -> torch.Tensor:
     return last[0] if len(last) == 1 else torch.cat(last)
 
 
+def _real_tokens(feeds: list[Feed]) -> torch.Tensor | None:
+    """Indices of the flat batch's real (not padding) tokens; None when padding is not worth skipping.
+
+    Only feeds of right-aligned rows (each row's last new token real, as admissions lay them
+    out) are compacted, so a row's last real token is the last of its run in the flat batch.
+    """
+    padded = [feed.real is not None for feed in feeds]
+    if not any(padded) or not all(feed.real[:, -1].all() for feed in feeds if feed.real is not None):
+        return None
+    flags = [
+        feed.real.reshape(-1) if feed.real is not None else torch.ones(feed.ids.numel(), dtype=torch.bool)
+        for feed in feeds
+    ]
+    return (torch.cat(flags) if len(flags) > 1 else flags[0]).nonzero().squeeze(1)
+
+
+def _last_real(feeds: list[Feed]) -> torch.Tensor:
+    """Where each row's last token lies among the real tokens (`_real_tokens`), all feeds' rows in order."""
+    counts = torch.cat(
+        [
+            feed.real.sum(dim=1) if feed.real is not None else torch.full((feed.ids.shape[0],), feed.ids.shape[1])
+            for feed in feeds
+        ]
+    )
+    return counts.cumsum(0) - 1
+
+
+def _spread(compact: torch.Tensor, real: torch.Tensor, tokens: int) -> torch.Tensor:
+    """The real tokens' rows laid out at their places among `tokens`, zeros where padding was."""
+    return compact.new_zeros((tokens, *compact.shape[1:])).index_copy_(0, real, compact)
+
+
 class Feed:
     """Tokens to feed through the model at their positions, what each of them sees, and the cache they extend.
 
@@ -210,8 +251,9 @@ class Feed:
     columns) is True where a new token sees a column: the cache's kept columns, then the new ones.
     """
 
-    def __init__(self, ids: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, cache):
+    def __init__(self, ids: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor, cache, real=None):
         self.ids, self.visible, self.positions, self.cache = ids, visible, positions, cache
+        self.real = real  # (rows, new columns) True where a new token is not padding; None: no padding
 
     @classmethod
     def prefill(cls, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> Feed:
@@ -223,7 +265,8 @@ class Feed:
         column = torch.arange(columns, device=ids.device)
         own = (kept + torch.arange(width, device=ids.device))[:, None]
         visible = (mask.bool()[:, None, :] & (column <= own)) | (column == own)
-        return cls(ids, visible[:, None], positions, cache)
+        real = mask[:, kept:].bool()
+        return cls(ids, visible[:, None], positions, cache, None if bool(real.all()) else real)
 
     @classmethod
     def decode(cls, tokens: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor, cache) -> Feed:

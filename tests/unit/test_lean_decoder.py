@@ -85,6 +85,34 @@ def test_ragged_prefills_and_many_decode_steps_match_the_forward(family):
         assert_close(lean_layer.values * visible, forward_layer.values * visible)
 
 
+@torch.inference_mode()
+def test_padding_of_a_ragged_prefill_skips_the_projections(monkeypatch):
+    """Only the real tokens go through the matrix products; the logits are the forward's all the same
+    (the tests above run the same ragged prefills against it)."""
+    model = build("qwen2")
+    decoder = LeanDecoder.for_model(model)
+    ids = torch.tensor([[5, 6, 7, 8, 9], [0, 0, 11, 12, 13], [0, 0, 0, 21, 22]])
+    mask = (ids != 0).long()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    rows_seen = []
+    linear = F.linear
+
+    def counting(x, weight, bias=None):
+        rows_seen.append(x.shape[0])
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(F, "linear", counting)
+    expected = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1, :]
+    rows_seen.clear()
+    assert_close(decoder.prefill(ids, mask, positions, DynamicCache(config=model.config)), expected)
+    assert rows_seen[:2] == [10, 10], "q/k/v and gate/up of the first layer: the 10 real tokens of 15"
+    assert rows_seen[-1] == 3, "the head: each row's last token"
+    rows_seen.clear()
+    full = torch.ones_like(mask)
+    decoder.prefill(ids, full, (full.cumsum(-1) - 1), DynamicCache(config=model.config))
+    assert rows_seen[:2] == [15, 15], "no padding: every token"
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @torch.inference_mode()
 def test_a_decode_step_and_a_prefill_in_one_pass_match_them_apart(family):
