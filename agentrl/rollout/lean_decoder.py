@@ -213,7 +213,8 @@ def _last_tokens(parts, feeds: list[Feed]) -> torch.Tensor:
 
 
 def _real_tokens(feeds: list[Feed]) -> torch.Tensor | None:
-    """Indices of the flat batch's real (not padding) tokens; None when padding is not worth skipping.
+    """Indices of the flat batch's real (not padding) tokens; None when no feed has padding to skip, or when a
+    padded feed's rows are not right-aligned.
 
     Only feeds of right-aligned rows (each row's last new token real, as admissions lay them
     out) are compacted, so a row's last real token is the last of its run in the flat batch.
@@ -222,7 +223,9 @@ def _real_tokens(feeds: list[Feed]) -> torch.Tensor | None:
     if not any(padded) or not all(feed.real[:, -1].all() for feed in feeds if feed.real is not None):
         return None
     flags = [
-        feed.real.reshape(-1) if feed.real is not None else torch.ones(feed.ids.numel(), dtype=torch.bool)
+        feed.real.reshape(-1)
+        if feed.real is not None
+        else torch.ones(feed.ids.numel(), dtype=torch.bool, device=feed.ids.device)
         for feed in feeds
     ]
     return (torch.cat(flags) if len(flags) > 1 else flags[0]).nonzero().squeeze(1)
@@ -232,7 +235,9 @@ def _last_real(feeds: list[Feed]) -> torch.Tensor:
     """Where each row's last token lies among the real tokens (`_real_tokens`), all feeds' rows in order."""
     counts = torch.cat(
         [
-            feed.real.sum(dim=1) if feed.real is not None else torch.full((feed.ids.shape[0],), feed.ids.shape[1])
+            feed.real.sum(dim=1)
+            if feed.real is not None
+            else torch.full((feed.ids.shape[0],), feed.ids.shape[1], device=feed.ids.device)
             for feed in feeds
         ]
     )
