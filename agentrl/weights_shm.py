@@ -109,6 +109,10 @@ class Slot:
         self.payload = memory[start + STAMP_BYTES : start + STAMP_BYTES + capacity]
         self.tensor = torch.from_numpy(self.payload)
 
+    @property
+    def being_written(self) -> bool:
+        return bool(self.stamp[0] % 2)
+
     def begin_write(self) -> None:
         self.stamp[0] += 1  # odd: being written
 
@@ -185,7 +189,6 @@ class SharedMemoryWeights(WeightSync):
         self.in_place_choice = in_place
         self.placed_model = None  # trainer leader: the model whose parameters may live in the window
         self.in_place: bool | None = None  # decided at the first send, the same on every rank
-        self.updating = False  # trainer leader: its optimizer is writing the slot its parameters live in
         self.node_comm = None
         self.leaders_comm = None  # one rank per node; None on the other ranks
         self.window: SharedWindow | None = None
@@ -300,10 +303,9 @@ class SharedMemoryWeights(WeightSync):
         previous = self.slot_free.pop(bucket % self.window.slots_count, None)
         if previous is not None:
             transport.wait(previous, what="readers of a weight slot", max_sleep_s=HANDOFF_MAX_SLEEP_S)
-        if not self.updating:  # begin_update already marked the slot the trainer trains in
+        if not slot.being_written:  # else begin_update marked it: the trainer trains in it
             slot.begin_write()
             self.window.sync()
-        self.updating = False
         if named_tensors is not None:  # the trainer leader: gather (FSDP) one tensor at a time and copy it in
             for index, (_, tensor) in zip(range(start, end), full_tensors(named_tensors[start:end]), strict=True):
                 flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
@@ -372,13 +374,11 @@ class SharedMemoryWeights(WeightSync):
         slot.check(version, 0, seen)
 
     def _place_in(self, slot: Slot, manifest, offsets) -> None:
-        """Trainer leader: each parameter becomes its view of the slot (same values: the slot was just filled)."""
-        params = list(self.placed_model.named_parameters())
+        """Trainer leader: each parameter becomes its view of the slot (same values: the slot was just filled).
+        `_decide_in_place` checked that the manifest lists the model's parameters in order."""
         views = self._views(slot, manifest, offsets, 0, len(manifest))
         with torch.no_grad():
-            for (name, param), (view_name, view) in zip(params, views, strict=True):
-                if name != view_name:
-                    raise RuntimeError(f"weights sent out of the model's parameter order: {view_name} vs {name}")
+            for param, (_, view) in zip(self.placed_model.parameters(), views, strict=True):
                 if param.data_ptr() != view.data_ptr():
                     param.data = view
 
@@ -409,7 +409,6 @@ class SharedMemoryWeights(WeightSync):
             self._finish_pending()  # done already: every rollout rank switched before it generated this step
             self.window.slots[0].begin_write()
             self.window.sync()
-            self.updating = True
 
     @staticmethod
     def _views(slot: Slot, manifest, offsets, start: int, end: int) -> list[tuple[str, torch.Tensor]]:
