@@ -194,15 +194,12 @@ def cmd_supervise(args) -> int:
 def cmd_layout(args) -> int:
     from agentrl.config import load_config
     from agentrl.layout import engine_gpus, format_plan, plan, simulated_ranks_per_node
-    from agentrl.weights_gpu import resolve_weight_sync
 
     config = load_config(args.config, args.overrides)
     ranks_per_node = args.ranks_per_node or simulated_ranks_per_node()
-    sync = resolve_weight_sync(
-        config.weights.transport, config.layout.colocate, args.gpus_per_node > 0, config.layout.rollout
-    )
     gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
-    rows = plan(config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, sync, mapped, in_place)
+    transport = config.weights.transport  # resolved from the planned placements, as a run resolves it
+    rows = plan(config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, transport, mapped, in_place)
     print(format_plan(rows, single_process=args.np == 1, evaluating=args.eval))
     if args.np == 1:
         print("world size 1: every role runs in this one process")

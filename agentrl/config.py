@@ -106,6 +106,13 @@ class TorchEngineConfig(Section):
         description="Memory for KV caches kept between an episode's turns (continuous scheduler); the least "
         "recently kept go first when it is full, and their episodes are prefilled again; 0 keeps none.",
     )
+    cuda_graphs: Literal["auto"] | bool = Field(
+        "auto",
+        description="Continuous scheduler: decode steps at fixed shapes over a slot KV cache, captured as CUDA "
+        "graphs per batch-size bucket and replayed (one launch per step instead of hundreds), with sampling read "
+        "back one step behind. `auto`: on CUDA for the model families the lean decoder serves (Llama, Qwen2/3, "
+        "Mistral); `true` also on CPU, where the same steps run eagerly (for tests); `false`: never.",
+    )
 
 
 class SGLangEngineConfig(Section):
@@ -296,9 +303,11 @@ class WeightsConfig(Section):
     transport: Literal["auto", "shm", "mpi", "nccl", "gloo", "cuda_ipc"] = Field(
         "auto",
         description="`shm` (CPU: written once per node into MPI shared memory, one broadcast per bucket across "
-        "nodes), `mpi` (CPU: a broadcast to every rollout rank), `nccl` (broadcast), `cuda_ipc` (colocated, "
-        "same GPU), `gloo` (the NCCL path's process-group broadcast on CPU); "
-        "`auto` picks cuda_ipc when colocated, nccl on GPUs, else shm.",
+        "nodes), `mpi` (CPU: a broadcast to every rollout rank), `nccl` (broadcast), `cuda_ipc` (every rollout "
+        "rank on the trainer leader's GPU), `gloo` (the NCCL path's process-group broadcast on CPU); "
+        "`auto` decides from where the trainer leader and the rollout ranks sit (`agentrl layout` shows it): "
+        "shm without GPUs, nccl when each has a GPU of its own, cuda_ipc when every rollout rank is on the "
+        "trainer leader's GPU, else shm (through host memory).",
     )
     bucket_mb: float = Field(
         64.0,
@@ -500,16 +509,7 @@ class Config(Section):
             )
         self._default_async_correction()
         transport = self.weights.transport
-        if transport == "cuda_ipc" and not self.layout.colocate:
-            raise ValueError(
-                "weights.transport=cuda_ipc needs trainer and rollout on the same GPU: set layout.colocate=true, "
-                "or use weights.transport=nccl"
-            )
-        if transport == "cuda_ipc" and self.layout.rollout != 1:
-            raise ValueError(
-                f"weights.transport=cuda_ipc shares the trainer leader's GPU with one rollout rank, but "
-                f"layout.rollout={self.layout.rollout}; set layout.rollout=1 or use weights.transport=nccl"
-            )
+        # Whether cuda_ipc can serve is known once ranks have GPUs: weights_gpu.resolve_weight_sync checks it at start.
         if transport == "nccl" and self.layout.colocate:
             raise ValueError(
                 "weights.transport=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "

@@ -164,22 +164,49 @@ class RankPlan:
     weights: str = "-"
 
 
+def weight_group_placements(
+    roles: list[Role], nodes: list[int], gpus: list[int | None]
+) -> tuple[tuple[int, int | None], list[tuple[int, int | None]]]:
+    """Where the weight group sits: the trainer leader's (node, gpu) and each rollout rank's, in rank order."""
+    leader = roles.index(Role.TRAINER)
+    rollouts = [(nodes[rank], gpus[rank]) for rank, role in enumerate(roles) if role is Role.ROLLOUT]
+    return (nodes[leader], gpus[leader]), rollouts
+
+
 def plan(
     layout: LayoutConfig,
     world_size: int,
     ranks_per_node: int | None = None,
     gpus_per_node: int = 0,
     rollout_gpus: int = 1,
-    weights_transport: str = "shm",
+    weights_transport: str = "auto",
     shm_mapped: bool | str = "auto",
     in_place: bool | str = False,
+    nodes: list[int] | None = None,
 ):
-    """The whole job's placement, as `agentrl layout` prints it (no MPI needed)."""
+    """The whole job's placement, as `agentrl layout` prints it (no MPI needed).
+
+    `weights_transport` is `weights.transport` as configured: resolved from the weight group's
+    placements the way every rank resolves it (`weights_gpu.resolve_weight_sync`), so `auto` shows
+    the transport the run uses, and a choice that cannot work raises ConfigError. `nodes`: each
+    rank's node where it is known (a running job's `Layout.nodes`), in place of `ranks_per_node`.
+    """
     roles = assign_roles(layout, world_size)
-    per_node = ranks_per_node or world_size
-    nodes = [rank // per_node for rank in range(world_size)]
-    gpus = bind_gpus(roles, nodes, gpus_per_node, layout.colocate and world_size > 1, rollout_gpus)
-    parts = weight_roles(roles, nodes, weights_transport, shm_mapped, in_place) if world_size > 1 else ["in-process"]
+    if nodes is None:
+        per_node = ranks_per_node or world_size
+        nodes = [rank // per_node for rank in range(world_size)]
+    colocate = layout.colocate and world_size > 1
+    gpus = bind_gpus(roles, nodes, gpus_per_node, colocate, rollout_gpus)
+    if world_size > 1:
+        from agentrl.weights_gpu import resolve_weight_sync
+
+        leader, rollouts = weight_group_placements(roles, nodes, gpus)
+        transport = resolve_weight_sync(weights_transport, colocate, leader, rollouts, rollout_gpus)
+        if leader[1] is not None:  # GPU ranks neither view host memory nor train in it: they copy
+            shm_mapped, in_place = False, False
+        parts = weight_roles(roles, nodes, transport, shm_mapped, in_place)
+    else:
+        parts = ["in-process"]
     counters: dict[Role, int] = {}
     rows = []
     for rank, (role, node, gpu, part) in enumerate(zip(roles, nodes, gpus, parts, strict=True)):
@@ -235,8 +262,11 @@ class Layout:
         node_comm.Free()
         if gpus_per_node is None:
             gpus_per_node = _visible_gpus()
+        self.gpus_per_node = gpus_per_node  # this node's; every node is taken to have as many
         colocate = layout.colocate and not self.single_process
-        self.gpu = bind_gpus(self.roles, self.nodes, gpus_per_node, colocate, rollout_gpus)[self.rank]
+        # The whole job's GPU per rank (None: CPU): where the weight group sits decides its transport.
+        self.gpus = bind_gpus(self.roles, self.nodes, gpus_per_node, colocate, rollout_gpus)
+        self.gpu = self.gpus[self.rank]
 
     @property
     def is_trainer_leader(self) -> bool:

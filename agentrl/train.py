@@ -17,7 +17,7 @@ from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.evaluation.report import drop_from as drop_eval_from
-from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan, simulated_ranks_per_node
+from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan
 from agentrl.rollout.chat import tools_as_text
 from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
 from agentrl.run_summary import RunSummary
@@ -88,12 +88,12 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     save_config(config, run_dir / "config.yaml")
     ensure_model(config, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
-    from agentrl.weights_gpu import resolve_weight_sync
-
-    on_gpu, rollouts = layout.device.startswith("cuda"), len(layout.rollout_ranks)
-    sync = resolve_weight_sync(config.weights.transport, config.layout.colocate, on_gpu, rollouts)
+    # This job's real nodes (numbered 0, 1, ... in rank order) and GPUs: the table shows what each rank binds and
+    # the weight transport every rank resolves from those placements.
+    nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
     gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
-    rows = plan(config.layout, layout.size, simulated_ranks_per_node(), 0, gpus, sync, mapped, in_place)
+    transport = config.weights.transport
+    rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes)
     print(format_plan(rows, layout.single_process), flush=True)
     return start_step
 

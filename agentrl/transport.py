@@ -296,11 +296,11 @@ def barrier(comm) -> None:
     wait(comm.Ibarrier(), what="a barrier")
 
 
-def allreduce_sum(comm, array: np.ndarray) -> np.ndarray:
+def allreduce_sum(comm, array: np.ndarray, max_sleep_s: float = MAX_SLEEP_S) -> np.ndarray:
     from mpi4py import MPI
 
     out = np.empty_like(array)
-    wait(comm.Iallreduce(array, out, op=MPI.SUM), what="an allreduce")
+    wait(comm.Iallreduce(array, out, op=MPI.SUM), what="an allreduce", max_sleep_s=max_sleep_s)
     return out
 
 

@@ -1,23 +1,20 @@
-"""GPU weight sync: a torch.distributed broadcast group (NCCL, or gloo on CPU) and CUDA IPC.
+"""GPU weight sync: a torch.distributed broadcast group (NCCL, or gloo on CPU), and the factory of every transport.
 
-Both implement `agentrl.weights.WeightSync` and keep its versioned header: a small
-object over MPI (version, manifest, bucket boundaries, stop flag) precedes the data.
+`DistributedWeightBroadcast` implements `agentrl.weights.WeightSync` and keeps its versioned
+header: a small object over MPI (version, manifest, bucket boundaries, stop flag) precedes
+the data. One process group holds the trainer leader (rank 0) and every engine worker (a
+torch engine brings 1, an SGLang engine its TP workers). It is built the way SGLang's
+`init_custom_process_group` builds its group (TCPStore rendezvous, PrefixStore(group_name),
+`_new_process_group_helper`), so SGLang's workers and our sender meet on the same store
+keys. Each bucket travels as one flat uint8 tensor: the tensors' bytes back to back,
+SGLang's "flattened_bucket".
 
-- `DistributedWeightBroadcast`: one process group holds the trainer leader (rank 0)
-  and every engine worker (a torch engine brings 1, an SGLang engine its TP workers).
-  It is built the way SGLang's `init_custom_process_group` builds its group (TCPStore
-  rendezvous, PrefixStore(group_name), `_new_process_group_helper`), so SGLang's
-  workers and our sender meet on the same store keys. Each bucket travels as one
-  flat uint8 tensor: the tensors' bytes back to back, SGLang's "flattened_bucket".
-- `CUDAIPCWeightSync`: trainer and rollout share a GPU (layout.colocate). Per bucket
-  the trainer flattens on its GPU and pickles a CUDA IPC handle over MPI; the rollout
-  rank maps the same memory, loads it, and acknowledges so the trainer can free it.
+The CUDA IPC path, for ranks that share the trainer leader's GPU, is `agentrl.weights_cuda_ipc`.
 """
 
 from __future__ import annotations
 
 import datetime
-import pickle
 
 import numpy as np
 import torch
@@ -178,100 +175,74 @@ class DistributedWeightBroadcast(WeightSync):
         return header["version"]
 
 
-class CUDAIPCWeightSync(WeightSync):
-    """Colocated: the trainer leader shares each flat bucket's GPU memory with the rollout ranks on its GPU.
+def resolve_weight_sync(
+    choice: str,
+    colocate: bool,
+    leader: tuple[int, int | None],
+    rollouts: list[tuple[int, int | None]],
+    rollout_gpus: int = 1,
+) -> str:
+    """`weights.transport` after `auto`, from where the weight group sits; ConfigError for a choice that cannot work.
 
-    A rollout rank calls `receive` right after shipping its episodes, so its engine
-    sleeps (releases its GPU memory) while the trainer trains, and wakes when the
-    next weights arrive.
+    `leader` is the trainer leader's (node, GPU index), `rollouts` each rollout rank's (gpu None on CPU),
+    as `agentrl.layout.weight_group_placements` gives them; a rollout engine uses `rollout_gpus`
+    consecutive GPUs from its own (SGLang tensor parallelism). `auto` picks `shm` without CUDA; `nccl`
+    when no two members share a GPU (NCCL refuses two members of its group on one device); `cuda_ipc`
+    when every rollout rank sits on the leader's own GPU (one writer, the readers on its GPU); else
+    `shm`, through host memory. `colocate` (`layout.colocate`) only words the errors.
     """
-
-    def __init__(self, weight_comm, bucket_mb: float, device="cuda"):
-        self.comm = weight_comm
-        self.bucket_bytes = int(bucket_mb * 2**20)
-        self.device = torch.device(device)
-        self.receivers = weight_comm.Get_size() - 1
-
-    def send(self, named_tensors, version: int) -> None:
-        from torch.multiprocessing.reductions import reduce_tensor
-
-        named_tensors = list(named_tensors)
-        specs = [tensor_spec(name, tensor) for name, tensor in named_tensors]
-        header = make_header(specs, version, self.bucket_bytes)
-        transport.bcast_object(self.comm, header, root=0)
-        for start, end in header["buckets"]:
-            flat = flatten_bucket([t.to(self.device) for _, t in full_tensors(named_tensors[start:end])])
-            torch.cuda.current_stream(self.device).synchronize()  # the receiver reads on another process's stream
-            transport.bcast_object(self.comm, pickle.dumps(reduce_tensor(flat)), root=0)
-            self._wait_for_acks()
-            del flat
-        transport.barrier(self.comm)
-
-    def _wait_for_acks(self) -> None:
-        acks = transport.allreduce_sum(self.comm, np.zeros(1, dtype=np.int64))
-        if int(acks[0]) != self.receivers:
-            raise RuntimeError(f"{self.receivers - int(acks[0])} rollout ranks failed to load a CUDA IPC weight bucket")
-
-    def stop(self) -> None:
-        transport.bcast_object(self.comm, STOP_HEADER, root=0)
-
-    def receive(self, engine) -> int | None:
-        engine.sleep()
-        header = transport.bcast_object(self.comm, None, root=0)
-        if header["stop"]:
-            return None
-        manifest = header["manifest"]
-        engine.wake()
-        engine.begin_weight_update()
-        for start, end in header["buckets"]:
-            rebuild, args = pickle.loads(transport.bcast_object(self.comm, None, root=0))
-            flat = rebuild(*args)
-            engine.load_weight_bucket(unflatten_bucket(flat, manifest[start:end]))
-            torch.cuda.synchronize(flat.device)
-            del flat
-            transport.allreduce_sum(self.comm, np.ones(1, dtype=np.int64))
-        engine.end_weight_update(header["version"])
-        transport.barrier(self.comm)
-        return header["version"]
-
-
-def resolve_weight_sync(choice: str, colocate: bool, on_gpu: bool, rollout_ranks: int) -> str:
-    """`weights.transport` after `auto`; ConfigError for a choice that cannot work here."""
+    on_gpu = leader[1] is not None and all(gpu is not None for _, gpu in rollouts)
+    shared = None  # the first two members on one GPU: (member, member, node, gpu)
+    owner = {tuple(leader): "the trainer leader"}
+    for index, (node, base) in enumerate(rollouts if on_gpu else []):
+        for gpu in range(base, base + rollout_gpus):
+            if shared is None and (node, gpu) in owner:
+                shared = (owner[node, gpu], f"rollout role_rank {index}", node, gpu)
+            owner.setdefault((node, gpu), f"rollout role_rank {index}")
+    elsewhere = next((i for i, place in enumerate(rollouts) if tuple(place) != tuple(leader)), None)
+    on_leaders_gpu = on_gpu and bool(rollouts) and elsewhere is None and rollout_gpus == 1
+    pick = "shm" if not on_gpu else "nccl" if shared is None else "cuda_ipc" if on_leaders_gpu else "shm"
     if choice == "auto":
-        if colocate and on_gpu:
-            # NCCL refuses two ranks of one group on one GPU; more than one colocated pair goes over MPI for now.
-            return "cuda_ipc" if rollout_ranks == 1 else "mpi"
-        return "nccl" if on_gpu else "shm"
-    if choice == "nccl" and not on_gpu:
+        return pick
+    if choice in ("nccl", "cuda_ipc") and not on_gpu:
         raise ConfigError(
-            "weights.transport=nccl needs CUDA on the trainer and rollout ranks; this job has none. "
-            "Use weights.transport=shm or mpi (or auto) on CPU"
+            f"weights.transport={choice} needs CUDA on the trainer leader and every rollout rank; this job has "
+            "none. Use weights.transport=auto, shm or mpi on CPU"
         )
-    if choice == "nccl" and colocate:
+    if choice == "nccl" and shared is not None:
+        first, second, node, gpu = shared
+        why = " (layout.colocate=true)" if colocate else ""
+        other = "cuda_ipc or shm" if on_leaders_gpu else "shm or mpi"
         raise ConfigError(
-            "weights.transport=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "
-            "NCCL needs one GPU per group member. Use weights.transport=cuda_ipc (one rollout rank) or mpi"
+            f"weights.transport=nccl needs its own GPU for each member of the weight group, but {first} and "
+            f"{second} share node {node}'s cuda:{gpu}{why}; use weights.transport=auto (picks {pick} here), {other}"
         )
-    if choice == "cuda_ipc":
-        if not colocate:
-            raise ConfigError(
-                "weights.transport=cuda_ipc needs trainer and rollout on the same GPU: set layout.colocate=true, "
-                "or use weights.transport=nccl"
-            )
-        if not on_gpu:
-            raise ConfigError("weights.transport=cuda_ipc needs CUDA; use weights.transport=shm or mpi on CPU")
-        if rollout_ranks != 1:
-            raise ConfigError(
-                f"weights.transport=cuda_ipc shares the trainer leader's GPU with one rollout rank, but "
-                f"layout.rollout={rollout_ranks}; set layout.rollout=1 or use weights.transport=nccl"
-            )
+    if choice == "cuda_ipc" and not on_leaders_gpu:
+        where = f"node {leader[0]}'s cuda:{leader[1]}"
+        if elsewhere is None:
+            why = f"each rollout engine spans rollout.engine.tp_size={rollout_gpus} GPUs"
+        else:
+            node, gpu = rollouts[elsewhere]
+            why = f"rollout role_rank {elsewhere} is on node {node}'s cuda:{gpu}"
+        other = "shm or nccl" if shared is None else "shm or mpi"
+        raise ConfigError(
+            f"weights.transport=cuda_ipc needs every rollout rank on the trainer leader's GPU ({where}), but {why}; "
+            f"use weights.transport=auto (picks {pick} here), {other}"
+        )
     return choice
 
 
 def make_weight_sync(config, layout, engine=None) -> WeightSync:
-    """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine)."""
-    on_gpu = layout.device.startswith("cuda")
-    choice = resolve_weight_sync(config.weights.transport, config.layout.colocate, on_gpu, len(layout.rollout_ranks))
+    """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine).
+
+    Every rank of the weight group resolves `weights.transport` from the whole job's placements
+    (`layout.nodes`, `layout.gpus`), so all of them pick the same transport.
+    """
+    from agentrl.layout import engine_gpus, weight_group_placements
+
+    leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)
+    rollout_gpus = engine_gpus(config)
+    choice = resolve_weight_sync(config.weights.transport, config.layout.colocate, leader, rollouts, rollout_gpus)
     bucket_mb = config.weights.bucket_mb
     if choice == "mpi":
         return MPIWeightBroadcast(layout.weight_comm, bucket_mb)
@@ -282,4 +253,7 @@ def make_weight_sync(config, layout, engine=None) -> WeightSync:
         return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb, mapped, in_place)
     if choice in ("nccl", "gloo"):
         return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, choice, layout.device, engine)
-    return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device)
+    from agentrl.weights_cuda_ipc import CUDAIPCWeightSync
+
+    # A colocated engine sleeps (frees its GPU memory) while the trainer trains; one merely sharing the GPU stays awake.
+    return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device, sleeps=config.layout.colocate)

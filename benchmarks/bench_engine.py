@@ -1,6 +1,7 @@
 """Sampling throughput: the continuous torch engine vs the batch torch engine vs Hugging Face `model.generate`.
 
     python benchmarks/bench_engine.py --shapes 64x2x4,256x4x8 --batch-sizes 32 --repeats 5
+    python benchmarks/bench_engine.py --device cuda --dtype bfloat16 --shapes 512x8x8   # on a GPU
 
 For each model shape (hidden x layers x heads; a tiny random Qwen2 built into a temporary
 directory and loaded back with `from_pretrained`; 64x2x4 is the quickstart's) and each
@@ -71,6 +72,8 @@ def parse_args():
     parser.add_argument("--top-p", type=float, default=1.0, help="applied by all")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")
     parser.add_argument("--workload", default="fixed,ragged,multiturn", help="fixed, ragged, multiturn")
+    parser.add_argument("--device", default="cpu", help="where the model and its tensors live: cpu, cuda, cuda:1")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument(
         "--vocab",
         type=int,
@@ -109,9 +112,9 @@ class Workload:
 class RowBudgets(StoppingCriteria):
     """Per-row stop: row i is done once it has generated budgets[i] tokens."""
 
-    def __init__(self, prompt_width: int, budgets: list[int]):
+    def __init__(self, prompt_width: int, budgets: list[int], device: torch.device | str = "cpu"):
         self.prompt_width = prompt_width
-        self.budgets = torch.tensor(budgets)
+        self.budgets = torch.tensor(budgets, device=device)  # on input_ids' device: generate ORs the criteria
 
     def __call__(self, input_ids, scores, **kwargs):
         return (input_ids.shape[1] - self.prompt_width) >= self.budgets
@@ -119,15 +122,16 @@ class RowBudgets(StoppingCriteria):
 
 def hf_generate_turn(model, histories: list[list[int]], budgets: list[int], pad_id: int, args) -> list[list[int]]:
     width = max(map(len, histories))
-    input_ids = torch.tensor([[pad_id] * (width - len(h)) + h for h in histories])
-    attention_mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories])
+    device = model.device
+    input_ids = torch.tensor([[pad_id] * (width - len(h)) + h for h in histories], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(h)) + [1] * len(h) for h in histories], device=device)
     out = model.generate(
         input_ids=input_ids,
         attention_mask=attention_mask,
         do_sample=True,
         max_new_tokens=max(budgets),
         min_new_tokens=min(budgets),
-        stopping_criteria=StoppingCriteriaList([RowBudgets(width, budgets)]),
+        stopping_criteria=StoppingCriteriaList([RowBudgets(width, budgets, device)]),
         temperature=1.0,
         top_k=args.top_k,
         top_p=args.top_p,
@@ -173,25 +177,27 @@ def time_engine(engine, loop, work: Workload, args) -> float:
     return elapsed
 
 
-def tiny_model(shape: str, vocab: int = 0):
+def tiny_model(shape: str, vocab: int = 0, device: str = "cpu", dtype: torch.dtype | str = torch.float32):
     """The tiny random Qwen2 of `shape` (hidden x layers x heads) and its tokenizer, loaded back with
-    `from_pretrained`; no eos, so nothing stops early. A `vocab` larger than the tokenizer's
-    resizes the embedding and LM head to it."""
+    `from_pretrained` in `dtype` onto `device`; no eos, so nothing stops early. A `vocab` larger
+    than the tokenizer's resizes the embedding and LM head to it."""
     hidden, layers, heads = map(int, shape.split("x"))
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
-        model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if vocab > model.config.vocab_size:
         model.resize_token_embeddings(vocab, mean_resizing=False)
+    model.to(device)
     model.generation_config.eos_token_id = None  # the engines get no stop ids either
     return model, tokenizer
 
 
 def bench_shape(shape: str, args) -> None:
     hidden, layers, heads = map(int, shape.split("x"))
-    model, tokenizer = tiny_model(shape, args.vocab)
+    model, tokenizer = tiny_model(shape, args.vocab, device=args.device, dtype=args.dtype)
     pad_id = tokenizer.pad_token_id
     biggest = max(1024, *map(int, args.batch_sizes.split(",")))
     engines = {
@@ -202,7 +208,8 @@ def bench_shape(shape: str, args) -> None:
     params = sum(p.numel() for p in model.parameters())
     print(
         f"\nmodel: Qwen2 hidden={hidden} layers={layers} heads={heads} vocab={model.config.vocab_size} "
-        f"params={params / 1e6:.2f}M; threads={torch.get_num_threads()}; N={args.new_tokens} turns={args.turns} "
+        f"params={params / 1e6:.2f}M; {args.device} {args.dtype}; threads={torch.get_num_threads()}; "
+        f"N={args.new_tokens} turns={args.turns} "
         f"env_ms={args.env_ms} top_k={args.top_k} top_p={args.top_p}; median of {args.repeats} repeats"
     )
     header = f"{'workload':>9} | {'batch':>5} | " + " | ".join(f"{name + ' tok/s':>16}" for name in CONTENDERS)

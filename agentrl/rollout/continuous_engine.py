@@ -33,11 +33,13 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from agentrl.errors import UserError
+from agentrl.rollout.decode_graphs import DecodeGraphs
 from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
 from agentrl.rollout.kv_sessions import KVSessionStore
-from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, Feed, LeanDecoder
+from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, FAMILIES, Feed, LeanDecoder
 from agentrl.rollout.running_batch import RunningBatch
 from agentrl.rollout.sampling import RowSampling, sample_tokens, seeded_generator
+from agentrl.rollout.slot_batch import SlotBatch
 from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
@@ -82,7 +84,14 @@ class ContinuousTorchEngine(TorchEngine):
     """Serve a Hugging Face causal LM with continuous batching and KV reuse across turns."""
 
     def __init__(
-        self, model, *, pad_token_id: int, max_batch_size: int = 256, seed: int = 0, kv_cache_bytes: int = 256 << 20
+        self,
+        model,
+        *,
+        pad_token_id: int,
+        max_batch_size: int = 256,
+        seed: int = 0,
+        kv_cache_bytes: int = 256 << 20,
+        cuda_graphs: bool | str = "auto",
     ):
         super().__init__(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
         layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
@@ -100,8 +109,33 @@ class ContinuousTorchEngine(TorchEngine):
         self._wake = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
-        self._batch = RunningBatch()
+        self.graphs = self._decode_graphs(cuda_graphs)  # None: decode steps in the lean decoder or the forward
+        self._batch = RunningBatch() if self.graphs is None else self._slot_batch()
+        self._host = _HostCopy(self.device, self.max_batch_size) if self.graphs is not None else None
         self._kv_version = self.weight_version
+
+    def _decode_graphs(self, choice: bool | str) -> DecodeGraphs | None:
+        """`cuda_graphs`: `auto` captures decode steps on CUDA where the lean decoder serves the model; `true` asks
+        for the fixed-shape steps anywhere (on CPU they run eagerly: how tests check them); `false` never."""
+        if choice not in ("auto", True, False):
+            raise UserError(f"cuda_graphs must be auto, true or false, not {choice!r}")
+        on_cuda = self.device.type == "cuda"
+        if choice is False or (choice == "auto" and not on_cuda):
+            return None
+        if self.decoder is None or not self.decoder.rotary.static:
+            if choice == "auto":
+                return None
+            raise UserError(
+                f"rollout.engine.cuda_graphs=true needs a model the lean decoder serves ({', '.join(FAMILIES)} with "
+                "SDPA attention and a fixed rotary table); set rollout.engine.cuda_graphs=auto or false"
+            )
+        return DecodeGraphs(self.decoder, capture=on_cuda)
+
+    def _slot_batch(self) -> SlotBatch:
+        decoder = self.decoder
+        dtype = next(self.model.parameters()).dtype
+        layers = len(decoder.layers)
+        return SlotBatch(layers, decoder.kv_heads, decoder.head_dim, dtype, self.device, self.max_batch_size)
 
     # ---- requests (event loop side) ----------------------------------------------------
 
@@ -184,6 +218,8 @@ class ContinuousTorchEngine(TorchEngine):
         with self._model_lock:
             if mapped and self.decoder is not None:  # its fused projections still view the memory given away
                 self.decoder.refresh()
+                if self.graphs is not None:
+                    self.graphs.check_weights()
 
     # ---- the decode loop (worker thread) ------------------------------------------------
 
@@ -238,6 +274,8 @@ class ContinuousTorchEngine(TorchEngine):
             self._kv_version = self.weight_version
             if self.decoder is not None:
                 self.decoder.refresh()
+            if self.graphs is not None:
+                self.graphs.check_weights()
         epoch = self._abort_epoch
         for row in admitted:
             if row.abort_epoch != epoch:
@@ -245,22 +283,63 @@ class ContinuousTorchEngine(TorchEngine):
         admitted = [row for row in admitted if row.abort_epoch == epoch and not row.future.done()]
         if any(row.abort_epoch != epoch for row in batch.rows):
             self._leave(batch, [row.abort_epoch != epoch for row in batch.rows], "abort")
+        if self.graphs is not None:
+            self._step_on_slots(batch, admitted)
+            return
         tokens = self._sample_running(batch) if batch.rows else None
         if tokens is not None or admitted:
             self._feed(batch, tokens, admitted)
 
-    def _sample_running(self, batch: RunningBatch) -> torch.Tensor | None:
-        """Sample a token for every running row and let finished rows leave; the tokens of the rows left."""
-        self.stats["steps"] += 1
-        tokens, logprobs = sample_tokens(batch.logits, batch.sampling, self.generator)
+    def _step_on_slots(self, batch: SlotBatch, admitted: list[_Row]) -> None:
+        """A step with the decode at fixed shapes: sample, feed every running row its token (a graph replay on
+        CUDA), and only then read the tokens on the host, while the GPU runs the decode: no host sync per token
+        stalls the GPU. A row that finished this step was fed its last token too, which costs nothing but the
+        slot's column; its logits are dropped when it leaves."""
+        if batch.rows:
+            self.stats["steps"] += 1
+            tokens, logprobs = sample_tokens(batch.logits, batch.sampling, self.generator)
+            ready = self._host.start(tokens, logprobs)
+            batch.tokens_in[: len(batch.rows)] = tokens
+            batch.logits = self.graphs.decode(batch)
+            batch.advance()
+            finished, reasons = self._record_tokens(batch, *self._host.finish(ready, len(batch.rows)))
+            if any(finished):
+                self._leave(batch, finished, reasons)
+        if admitted:
+            admission = self._admission(admitted)
+            logits = self.decoder.forward(
+                [Feed.prefill(admission.ids, admission.mask, admission.positions, admission.cache)]
+            )
+            self._join(batch, admitted, admission, logits[0])
+
+    def _record_tokens(self, batch, tokens: list[int], logprobs: list[float]) -> tuple[list[bool], list[str]]:
+        """Append each running row's sampled token; which rows finished with it, and why."""
         finished, reasons = [], []
-        for row, token, logprob in zip(batch.rows, tokens.tolist(), logprobs.tolist(), strict=True):
+        for row, token, logprob in zip(batch.rows, tokens, logprobs, strict=True):
             row.output.append(token)
             row.logprobs.append(logprob)
             stopped = token in row.stop_ids
             finished.append(stopped or len(row.output) >= row.sampling.max_new_tokens)
             reasons.append("stop" if stopped else "length")
         self.stats["generated_tokens"] += len(batch.rows)
+        return finished, reasons
+
+    def _join(self, batch, admitted: list[_Row], admission: _Admission, logits: torch.Tensor) -> None:
+        sampling = RowSampling(
+            [row.sampling for row in admitted],
+            self.vocab_size,
+            self.device,
+            generators=[row.generator for row in admitted],
+        )
+        positions = admission.positions[:, -1] + 1
+        batch.join(admitted, admission.cache, admission.mask, positions, logits, sampling)
+        self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
+
+    def _sample_running(self, batch: RunningBatch) -> torch.Tensor | None:
+        """Sample a token for every running row and let finished rows leave; the tokens of the rows left."""
+        self.stats["steps"] += 1
+        tokens, logprobs = sample_tokens(batch.logits, batch.sampling, self.generator)
+        finished, reasons = self._record_tokens(batch, tokens.tolist(), logprobs.tolist())
         if not any(finished):
             return tokens
         keep = self._leave(batch, finished, reasons)
@@ -288,15 +367,7 @@ class ContinuousTorchEngine(TorchEngine):
             batch.logits = logits[0]
             batch.positions += 1
         if admission is not None:
-            sampling = RowSampling(
-                [row.sampling for row in admitted],
-                self.vocab_size,
-                self.device,
-                generators=[row.generator for row in admitted],
-            )
-            positions = admission.positions[:, -1] + 1
-            batch.join(admitted, admission.cache, admission.mask, positions, logits[-1], sampling)
-            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
+            self._join(batch, admitted, admission, logits[-1])
 
     def _leave(self, batch: RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
         """Deliver the finished rows, keep their KV for a next turn; return which old row each row left is."""
@@ -309,20 +380,9 @@ class ContinuousTorchEngine(TorchEngine):
             self._deliver(row, reason)
         return batch.leave(finished)
 
-    def _store(self, batch: RunningBatch, index: int, row: _Row) -> None:
-        tokens = row.sequence[:-1]  # the last sampled token was never fed through the model
-        row_mask = batch.mask[index]
-        if int(row_mask[-len(tokens) :].sum()) == len(tokens):  # no hole: the last columns, copied as they lie
-            columns = slice(row_mask.shape[0] - len(tokens), None)
-        else:
-            columns = row_mask.nonzero().squeeze(1)
-            assert len(columns) == len(tokens), (len(columns), len(tokens))
-
-        def own(kept: torch.Tensor) -> torch.Tensor:  # indexing by a tensor copies already; a slice is a view
-            part = kept[index : index + 1, :, columns]
-            return _copy(part) if isinstance(columns, slice) else part
-
-        layers = [(own(layer.keys), own(layer.values)) for layer in batch.cache.layers]
+    def _store(self, batch: RunningBatch | SlotBatch, index: int, row: _Row) -> None:
+        tokens = row.sequence[:-1]  # the last sampled token's key and value are not kept (a next turn feeds it)
+        layers = batch.stored_kv(index, len(tokens))
         evictions = self.sessions.evictions
         self.sessions.put(tokens, layers, self._kv_version)
         self.stats["evictions"] += self.sessions.evictions - evictions
@@ -410,12 +470,32 @@ def _right_aligned_past(entries, width: int, room: int) -> list[tuple[torch.Tens
     return layers
 
 
-def _copy(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy that owns its memory: the running batch's buffers are reused as rows come and go."""
-    return tensor.clone(memory_format=torch.contiguous_format)
-
-
 def _fill_cache(cache: DynamicCache, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
     for cache_layer, (keys, values) in zip(cache.layers, layers, strict=True):
         cache_layer.lazy_initialization(keys, values)
         cache_layer.keys, cache_layer.values = keys, values
+
+
+class _HostCopy:
+    """A step's sampled tokens and logprobs on their way to the host: copied into pinned memory behind an event on
+    CUDA, so the host waits for the sampling and not for the decode queued after it."""
+
+    def __init__(self, device: torch.device, rows: int):
+        self.cuda = device.type == "cuda"
+        self.tokens = torch.zeros(rows, dtype=torch.long, pin_memory=self.cuda)
+        self.logprobs = torch.zeros(rows, dtype=torch.float32, pin_memory=self.cuda)
+
+    def start(self, tokens: torch.Tensor, logprobs: torch.Tensor):
+        count = tokens.shape[0]
+        self.tokens[:count].copy_(tokens, non_blocking=self.cuda)
+        self.logprobs[:count].copy_(logprobs, non_blocking=self.cuda)
+        if not self.cuda:
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def finish(self, event, count: int) -> tuple[list[int], list[float]]:
+        if event is not None:
+            event.synchronize()
+        return self.tokens[:count].tolist(), self.logprobs[:count].tolist()

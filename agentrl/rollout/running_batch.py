@@ -49,6 +49,21 @@ class RunningBatch:
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
         return keep
 
+    def stored_kv(self, index: int, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Copies of row `index`'s keys and values for its first `tokens` tokens, per layer (1, heads, tokens, dim)."""
+        row_mask = self.mask[index]
+        if int(row_mask[-tokens:].sum()) == tokens:  # no hole: the last columns, copied as they lie
+            columns = slice(row_mask.shape[0] - tokens, None)
+        else:
+            columns = row_mask.nonzero().squeeze(1)
+            assert len(columns) == tokens, (len(columns), tokens)
+
+        def own(kept: torch.Tensor) -> torch.Tensor:  # indexing by a tensor copies already; a slice is a view
+            part = kept[index : index + 1, :, columns]
+            return part.clone(memory_format=torch.contiguous_format) if isinstance(columns, slice) else part
+
+        return [(own(layer.keys), own(layer.values)) for layer in self.cache.layers]
+
     def join(self, rows: list, cache: DynamicCache, mask: torch.Tensor, positions, logits, sampling) -> None:
         """Append prefilled `rows`: their KV `cache` (right-aligned, as wide as their `mask`), mask, next
         positions, logits and sampling settings."""

@@ -149,7 +149,11 @@ def sample_tokens(
     else:
         large = rows.vocab_size >= LARGE_VOCAB
         probs = torch.exp(logprobs, out=rows.scratch(logprobs.shape, logprobs.dtype)) if large else logprobs.exp()
-        candidates = top_k_candidates(probs, rows) if large and rows.every_row_top_k else None
+        # On CPU drawing among the top-k candidates is faster; on a GPU the whole-vocabulary draw is cheap and needs
+        # no host sync (the candidates' tie check reads a flag back), so a step never waits for the device there.
+        candidates = (
+            top_k_candidates(probs, rows) if large and rows.every_row_top_k and probs.device.type == "cpu" else None
+        )
         if candidates is not None:
             kept_probs, kept_tokens = candidates
             tokens = kept_tokens.gather(1, draw_from_unnormalised(kept_probs, rows, generator)[:, None]).squeeze(1)

@@ -134,8 +134,10 @@ def test_engine_options_belong_to_their_backend():
 def test_checks_that_need_only_the_config_run_at_parse_time():
     with pytest.raises(ConfigError, match=r"parallelism.fsdp=true needs at least 2 trainer ranks"):
         from_dict({**BASE, "parallelism": {"fsdp": True}})
-    with pytest.raises(ConfigError, match=r"weights.transport=cuda_ipc needs trainer and rollout on the same GPU"):
-        from_dict({**BASE, "weights": {"transport": "cuda_ipc"}})
+    with pytest.raises(ConfigError, match=r"weights.transport=nccl cannot join a trainer and a rollout rank"):
+        from_dict({**BASE, "layout": {"trainer": 1, "rollout": 1, "colocate": True}, "weights": {"transport": "nccl"}})
+    # whether cuda_ipc can serve depends on the GPUs found at start (weights_gpu.resolve_weight_sync)
+    assert from_dict({**BASE, "weights": {"transport": "cuda_ipc"}}).weights.transport == "cuda_ipc"
 
 
 def test_saved_config_loads_back_equal(tmp_path):

@@ -35,16 +35,27 @@ def prompts(model_dir):
     return [tokenizer(text)["input_ids"][: 3 + 2 * i] for i, text in enumerate(TEXTS * 2)]
 
 
+ENGINE_DEFAULTS: dict = {}
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["lean-steps", "slot-steps"])
+def decode_steps(request, monkeypatch):
+    """Every test runs twice: decode steps in the lean decoder, and at fixed shapes over the slot KV cache
+    (`cuda_graphs=true`: on CPU the steps a CUDA graph would replay run eagerly)."""
+    monkeypatch.setitem(ENGINE_DEFAULTS, "cuda_graphs", request.param)
+    return request.param
+
+
 def make_engine(model, **kwargs):
-    return ContinuousTorchEngine(model, pad_token_id=0, seed=0, **kwargs)
+    return ContinuousTorchEngine(model, pad_token_id=0, seed=0, **{**ENGINE_DEFAULTS, **kwargs})
 
 
 def full_forward_logprobs(model, prompt, output_ids, temperature=1.0):
-    ids = torch.tensor([list(prompt) + output_ids.tolist()])
+    ids = torch.tensor([list(prompt) + output_ids.tolist()], device=model.device)
     with torch.no_grad():
-        logits = model(ids).logits[0].float()
-    logprobs = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
-    return logprobs.gather(1, torch.from_numpy(output_ids)[:, None]).squeeze(1).numpy()
+        logits = model(ids).logits[0].float().cpu()
+    logprobs = torch.log_softmax(logits / (temperature if temperature > 0 else 1.0), dim=-1)  # greedy: T = 1
+    return logprobs[len(prompt) - 1 : -1].gather(1, torch.from_numpy(output_ids)[:, None]).squeeze(1).numpy()
 
 
 def run_episodes(engine, prompts, turns, sampling_for, model=None, between=None):
@@ -215,3 +226,67 @@ def test_sliding_window_models_are_refused_with_the_fix(model):
     model.config.layer_types = ["sliding_attention", "full_attention"]
     with pytest.raises(UserError, match="scheduler=batch"):
         make_engine(model)
+
+
+def test_slot_steps_grow_their_buffers_and_give_the_lean_steps_tokens(model, prompts, monkeypatch, decode_steps):
+    if not decode_steps:
+        pytest.skip("compares the slot steps with the lean ones")
+    from agentrl.rollout import slot_batch
+
+    monkeypatch.setattr(slot_batch, "MIN_COLUMNS", 8)  # the slots grow while rows decode
+    monkeypatch.setattr(slot_batch, "MIN_SLOTS", 1)
+
+    def greedy(index, turn):
+        return SamplingParams(max_new_tokens=2 + (index + 3 * turn) % 6, temperature=0)
+
+    slots, lean = make_engine(model), make_engine(model, cuda_graphs=False)
+    with_slots = run_episodes(slots, prompts, 3, greedy)
+    without = run_episodes(lean, prompts, 3, greedy)
+    for episode_slots, episode_lean in zip(with_slots, without, strict=True):
+        for (history, out), (lean_history, lean_out) in zip(episode_slots, episode_lean, strict=True):
+            assert history == lean_history
+            assert out.output_ids.tolist() == lean_out.output_ids.tolist()
+    batch = slots._batch
+    assert batch.generation >= 2 and batch.columns >= 32 and batch.slots >= len(prompts)  # grown while decoding
+    assert slots.stats["reused_tokens"] > 0  # later turns joined the slots from kept KV
+    slots.shutdown()
+    lean.shutdown()
+
+
+def test_step_buckets():
+    from agentrl.rollout.slot_batch import column_bucket, row_bucket
+
+    assert [row_bucket(n) for n in (1, 2, 3, 5, 32, 33, 64, 65, 250)] == [1, 2, 4, 8, 32, 64, 64, 96, 256]
+    assert [column_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
+
+
+def test_cuda_graphs_true_on_a_model_without_the_lean_decoder_names_the_fix(model, monkeypatch):
+    from agentrl.errors import UserError
+    from agentrl.rollout import continuous_engine
+
+    monkeypatch.setattr(continuous_engine.LeanDecoder, "for_model", classmethod(lambda cls, model: None))
+    with pytest.raises(UserError, match="cuda_graphs=auto or false"):
+        make_engine(model, cuda_graphs=True)
+    assert make_engine(model, cuda_graphs="auto").graphs is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU; this machine has none")
+def test_cuda_graph_steps_give_the_lean_steps_tokens_and_the_forwards_logprobs(model, prompts, decode_steps):
+    if not decode_steps:
+        pytest.skip("runs once")
+    model = model.cuda()
+
+    def greedy(index, turn):
+        return SamplingParams(max_new_tokens=3 + (index + 2 * turn) % 9, temperature=0)
+
+    graphs, lean = make_engine(model, cuda_graphs="auto"), make_engine(model, cuda_graphs=False)
+    assert graphs.graphs is not None and graphs.graphs.capture
+    with_graphs, without = run_episodes(graphs, prompts, 3, greedy), run_episodes(lean, prompts, 3, greedy)
+    for episode_graphs, episode_lean in zip(with_graphs, without, strict=True):
+        for (history, out), (_, lean_out) in zip(episode_graphs, episode_lean, strict=True):
+            assert out.output_ids.tolist() == lean_out.output_ids.tolist()
+            np.testing.assert_allclose(out.logprobs, full_forward_logprobs(model, history, out.output_ids), atol=1e-4)
+    assert graphs.graphs.captures > 0 and graphs.stats["steps"] > 0
+    run_episodes(graphs, prompts, 2, ragged, model=model)  # sampled rows (logprobs checked against the forward)
+    graphs.shutdown()
+    lean.shutdown()

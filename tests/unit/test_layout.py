@@ -94,6 +94,7 @@ def test_weight_group_is_the_trainer_leader_and_every_rollout_rank():
         _role_color, weight_color = comm.split_colors
         in_weight_group.append(weight_color != MPI.UNDEFINED)
         gpus.append(layout.gpu)
+        assert layout.gpus == [0, 1, 2, 3, 4, None]  # every rank knows where the whole job sits
     assert in_weight_group == [True, False, True, True, True, False]
     assert gpus == [0, 1, 2, 3, 4, None]
 
@@ -164,6 +165,48 @@ def test_weights_column_names_the_node_leader_that_gets_the_broadcast_and_engine
     assert [r.weights for r in rows] == ["send in place", "shm view", "bcast+shm view", "shm view"]
     rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2, in_place="auto")
     assert rows[0].weights == "send", "copying engines: the trainer cannot train where they read"
+
+
+def test_weights_column_on_gpus_shows_the_transport_auto_resolves_to():
+    quickstart = LayoutConfig(trainer=1, rollout=2, env=1)
+    rows = plan(quickstart, 4, gpus_per_node=1)  # one GPU: every rollout rank on the trainer leader's
+    assert [(r.gpu, r.weights) for r in rows] == [(0, "send"), (0, "cuda_ipc"), (0, "cuda_ipc"), (None, "-")]
+    rows = plan(quickstart, 4, gpus_per_node=8)
+    assert [(r.gpu, r.weights) for r in rows] == [(0, "send"), (1, "nccl"), (2, "nccl"), (None, "-")]
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, gpus_per_node=2, in_place="auto")
+    # some rollout ranks share the leader's GPU, some not: shm, and CUDA engines copy from it (no view, no in place)
+    assert [(r.gpu, r.weights) for r in rows] == [(0, "send"), (1, "shm"), (0, "shm"), (1, "shm")]
+    rows = plan(quickstart, 4, gpus_per_node=8, weights_transport="mpi")  # an explicit choice stays
+    assert [r.weights for r in rows] == ["send", "mpi", "mpi", "-"]
+    with pytest.raises(ConfigError, match=r"share node 0's cuda:0; use weights.transport=auto \(picks cuda_ipc"):
+        plan(quickstart, 4, gpus_per_node=1, weights_transport="nccl")
+    assert plan(quickstart, 1, gpus_per_node=1, weights_transport="nccl")[0].weights == "in-process"
+
+
+def test_plan_takes_a_running_jobs_nodes():
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, gpus_per_node=1, nodes=[0, 0, 1, 1])
+    assert [(r.node, r.gpu, r.weights) for r in rows] == [
+        (0, 0, "send"),
+        (0, 0, "shm"),
+        (1, 0, "bcast+shm"),
+        (1, None, "-"),
+    ]
+
+
+def test_layout_command_on_one_gpu_shows_cuda_and_the_transport_a_run_uses(capsys):
+    from agentrl.cli import EXIT_USER_ERROR, main
+
+    config = str(Path(__file__).resolve().parents[2] / "launch" / "configs" / "quickstart.yaml")
+    assert main(["layout", config, "--np", "4", "--gpus-per-node", "1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[1:]]
+    assert [(row[4], " ".join(row[5:])) for row in rows] == [
+        ("cuda:0", "send"),
+        ("cuda:0", "cuda_ipc"),
+        ("cuda:0", "cuda_ipc"),
+        ("cpu", "-"),
+    ]
+    assert main(["layout", config, "--np", "4", "--gpus-per-node", "1", "weights.transport=nccl"]) == EXIT_USER_ERROR
+    assert "weights.transport=nccl needs its own GPU" in capsys.readouterr().err
 
 
 def test_simulated_nodes_come_from_the_environment(monkeypatch):

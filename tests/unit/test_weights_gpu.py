@@ -1,9 +1,16 @@
 """Pure parts of the GPU weight sync: flat buckets, headers, group offsets, choosing a sync."""
 
+import itertools
+import sys
+import types
+from collections import Counter
+from types import SimpleNamespace
+
 import pytest
 import torch
 
-from agentrl.config import ConfigError
+from agentrl.config import ConfigError, LayoutConfig
+from agentrl.layout import Role, plan
 from agentrl.weights_gpu import (
     check_alignment,
     flatten_bucket,
@@ -72,37 +79,180 @@ def test_group_offsets_are_an_exclusive_scan_of_members():
     assert group_offsets([1, 1, 4, 1]) == ([0, 1, 2, 6], 7)
 
 
-@pytest.mark.parametrize(
-    ("choice", "colocate", "on_gpu", "rollouts", "expected"),
-    [
-        ("auto", False, False, 2, "shm"),
-        ("auto", False, True, 2, "nccl"),
-        ("auto", True, True, 1, "cuda_ipc"),
-        ("auto", True, True, 2, "mpi"),
-        ("auto", True, False, 1, "shm"),
-        ("shm", False, False, 3, "shm"),
-        ("mpi", True, True, 1, "mpi"),
-        ("nccl", False, True, 1, "nccl"),
-        ("gloo", False, False, 2, "gloo"),
-    ],
-)
-def test_resolve_weight_sync(choice, colocate, on_gpu, rollouts, expected):
-    assert resolve_weight_sync(choice, colocate, on_gpu, rollouts) == expected
+CPU = [(0, None)]
 
 
 @pytest.mark.parametrize(
-    ("choice", "colocate", "on_gpu", "rollouts", "message"),
+    ("choice", "colocate", "leader", "rollouts", "expected"),
     [
-        ("nccl", False, False, 1, "weights.transport=nccl needs CUDA"),
-        ("nccl", True, True, 2, "NCCL needs one GPU per group member"),
-        ("cuda_ipc", False, True, 1, "set layout.colocate=true"),
-        ("cuda_ipc", True, False, 1, "needs CUDA"),
-        ("cuda_ipc", True, True, 2, "layout.rollout=2"),
+        ("auto", False, (0, None), CPU * 2, "shm"),
+        ("auto", False, (0, 0), [(0, 1), (0, 2)], "nccl"),
+        ("auto", False, (0, 0), [(1, 0), (1, 1)], "nccl"),  # the same index on another node is another GPU
+        ("auto", True, (0, 0), [(0, 0)], "cuda_ipc"),
+        ("auto", False, (0, 0), [(0, 0), (0, 0)], "cuda_ipc"),  # one GPU for all: the quickstart on one GPU
+        ("auto", True, (0, 0), [(0, 0), (0, 1)], "shm"),  # colocated pairs on two GPUs
+        ("auto", False, (0, 0), [(0, 1), (0, 0), (0, 1)], "shm"),
+        ("auto", False, (0, 0), [(0, 1), (0, 1)], "shm"),  # two engines on one GPU, not the leader's
+        ("auto", True, (0, None), CPU, "shm"),
+        ("shm", False, (0, None), CPU * 3, "shm"),
+        ("shm", False, (0, 0), [(0, 0)], "shm"),
+        ("mpi", True, (0, 0), [(0, 0)], "mpi"),
+        ("nccl", False, (0, 0), [(0, 1)], "nccl"),
+        ("cuda_ipc", False, (0, 0), [(0, 0), (0, 0), (0, 0)], "cuda_ipc"),
+        ("gloo", False, (0, None), CPU * 2, "gloo"),
     ],
 )
-def test_impossible_weight_sync_names_the_field_and_fix(choice, colocate, on_gpu, rollouts, message):
-    with pytest.raises(ConfigError, match=message):
-        resolve_weight_sync(choice, colocate, on_gpu, rollouts)
+def test_resolve_weight_sync(choice, colocate, leader, rollouts, expected):
+    assert resolve_weight_sync(choice, colocate, leader, rollouts) == expected
+
+
+def test_an_engine_over_several_gpus_shares_any_of_them():
+    # SGLang tp_size=2 from GPU 1 covers GPUs 1-2; the next engine from GPU 2 would share GPU 2 with it.
+    assert resolve_weight_sync("auto", False, (0, 0), [(0, 1), (0, 3)], rollout_gpus=2) == "nccl"
+    assert resolve_weight_sync("auto", False, (0, 0), [(0, 1), (0, 2)], rollout_gpus=2) == "shm"
+    # An engine starting on the leader's GPU spans another one too: not all on the leader's GPU.
+    assert resolve_weight_sync("auto", False, (0, 0), [(0, 0)], rollout_gpus=2) == "shm"
+    with pytest.raises(ConfigError, match=r"rollout.engine.tp_size=2 GPUs; use weights.transport=auto"):
+        resolve_weight_sync("cuda_ipc", False, (0, 0), [(0, 0)], rollout_gpus=2)
+
+
+@pytest.mark.parametrize(
+    ("choice", "colocate", "leader", "rollouts", "message"),
+    [
+        ("nccl", False, (0, None), CPU, r"weights.transport=nccl needs CUDA .* Use weights.transport=auto, shm or mpi"),
+        (
+            "nccl",
+            True,
+            (0, 0),
+            [(0, 0), (0, 1)],
+            r"the trainer leader and rollout role_rank 0 share node 0's cuda:0 \(layout.colocate=true\); "
+            r"use weights.transport=auto \(picks shm here\), shm or mpi$",
+        ),
+        (
+            "nccl",
+            False,
+            (0, 0),
+            [(0, 0), (0, 0)],
+            r"the trainer leader and rollout role_rank 0 share node 0's cuda:0; "
+            r"use weights.transport=auto \(picks cuda_ipc here\), cuda_ipc or shm$",
+        ),
+        (
+            "nccl",
+            False,
+            (0, 0),
+            [(0, 1), (0, 1)],
+            r"rollout role_rank 0 and rollout role_rank 1 share node 0's cuda:1; use weights.transport=auto",
+        ),
+        (
+            "cuda_ipc",
+            False,
+            (0, 0),
+            [(0, 1)],
+            r"every rollout rank on the trainer leader's GPU \(node 0's cuda:0\), but rollout role_rank 0 is on "
+            r"node 0's cuda:1; use weights.transport=auto \(picks nccl here\), shm or nccl$",
+        ),
+        ("cuda_ipc", True, (0, 0), [(0, 0), (1, 0)], r"rollout role_rank 1 is on node 1's cuda:0"),
+        ("cuda_ipc", True, (0, None), CPU, r"weights.transport=cuda_ipc needs CUDA"),
+    ],
+)
+def test_impossible_weight_sync_names_the_field_and_fix(choice, colocate, leader, rollouts, message):
+    with pytest.raises(ConfigError, match=message) as error:
+        resolve_weight_sync(choice, colocate, leader, rollouts)
+    assert "\n" not in str(error.value)
+
+
+def _resolve(rows, choice, colocate=False, rollout_gpus=1):
+    leader = next(row for row in rows if row.role is Role.TRAINER)
+    rollouts = [(row.node, row.gpu) for row in rows if row.role is Role.ROLLOUT]
+    return resolve_weight_sync(choice, colocate, (leader.node, leader.gpu), rollouts, rollout_gpus)
+
+
+def _splits(world_size: int):
+    """(trainer, rollout, env) for a world: every split with at least one trainer and one rollout rank."""
+    for trainer in range(1, world_size):
+        for rollout in range(1, world_size - trainer + 1):
+            yield trainer, rollout, world_size - trainer - rollout
+
+
+def test_auto_never_puts_two_members_of_an_nccl_group_on_one_gpu():
+    """Every split of 2 to 16 ranks over 1 or 2 nodes of 1, 2 or 8 GPUs, colocated or not, tp_size 1 or 2."""
+    checked = Counter()
+    for gpus_per_node, world_size in itertools.product((1, 2, 8), range(2, 17)):
+        for (trainer, rollout, env), colocate, two_nodes, tp in itertools.product(
+            _splits(world_size), (False, True), (False, True), (1, 2)
+        ):
+            if tp > gpus_per_node or (colocate and tp > 1):
+                continue
+            config = LayoutConfig(trainer=trainer, rollout=rollout, env=env, colocate=colocate)
+            per_node = -(-world_size // 2) if two_nodes else None
+            try:
+                rows = plan(config, world_size, per_node, gpus_per_node, tp)
+            except ConfigError:  # colocate needs rollout <= trainer, each pair on one node
+                assert colocate
+                continue
+            members = [rows[0]] + [row for row in rows if row.role is Role.ROLLOUT]
+            spans = [[(row.node, row.gpu + i) for i in range(1 if row is rows[0] else tp)] for row in members]
+            used = [gpu for span in spans for gpu in span]
+            shared = len(set(used)) < len(used)
+            on_leaders_gpu = tp == 1 and all((row.node, row.gpu) == (rows[0].node, rows[0].gpu) for row in members)
+            auto = _resolve(rows, "auto", colocate, tp)
+            assert auto == ("cuda_ipc" if on_leaders_gpu else "shm" if shared else "nccl"), rows
+            assert [row.weights for row in rows if row.role is Role.ROLLOUT] == [auto] * rollout or auto == "shm"
+            if shared:
+                with pytest.raises(ConfigError, match=r"share node \d+'s cuda:\d+.*; use weights.transport=auto"):
+                    _resolve(rows, "nccl", colocate, tp)
+            else:
+                assert _resolve(rows, "nccl", colocate, tp) == "nccl"
+            if on_leaders_gpu:
+                assert _resolve(rows, "cuda_ipc", colocate, tp) == "cuda_ipc"
+            else:
+                with pytest.raises(ConfigError, match=r"needs every rollout rank on the trainer leader's GPU"):
+                    _resolve(rows, "cuda_ipc", colocate, tp)
+            assert _resolve(rows, "shm", colocate, tp) == "shm" and _resolve(rows, "mpi", colocate, tp) == "mpi"
+            checked[auto] += 1
+    assert min(checked[name] for name in ("nccl", "cuda_ipc", "shm")) > 100, checked
+
+
+@pytest.mark.parametrize(
+    ("gpus_per_node", "trainer", "rollout", "env", "colocate", "expected"),
+    [
+        (1, 1, 2, 1, False, "cuda_ipc"),  # the quickstart on one GPU: every rank on cuda:0
+        (8, 1, 2, 1, False, "nccl"),  # the quickstart on eight: one GPU each
+        (2, 1, 3, 0, False, "shm"),  # rollout ranks on cuda:1, cuda:0, cuda:1
+        (0, 1, 2, 1, False, "shm"),  # CPU
+        (8, 1, 1, 0, True, "cuda_ipc"),
+        (8, 2, 2, 0, True, "shm"),  # two colocated pairs on two GPUs
+        (0, 1, 1, 0, True, "shm"),
+    ],
+)
+def test_the_transport_auto_picks_for_known_layouts(gpus_per_node, trainer, rollout, env, colocate, expected):
+    config = LayoutConfig(trainer=trainer, rollout=rollout, env=env, colocate=colocate)
+    rows = plan(config, trainer + rollout + env, gpus_per_node=gpus_per_node)
+    assert _resolve(rows, "auto", colocate) == expected
+    if (gpus_per_node, trainer, rollout) == (2, 1, 3):
+        assert [row.gpu for row in rows] == [0, 1, 0, 1]
+
+
+def test_make_weight_sync_resolves_from_the_layouts_placements(monkeypatch):
+    from agentrl.weights_gpu import make_weight_sync
+
+    made = []
+    fake = types.ModuleType("agentrl.weights_cuda_ipc")
+    fake.CUDAIPCWeightSync = lambda comm, bucket_mb, device, sleeps: made.append((comm, bucket_mb, device, sleeps))
+    monkeypatch.setitem(sys.modules, "agentrl.weights_cuda_ipc", fake)
+    roles = [Role.TRAINER, Role.ROLLOUT, Role.ROLLOUT, Role.ENV]
+    layout = SimpleNamespace(roles=roles, nodes=[0] * 4, gpus=[0, 0, 0, None], weight_comm="comm", device="cuda:0")
+    for colocate in (False, True):
+        config = SimpleNamespace(
+            weights=SimpleNamespace(transport="auto", bucket_mb=8.0),
+            layout=SimpleNamespace(colocate=colocate),
+            rollout=SimpleNamespace(engine=SimpleNamespace()),
+        )
+        make_weight_sync(config, layout)
+    assert made == [("comm", 8.0, "cuda:0", False), ("comm", 8.0, "cuda:0", True)]
+    config.weights.transport = "nccl"
+    with pytest.raises(ConfigError, match=r"rollout role_rank 0 share node 0's cuda:0"):
+        make_weight_sync(config, layout)
 
 
 def test_torch_engine_bucket_update_needs_every_parameter(tiny_model_dir):

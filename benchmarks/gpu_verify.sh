@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The whole GPU check in one command, for a GPU machine without network (docs/gpu.md): set-up from the carried
+# wheels (benchmarks/gpu_setup.sh), benchmarks/gpu_check.py's table, the CUDA-only tests, then the mpirun tests
+# on this machine's GPUs. Each part has its own time limit and its own log in $OUT (default gpu-results/), so a
+# part that fails or runs out of time costs the others nothing.
+#   OUT=dir [REPEATS=3 SECTIONS=weights,tokens GPU_CHECK_S=300 MPI_TESTS_S=600 ...] bash benchmarks/gpu_verify.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu-results}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error
+
+part() {
+    local name=$1 limit=$2 started rc
+    shift 2
+    started=$(date +%s)
+    timeout -k 10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+    rc=$?
+    echo "== $name: exit $rc after $(($(date +%s) - started)) s (limit $limit s)"
+    tail -n "${TAIL_LINES:-15}" "$OUT/$name.log"
+}
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+part setup "${SETUP_S:-150}" bash benchmarks/gpu_setup.sh
+prefix=$(python3 -c 'import sys; print(sys.prefix)')
+export PATH="$prefix/bin:$PATH" PYTHONPATH="$PWD"  # PYTHONPATH: agentrl imports even where the editable install failed
+# The wheels put MPICH beside python3, where mpi4py finds it by itself (setting MPI4PY_LIBMPI to its path broke the
+# import on an H200 image: "libmpi.so.12: cannot open shared object file").
+echo "mpirun: $(command -v mpirun)"
+mpirun -n 2 python3 -c 'from mpi4py import MPI; print("mpi4py sees", MPI.COMM_WORLD.Get_size(), "ranks")'
+part gpu_check "${GPU_CHECK_S:-300}" python3 benchmarks/gpu_check.py --repeats "${REPEATS:-3}" --out "$OUT/gpu_check.md" \
+    ${SECTIONS:+--sections "$SECTIONS"}
+part gpu_tests "${GPU_TESTS_S:-180}" python3 -m pytest -q -p no:cacheprovider -rs \
+    tests/unit/test_continuous_engine.py tests/unit/test_weights_gpu.py tests/mpi/test_weight_sync_cuda_ipc.py \
+    -k "cuda_graph or cuda_ipc_reaches or ipc_handle"
+part mpi_tests "${MPI_TESTS_S:-600}" python3 -m pytest -q -p no:cacheprovider -n "${MPI_WORKERS:-8}" \
+    -m "mpi and not slow" tests/mpi
