@@ -236,16 +236,16 @@ def bcast_array(comm, array: np.ndarray, root: int = 0, max_sleep_s: float = MAX
     wait(comm.Ibcast(array, root=root), what="a broadcast", max_sleep_s=max_sleep_s)
 
 
-def bcast_object(comm, obj, root: int = 0):
+def bcast_object(comm, obj, root: int = 0, max_sleep_s: float = MAX_SLEEP_S):
     """Broadcast a small picklable object; non-roots pass None and get the root's object."""
     import pickle
 
     is_root = comm.Get_rank() == root
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
     size = np.array([payload.size if is_root else 0], dtype=np.int64)
-    bcast_array(comm, size, root)
+    bcast_array(comm, size, root, max_sleep_s)
     buffer = payload.copy() if is_root else np.empty(int(size[0]), dtype=np.uint8)
-    bcast_array(comm, buffer, root)
+    bcast_array(comm, buffer, root, max_sleep_s)
     return obj if is_root else pickle.loads(buffer.tobytes())
 
 

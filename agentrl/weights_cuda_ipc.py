@@ -43,7 +43,7 @@ class CUDAIPCWeightSync(WeightSync):
         self.sleeps = sleeps
         self.readers = weight_comm.Get_size() - 1
         self.generation = 0
-        self._shared_key: list | None = None  # writer: what the readers hold handles of
+        self._shared: tuple[list, list] | None = None  # writer: names and addresses the readers hold handles of
         self._published: list[tuple[str, torch.Tensor]] = []  # writer: kept alive while readers map it
         self._staging: torch.Tensor | None = None  # writer: for tensors that are not whole and on this GPU
         self._views: list[tuple[str, torch.Tensor]] = []  # reader: the writer's tensors, mapped
@@ -54,19 +54,21 @@ class CUDAIPCWeightSync(WeightSync):
     def send(self, named_tensors, version: int) -> None:
         clock = _Clock()
         published = self._publishable(list(named_tensors))
-        key = [(name, t.data_ptr(), tuple(t.shape), t.dtype, t.stride()) for name, t in published]
+        # The same names at the same addresses are the tensors the readers mapped: whole parameters and the staging
+        # buffer's views keep their shapes and strides while their memory stays put.
+        shared = ([name for name, _ in published], [tensor.data_ptr() for _, tensor in published])
         handles = None
-        if key != self._shared_key:
+        if shared != self._shared:
             from torch.multiprocessing.reductions import reduce_tensor
 
             self.generation += 1
-            self._shared_key, self._published = key, published
-            handles = [(name, reduce_tensor(tensor)) for name, tensor in published]
+            self._shared, self._published = shared, published
+            handles = [(name, reduce_tensor(tensor.detach())) for name, tensor in published]
         clock.mark("publish")
         torch.cuda.current_stream(self.device).synchronize()  # readers copy on their own streams
         clock.mark("writer_sync")
         header = {"stop": False, "version": version, "generation": self.generation, "handles": handles}
-        transport.bcast_object(self.comm, header, root=0)
+        transport.bcast_object(self.comm, header, root=0, max_sleep_s=TRANSFER_MAX_SLEEP_S)
         clock.mark("header")
         # The readers answer within one copy of the weights: polled closely, not with an idle rank's long sleeps.
         confirmed = transport.allreduce_sum(self.comm, np.zeros(1, dtype=np.int64), max_sleep_s=TRANSFER_MAX_SLEEP_S)
@@ -80,8 +82,9 @@ class CUDAIPCWeightSync(WeightSync):
 
     def _publishable(self, named: list[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
         """The tensors readers map: the given ones where whole and on this GPU, else views of the staging buffer."""
-        if all(not hasattr(t, "full_tensor") and t.device == self.device for _, t in named):
-            return [(name, t.detach()) for name, t in named]
+        index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+        if all(t.is_cuda and t.get_device() == index and not hasattr(t, "full_tensor") for _, t in named):
+            return named
         nbytes = [t.numel() * t.element_size() for _, t in named]
         if self._staging is None or self._staging.numel() != sum(nbytes):
             self._staging = torch.empty(sum(nbytes), dtype=torch.uint8, device=self.device)
@@ -102,7 +105,9 @@ class CUDAIPCWeightSync(WeightSync):
         if self.sleeps:
             engine.sleep()
         clock = _Clock()
-        header = transport.bcast_object(self.comm, None, root=0)
+        # Polled closely (at most TRANSFER_MAX_SLEEP_S late): a GPU rank's idle CPU costs little, a late reader
+        # holds the trainer up for the whole of its lateness.
+        header = transport.bcast_object(self.comm, None, root=0, max_sleep_s=TRANSFER_MAX_SLEEP_S)
         if header["stop"]:
             return None
         clock.mark("wait")
@@ -123,7 +128,7 @@ class CUDAIPCWeightSync(WeightSync):
         torch.cuda.current_stream(self.device).synchronize()  # copied before the trainer changes its weights
         clock.mark("copy")
         engine.end_weight_update(header["version"])
-        transport.allreduce_sum(self.comm, np.ones(1, dtype=np.int64))
+        transport.allreduce_sum(self.comm, np.ones(1, dtype=np.int64), max_sleep_s=TRANSFER_MAX_SLEEP_S)
         self.seconds = clock.mark("confirm")
         return header["version"]
 

@@ -257,26 +257,42 @@ class TorchEngine(Engine):
     def load_weight_bucket(self, named_tensors: list) -> None:
         if not hasattr(self, "_names_updated"):
             raise RuntimeError("load_weight_bucket outside an update; call begin_weight_update first")
-        targets = dict(self.model.named_parameters(remove_duplicate=False))
-        targets.update(self.model.named_buffers(remove_duplicate=False))
-        for name, tensor in named_tensors:
-            if name not in targets:
-                raise ValueError(f"weight bucket names {name!r}, which the rollout model does not have")
-            if tuple(tensor.shape) != tuple(targets[name].shape):
-                raise ValueError(f"{name}: got {tuple(tensor.shape)}, model has {tuple(targets[name].shape)}")
+        names = tuple(name for name, _ in named_tensors)
+        sources = [tensor for _, tensor in named_tensors]
+        targets = self._bucket_targets(names, [tensor.shape for tensor in sources])
         with self._model_lock, torch.no_grad():
             # One fused multi-tensor copy: a kernel launch per tensor costs more than a GPU copies a small model.
-            torch._foreach_copy_([targets[name] for name, _ in named_tensors], [tensor for _, tensor in named_tensors])
-            self._names_updated.update(name for name, _ in named_tensors)
+            torch._foreach_copy_(targets, sources)
+            self._names_updated.update(names)
+
+    def _bucket_targets(self, names: tuple[str, ...], shapes: list[torch.Size]) -> list[torch.Tensor]:
+        """The parameters and buffers a bucket of `names` (of `shapes`) loads into, checked once per bucket layout:
+        a sync that sends the same tensors every version (CUDA IPC, one bucket) looks them up once."""
+        kept = vars(self).setdefault("_bucket_layouts", {}).get(names)
+        if kept is not None and kept[1] == shapes:
+            return kept[0]
+        by_name = dict(self.model.named_parameters(remove_duplicate=False))
+        by_name.update(self.model.named_buffers(remove_duplicate=False))
+        for name, shape in zip(names, shapes, strict=True):
+            if name not in by_name:
+                raise ValueError(f"weight bucket names {name!r}, which the rollout model does not have")
+            if tuple(shape) != tuple(by_name[name].shape):
+                raise ValueError(f"{name}: got {tuple(shape)}, model has {tuple(by_name[name].shape)}")
+        targets = [by_name[name] for name in names]
+        self._bucket_layouts[names] = (targets, shapes)
+        return targets
 
     def end_weight_update(self, version: int) -> None:
         updated = self.__dict__.pop("_names_updated", None)
         if updated is None:
             raise RuntimeError("end_weight_update without begin_weight_update")
-        given = {id(param) for name, param in self.model.named_parameters(remove_duplicate=False) if name in updated}
-        missing = [name for name, param in self.model.named_parameters() if id(param) not in given]
-        if missing:
-            raise ValueError(f"weight update left parameters unchanged: {', '.join(missing)}")
+        if updated != vars(self).get("_complete_update"):  # a set of names once found complete is complete again
+            named = self.model.named_parameters(remove_duplicate=False)
+            given = {id(param) for name, param in named if name in updated}
+            missing = [name for name, param in self.model.named_parameters() if id(param) not in given]
+            if missing:
+                raise ValueError(f"weight update left parameters unchanged: {', '.join(missing)}")
+            self._complete_update = updated
         self.weight_version = version
 
     def map_weights(self, named_tensors: list, version: int) -> bool:
