@@ -79,7 +79,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kwargs", default="{}", help="constructor kwargs as YAML/JSON, e.g. '{high: 20}'")
     p.add_argument("--data", help="rows to reset with (as data.train takes: jsonl, parquet, ...), e.g. for the qa env")
 
-    sub.add_parser("config-doc", help="print the config reference as markdown")
+    p = sub.add_parser("config-doc", help="print the config reference as markdown")
+    p.add_argument(
+        "--write",
+        metavar="FILE",
+        help="replace the reference between FILE's config-reference markers instead (docs/config.md)",
+    )
 
     args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow options such as --np
     if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
@@ -250,9 +255,22 @@ def cmd_check_env(args) -> int:
 
 
 def cmd_config_doc(args) -> int:
+    from pathlib import Path
+
     from agentrl.config import config_reference
 
-    print(config_reference())
+    if not args.write:
+        print(config_reference())
+        return 0
+    start, end = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+    path = Path(args.write)
+    text = path.read_text() if path.is_file() else ""
+    if start not in text or end not in text.split(start, 1)[1]:
+        raise UserError(f"{path} has no {start} ... {end} block to replace")
+    before, rest = text.split(start, 1)
+    after = rest.split(end, 1)[1]
+    path.write_text(f"{before}{start}\n{config_reference().strip()}\n{end}{after}")
+    print(f"wrote the config reference into {path}")
     return 0
 
 

@@ -509,7 +509,7 @@ class Config(Section):
             )
         self._default_async_correction()
         transport = self.weights.transport
-        # Whether cuda_ipc can serve is known once ranks have GPUs: weights_gpu.resolve_weight_sync checks it at start.
+        # Whether cuda_ipc can serve is known once ranks have GPUs: weights.resolve_weight_sync checks it at start.
         if transport == "nccl" and self.layout.colocate:
             raise ValueError(
                 "weights.transport=nccl cannot join a trainer and a rollout rank sharing a GPU (layout.colocate=true): "

@@ -187,7 +187,7 @@ def plan(
     """The whole job's placement, as `agentrl layout` prints it (no MPI needed).
 
     `weights_transport` is `weights.transport` as configured: resolved from the weight group's
-    placements the way every rank resolves it (`weights_gpu.resolve_weight_sync`), so `auto` shows
+    placements the way every rank resolves it (`agentrl.weights.resolve_weight_sync`), so `auto` shows
     the transport the run uses, and a choice that cannot work raises ConfigError. `nodes`: each
     rank's node where it is known (a running job's `Layout.nodes`), in place of `ranks_per_node`.
     """
@@ -198,7 +198,7 @@ def plan(
     colocate = layout.colocate and world_size > 1
     gpus = bind_gpus(roles, nodes, gpus_per_node, colocate, rollout_gpus)
     if world_size > 1:
-        from agentrl.weights_gpu import resolve_weight_sync
+        from agentrl.weights.choice import resolve_weight_sync
 
         leader, rollouts = weight_group_placements(roles, nodes, gpus)
         transport = resolve_weight_sync(weights_transport, colocate, leader, rollouts, rollout_gpus)

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
+
+# Without a terminal (sbatch, output to a file) the bar's carriage returns would make one line of hundreds of KB:
+# a plain line goes out instead, every PLAIN_EVERY_S seconds or every 1/PLAIN_LINES of the run, and at its end.
+PLAIN_EVERY_S = 30.0
+PLAIN_LINES = 20
 
 RL_POSTFIX = {
     "reward": ("episode/reward_mean", ".3f"),
@@ -36,9 +42,18 @@ class RunLogger:
         from tqdm import tqdm
 
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step)
+        self.plain = progress and not sys.stderr.isatty()
         self.bar = tqdm(
-            total=total_steps, initial=start_step, disable=not progress, desc=desc, file=sys.stderr, mininterval=1.0
+            total=total_steps,
+            initial=start_step,
+            disable=not progress or self.plain,
+            desc=desc,
+            file=sys.stderr,
+            mininterval=1.0,
         )
+        self.desc, self.total_steps = desc, total_steps
+        self.plain_every = max(1, total_steps // PLAIN_LINES)
+        self.plain_last = (start_step, time.monotonic())
         self.postfix = postfix or RL_POSTFIX
         self.shown: dict[str, str] = {}
         self.restarts = restarts
@@ -55,6 +70,17 @@ class RunLogger:
                 self.shown[label] = format(metrics[name], spec)
         self.bar.set_postfix(self.shown, refresh=False)
         self.bar.update(1)
+        if self.plain:
+            self._plain_line(step + 1)
+
+    def _plain_line(self, done: int) -> None:
+        last_step, last_time = self.plain_last
+        now = time.monotonic()
+        if done - last_step < self.plain_every and now - last_time < PLAIN_EVERY_S and done < self.total_steps:
+            return
+        shown = " ".join(f"{label}={value}" for label, value in self.shown.items())
+        print(f"{self.desc} step {done}/{self.total_steps} {shown}".rstrip(), file=sys.stderr, flush=True)
+        self.plain_last = (done, now)
 
     def log_scalars(self, step: int, metrics: dict[str, float]) -> None:
         """Scalars at `step` that are not a training step's (evaluation): the progress bar stays put."""

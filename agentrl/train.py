@@ -258,7 +258,7 @@ def run_single_process(config: Config, layout: Layout, start_step: int, data_sta
     from agentrl.rollout.worker import RolloutWorker, sample_texts
     from agentrl.trainer.loop import train_loop
     from agentrl.trajectory import pack
-    from agentrl.weights import InProcessWeightCopy
+    from agentrl.weights.base import InProcessWeightCopy
 
     trainer, tokenizer = _make_trainer(config, layout, start_step)
     tasks = task_source(config, 0, 1, data_start)
@@ -294,8 +294,8 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
     from agentrl.data.recorder import StepRecorder
     from agentrl.trainer.loop import receive_from_rollouts, train_loop
     from agentrl.trainer.model import init_trainer_group
-    from agentrl.weights import GatherOnly
-    from agentrl.weights_gpu import make_weight_sync
+    from agentrl.weights import make_weight_sync
+    from agentrl.weights.base import GatherOnly
 
     group = init_trainer_group(layout.role_comm, layout.device)
     trainer, tokenizer = _make_trainer(config, layout, start_step, group)
@@ -303,7 +303,7 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
     if layout.is_trainer_leader:
         weights = make_weight_sync(config, layout)
         if config.rollout.max_staleness:
-            from agentrl.rollout.weight_watch import AnnouncedWeights
+            from agentrl.weights.announce import AnnouncedWeights
 
             weights = AnnouncedWeights(weights, layout.world, layout.rollout_ranks)
         weights.place(trainer.model)
@@ -338,7 +338,7 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
 
 def run_rollout(config: Config, layout: Layout, start_step: int, data_start: list[int] | None) -> None:
     from agentrl.rollout import worker
-    from agentrl.weights_gpu import make_weight_sync
+    from agentrl.weights import make_weight_sync
 
     env_rank = layout.env_rank_for(layout.rank)
     if env_rank is None:

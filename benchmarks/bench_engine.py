@@ -44,10 +44,10 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.batch import TorchEngine
+from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.models.tiny import build_tiny_model
-from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.torch_engine import TorchEngine
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",

@@ -28,8 +28,8 @@ import time
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.sampling import RowSampling, draw_from_unnormalised, filter_top_k_top_p, sample_tokens
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.sampling import RowSampling, draw_from_unnormalised, filter_top_k_top_p, sample_tokens
 
 
 def parse_args():

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from bench_engine import tiny_model
 from transformers import DynamicCache
 
-from agentrl.rollout.lean_decoder import LeanDecoder
-from agentrl.rollout.torch_engine import cache_keyword
+from agentrl.engine.hf import cache_keyword
+from agentrl.engine.lean_decoder import LeanDecoder
 
 
 def parse_args():

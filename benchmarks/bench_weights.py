@@ -94,10 +94,10 @@ def run_mpi_part(args) -> None:
     from mpi4py import MPI
 
     from agentrl import transport
-    from agentrl.rollout.torch_engine import TorchEngine
-    from agentrl.weights import MPIWeightBroadcast
-    from agentrl.weights_gpu import DistributedWeightBroadcast
-    from agentrl.weights_shm import SharedMemoryWeights
+    from agentrl.engine.batch import TorchEngine
+    from agentrl.weights.mpi import MPIWeightBroadcast
+    from agentrl.weights.nccl import DistributedWeightBroadcast
+    from agentrl.weights.shm import SharedMemoryWeights
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()

@@ -44,8 +44,8 @@ def memory_mb() -> dict[str, float]:
 def run_mpi_part(args) -> None:
     from mpi4py import MPI
 
-    from agentrl.rollout.torch_engine import TorchEngine
-    from agentrl.weights_shm import SharedMemoryWeights
+    from agentrl.engine.batch import TorchEngine
+    from agentrl.weights.shm import SharedMemoryWeights
 
     world = MPI.COMM_WORLD
     rank = world.Get_rank()

@@ -11,8 +11,8 @@ tokenizer (token ids are all it needs). Sections, in this order (`--sections` pi
 
 - `grpo`: one GRPO train step (32 episodes of 256 + 512 tokens) after a warm-up step.
 - `weights`: the weight update under `mpirun -n 2`: rank 0 holds the trainer's model, rank
-  1 a TorchEngine on the same GPU; `CUDAIPCWeightSync` (from `agentrl.weights_cuda_ipc`,
-  else `agentrl.weights_gpu`) moves the weights (the CPU dry run uses `MPIWeightBroadcast`).
+  1 a TorchEngine on the same GPU; `CUDAIPCWeightSync` (from `agentrl.weights.cuda_ipc`,
+  else `agentrl.weights.nccl`) moves the weights (the CPU dry run uses `MPIWeightBroadcast`).
   The update's time is the median of 5 sends after 2 warm-up sends (versions 1..7), set
   against the median of 5 device-to-device copies of the same bytes (the bound a same-GPU
   update cannot beat): the row gives update/copy. Then rank 1 generates greedily from a
@@ -245,9 +245,9 @@ def time_grpo_step(model_dir: Path, device: str, dtype: str, small: bool) -> dic
 def cuda_ipc_sync(world, bucket_mb: float, device: str):
     """The colocated sync: the new module's (whose engine sleeps while the trainer trains) if it is there."""
     try:
-        from agentrl.weights_cuda_ipc import CUDAIPCWeightSync
+        from agentrl.weights.cuda_ipc import CUDAIPCWeightSync
     except ImportError:
-        from agentrl.weights_gpu import CUDAIPCWeightSync
+        from agentrl.weights.nccl import CUDAIPCWeightSync
 
         return CUDAIPCWeightSync(world, bucket_mb, device)
     return CUDAIPCWeightSync(world, bucket_mb, device, sleeps=True)
@@ -257,10 +257,10 @@ def weight_sync_part(model_dir: Path, device: str, dtype: str, bucket_mb: float)
     from mpi4py import MPI
 
     from agentrl import transport
-    from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-    from agentrl.rollout.engine import SamplingParams
+    from agentrl.engine.base import SamplingParams
+    from agentrl.engine.continuous import ContinuousTorchEngine
     from agentrl.trainer.model import load_causal_lm
-    from agentrl.weights import MPIWeightBroadcast
+    from agentrl.weights.mpi import MPIWeightBroadcast
 
     world = MPI.COMM_WORLD
     model = load_causal_lm(str(model_dir), dtype, device)
@@ -504,9 +504,9 @@ def shut_down(engine) -> None:
 
 def time_generation(model, device: str, batch_size: int, new_tokens: int, repeats: int) -> Contenders:
     """tokens/s of each contender on `batch_size` 64-token random prompts, `new_tokens` each, top-k sampling."""
-    from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-    from agentrl.rollout.engine import SamplingParams
-    from agentrl.rollout.torch_engine import TorchEngine
+    from agentrl.engine.base import SamplingParams
+    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.continuous import ContinuousTorchEngine
 
     rng = np.random.default_rng(batch_size)
     prompts = [rng.integers(3, 160, 64).tolist() for _ in range(batch_size)]
@@ -558,8 +558,8 @@ def time_multiturn(device: str, dtype: str, small: bool, repeats: int) -> tuple[
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_engine
 
-    from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-    from agentrl.rollout.torch_engine import TorchEngine
+    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.continuous import ContinuousTorchEngine
 
     shape, episodes, turns, new_tokens = ("64x2x4", 4, 2, 8) if small else ("512x8x8", 32, 8, 32)
     short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]

@@ -12,8 +12,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
+from agentrl.engine.base import Engine, SamplingParams
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.engine import Engine, SamplingParams
 from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.rollout.reward_fn import RewardFunction
 from agentrl.trajectory import Episode, state_key

@@ -18,9 +18,9 @@ resumed run generates the discarded steps' tasks again, the same tasks, from the
 from __future__ import annotations
 
 from agentrl import preempt, transport
-from agentrl.rollout.weight_watch import WeightWatcher
 from agentrl.rollout.worker import Stopped, batch_messages
 from agentrl.transport import Tag
+from agentrl.weights.announce import WeightWatcher
 
 END_OF_BATCHES = {"end": True}  # after a stop: this rollout rank sends no more batches
 

@@ -15,29 +15,17 @@ from agentrl import preempt, transport
 from agentrl.algorithms import make_algorithm
 from agentrl.algorithms.base import AlgorithmContext
 from agentrl.data.tasks import SeededTasks, TaskSource, task_seed  # noqa: F401 (task_seed: re-exported)
+from agentrl.engine import make_engine
+from agentrl.engine.base import SamplingParams
 from agentrl.failures import FailureTally, error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.dispatch import DispatchClient, DispatchServer, default_groups_in_flight
-from agentrl.rollout.engine import SamplingParams
 from agentrl.rollout.episode_dump import episode_record
 from agentrl.rollout.reward_fn import RewardFunction
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
+from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode, pack
 from agentrl.transport import Tag
-
-
-def make_engine(config, device: str, seed: int):
-    engine = config.rollout.engine
-    if engine.backend == "sglang":
-        from agentrl.rollout.sglang_engine import SGLangEngine
-
-        return SGLangEngine.from_config(config, device, seed)
-    from agentrl.rollout.torch_engine import build_torch_engine
-
-    model = load_causal_lm(config.model.path, config.model.dtype, device)
-    tokenizer = load_tokenizer(config.model.path)
-    return build_torch_engine(model, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
 
 
 def task_index(tasks_per_step: int, round_: int, first_task: int, position: int) -> int:

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from agentrl.config import from_dict
+from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.engine import Engine, GenerateOutput, SamplingParams
 from agentrl.rollout.worker import RolloutWorker
 from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trajectory import Episode, pack

@@ -85,13 +85,14 @@ def test_reference_lists_every_section_field():
         assert f"`{name}`" in text
 
 
-def test_readme_config_reference_is_up_to_date():
+def test_docs_config_reference_is_up_to_date():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = readme.split("<!-- config-reference:start -->")[1].split("<!-- config-reference:end -->")[0]
+    page = (Path(__file__).resolve().parents[2] / "docs" / "config.md").read_text()
+    block = page.split("<!-- config-reference:start -->")[1].split("<!-- config-reference:end -->")[0]
     assert block.strip() == config_reference().strip(), (
-        "README's config reference is stale: paste the output of `agentrl config-doc` between its markers"
+        "docs/config.md's config reference is stale: run `agentrl config-doc --write docs/config.md` "
+        "(or paste the output of `agentrl config-doc` between its markers)"
     )
 
 
@@ -136,7 +137,7 @@ def test_checks_that_need_only_the_config_run_at_parse_time():
         from_dict({**BASE, "parallelism": {"fsdp": True}})
     with pytest.raises(ConfigError, match=r"weights.transport=nccl cannot join a trainer and a rollout rank"):
         from_dict({**BASE, "layout": {"trainer": 1, "rollout": 1, "colocate": True}, "weights": {"transport": "nccl"}})
-    # whether cuda_ipc can serve depends on the GPUs found at start (weights_gpu.resolve_weight_sync)
+    # whether cuda_ipc can serve depends on the GPUs found at start (agentrl.weights.resolve_weight_sync)
     assert from_dict({**BASE, "weights": {"transport": "cuda_ipc"}}).weights.transport == "cuda_ipc"
 
 

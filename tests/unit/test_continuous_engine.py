@@ -10,10 +10,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.continuous import ContinuousTorchEngine
+from agentrl.engine.kv_sessions import KVSessionStore
 from agentrl.models.tiny import build_tiny_model
-from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.kv_sessions import KVSessionStore
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "12 + 30 = 42", "A small model learns to add numbers."]
 OBSERVATION = [7, 8, 9, 10, 11]
@@ -208,7 +208,8 @@ def test_session_store_takes_the_longest_prefix_and_evicts_the_oldest():
 
 def test_config_picks_the_scheduler(model):
     from agentrl.config import TorchEngineConfig
-    from agentrl.rollout.torch_engine import TorchEngine, build_torch_engine
+    from agentrl.engine import build_torch_engine
+    from agentrl.engine.batch import TorchEngine
 
     continuous = build_torch_engine(
         model, TorchEngineConfig(scheduler="continuous", kv_cache_mb=2), pad_token_id=0, seed=0
@@ -231,7 +232,7 @@ def test_sliding_window_models_are_refused_with_the_fix(model):
 def test_slot_steps_grow_their_buffers_and_give_the_lean_steps_tokens(model, prompts, monkeypatch, decode_steps):
     if not decode_steps:
         pytest.skip("compares the slot steps with the lean ones")
-    from agentrl.rollout import slot_batch
+    from agentrl.engine import slot_batch
 
     monkeypatch.setattr(slot_batch, "MIN_COLUMNS", 8)  # the slots grow while rows decode
     monkeypatch.setattr(slot_batch, "MIN_SLOTS", 1)
@@ -254,15 +255,15 @@ def test_slot_steps_grow_their_buffers_and_give_the_lean_steps_tokens(model, pro
 
 
 def test_step_buckets():
-    from agentrl.rollout.slot_batch import column_bucket, row_bucket
+    from agentrl.engine.slot_batch import column_bucket, row_bucket
 
     assert [row_bucket(n) for n in (1, 2, 3, 5, 32, 33, 64, 65, 250)] == [1, 2, 4, 8, 32, 64, 64, 96, 256]
     assert [column_bucket(n) for n in (1, 64, 65, 200, 1025)] == [64, 64, 128, 256, 2048]
 
 
 def test_cuda_graphs_true_on_a_model_without_the_lean_decoder_names_the_fix(model, monkeypatch):
+    from agentrl.engine import continuous as continuous_engine
     from agentrl.errors import UserError
-    from agentrl.rollout import continuous_engine
 
     monkeypatch.setattr(continuous_engine.LeanDecoder, "for_model", classmethod(lambda cls, model: None))
     with pytest.raises(UserError, match="cuda_graphs=auto or false"):

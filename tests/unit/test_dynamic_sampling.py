@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from agentrl.config import from_dict
+from agentrl.engine.base import Engine, GenerateOutput
 from agentrl.env.api import TextEnv
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.rollout.engine import Engine, GenerateOutput
 from agentrl.rollout.worker import RolloutWorker, merge_stats, shard_for_trainers, task_seed
 
 SHARE = 4  # tasks per rollout rank: tasks_per_step 8 over 2 rollout ranks

@@ -5,11 +5,11 @@ import time
 
 import pytest
 
+from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.engine import SamplingParams
 from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode
 from tests.fault_envs import fails

@@ -6,11 +6,11 @@ import math
 import pytest
 
 from agentrl.config import ConfigError, load_config
+from agentrl.engine.base import SamplingParams
 from agentrl.errors import UserError
 from agentrl.evaluation.command import check_model_folder, resolve_target
 from agentrl.evaluation.metrics import TaskResult, aggregate, ks_for, pass_at_k
 from agentrl.rollout.agent_loop import _for_turn
-from agentrl.rollout.engine import SamplingParams
 
 QUICKSTART = "launch/configs/quickstart.yaml"
 
@@ -171,9 +171,9 @@ def test_evaluation_puts_the_engines_and_global_random_streams_back_and_drops_it
     import torch
     from transformers import AutoModelForCausalLM
 
+    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.continuous import ContinuousTorchEngine
     from agentrl.evaluation.runner import training_streams_kept
-    from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-    from agentrl.rollout.torch_engine import TorchEngine
 
     engine_class = ContinuousTorchEngine if scheduler == "continuous" else TorchEngine
     engine = engine_class(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), pad_token_id=0, seed=5)

@@ -7,11 +7,11 @@ import numpy as np
 from agentrl.algorithms import AlgorithmContext, make_algorithm
 from agentrl.algorithms.gigpo import GiGPO, gigpo_advantages, per_turn_tokens, turn_rewards_with_final
 from agentrl.config import from_dict
+from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.engine import Engine, GenerateOutput, SamplingParams
 from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode, pack, state_key
 

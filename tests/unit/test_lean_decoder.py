@@ -1,4 +1,4 @@
-"""agentrl.rollout.lean_decoder: prefill and decode steps that match the forward up to float rounding, or none."""
+"""agentrl.engine.lean_decoder: prefill and decode steps that match the forward up to float rounding, or none."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.lean_decoder import Feed, LeanDecoder, append_columns, rotation_sin
-from agentrl.rollout.running_batch import RowsLeaving, append_rows, keep_rows
-from agentrl.rollout.torch_engine import cache_keyword
+from agentrl.engine.continuous import ContinuousTorchEngine
+from agentrl.engine.hf import cache_keyword
+from agentrl.engine.lean_decoder import Feed, LeanDecoder, append_columns, rotation_sin
+from agentrl.engine.running_batch import RowsLeaving, append_rows, keep_rows
 
 SIZES = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4)
 FAMILIES = {

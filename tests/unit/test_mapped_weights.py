@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.batch import TorchEngine
+from agentrl.engine.continuous import ContinuousTorchEngine
+from agentrl.engine.lean_decoder import stacked
 from agentrl.models.tiny import build_tiny_model
-from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.lean_decoder import stacked
-from agentrl.rollout.torch_engine import TorchEngine
-from agentrl.weights_shm import ALIGN, SharedMemoryWeights, mapped_layout, pieces, spec_nbytes
+from agentrl.weights.shm import ALIGN, SharedMemoryWeights, mapped_layout, pieces, spec_nbytes
 from tests.unit.test_continuous_engine import TEXTS, run_episodes
 
 

@@ -11,7 +11,8 @@ from agentrl.trainer import parallel
 from agentrl.trainer.model import load_causal_lm
 from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, pack
-from agentrl.weights import GatherOnly, MPIWeightBroadcast
+from agentrl.weights.base import GatherOnly
+from agentrl.weights.mpi import MPIWeightBroadcast
 
 
 def synthetic_batch(vocab: int, seed: int = 0) -> dict:

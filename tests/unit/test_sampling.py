@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from agentrl.rollout import sampling
-from agentrl.rollout.engine import SamplingParams
-from agentrl.rollout.sampling import (
+from agentrl.engine import sampling
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.sampling import (
     RowSampling,
     draw_from_unnormalised,
     filter_top_k_top_p,

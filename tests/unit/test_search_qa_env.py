@@ -8,6 +8,7 @@ import string
 
 import pytest
 
+from agentrl.engine.base import SamplingParams
 from agentrl.env.check import check_env
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
@@ -17,7 +18,6 @@ from agentrl.rewards import normalize
 from agentrl.rewards import token_f1_score as token_f1
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.engine import SamplingParams
 from agentrl.trajectory import Episode
 from envs.search_qa import BM25Index, SearchQAEnv, load_library, tokenize
 from envs.search_qa.corpus import render_corpus

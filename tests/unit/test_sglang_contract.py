@@ -1,4 +1,4 @@
-"""Every SGLang call agentrl makes exists and takes the keywords we pass (agentrl.rollout.sglang_engine.SGLANG_CALLS).
+"""Every SGLang call agentrl makes exists and takes the keywords we pass (agentrl.engine.sglang.SGLANG_CALLS).
 
 With SGLang installed the check uses inspect on the real objects; otherwise, when
 AGENTRL_SGLANG_SRC points at an unpacked SGLang tree (the `sglang` folder of a wheel or
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.rollout.sglang_engine import MISSING_SGLANG, SGLANG_CALLS, SGLangCall, SGLangMissingError
+from agentrl.engine.sglang import MISSING_SGLANG, SGLANG_CALLS, SGLangCall, SGLangMissingError
 
 RUNTIME_MODULES = {"ServerArgs": "sglang.srt.server_args"}  # assembled from srt/arg_groups/fields at import
 
@@ -97,7 +97,7 @@ def test_sglang_call_takes_our_keywords(call):
 
 def test_sglang_backend_without_sglang_says_how_to_install(monkeypatch):
     from agentrl.config import load_config
-    from agentrl.rollout.worker import make_engine
+    from agentrl.engine import make_engine
 
     monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang now raises ImportError
     config = load_config(None, ["model.path=/nonexistent", "rollout.engine.backend=sglang"])
@@ -110,7 +110,7 @@ def test_sglang_backend_without_sglang_says_how_to_install(monkeypatch):
 
 
 def test_stop_token_kept_even_when_sglang_trims_it_from_output_ids():
-    from agentrl.rollout.sglang_engine import to_generate_output
+    from agentrl.engine.sglang import to_generate_output
 
     entries = [(-0.5, 11, None), (-1.25, 12, None), (-0.125, 2, None)]  # 2 is the stop token
     trimmed = {
@@ -125,7 +125,7 @@ def test_stop_token_kept_even_when_sglang_trims_it_from_output_ids():
 
 
 def test_disagreeing_ids_and_logprobs_are_an_error():
-    from agentrl.rollout.sglang_engine import to_generate_output
+    from agentrl.engine.sglang import to_generate_output
 
     result = {
         "output_ids": [5, 6],
@@ -136,8 +136,8 @@ def test_disagreeing_ids_and_logprobs_are_an_error():
 
 
 def test_sampling_params_map_top_k_and_keep_the_stop_token():
-    from agentrl.rollout.engine import SamplingParams
-    from agentrl.rollout.sglang_engine import sampling_params_for_sglang
+    from agentrl.engine.base import SamplingParams
+    from agentrl.engine.sglang import sampling_params_for_sglang
 
     params = sampling_params_for_sglang(SamplingParams(max_new_tokens=9, top_k=0, stop_token_ids=(2, 3), seed=7))
     assert params["top_k"] == -1 and params["stop_token_ids"] == [2, 3] and params["no_stop_trim"] is True
@@ -146,7 +146,7 @@ def test_sampling_params_map_top_k_and_keep_the_stop_token():
 
 
 def test_children_do_not_see_the_mpi_environment(monkeypatch):
-    from agentrl.rollout.sglang_engine import NO_MPI_FLAG, environment_without_mpi
+    from agentrl.engine.sglang import NO_MPI_FLAG, environment_without_mpi
 
     monkeypatch.setenv("PMI_RANK", "3")
     monkeypatch.setenv("OMPI_COMM_WORLD_SIZE", "4")
@@ -220,8 +220,8 @@ class _FakeSGLangEngine:
 def test_sglang_engine_drives_the_engine_on_its_own_loop(monkeypatch):
     import types
 
-    from agentrl.rollout.engine import SamplingParams
-    from agentrl.rollout.sglang_engine import SGLangEngine, abort_job_on_child_crash
+    from agentrl.engine.base import SamplingParams
+    from agentrl.engine.sglang import SGLangEngine, abort_job_on_child_crash
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=_FakeSGLangEngine))
     monkeypatch.setenv("PMI_RANK", "1")

@@ -11,12 +11,12 @@ import torch
 
 from agentrl.config import ConfigError, LayoutConfig
 from agentrl.layout import Role, plan
-from agentrl.weights_gpu import (
+from agentrl.weights import resolve_weight_sync
+from agentrl.weights.nccl import (
     check_alignment,
     flatten_bucket,
     group_offsets,
     make_header,
-    resolve_weight_sync,
     spec_nbytes,
     tensor_spec,
     unflatten_bucket,
@@ -234,12 +234,12 @@ def test_the_transport_auto_picks_for_known_layouts(gpus_per_node, trainer, roll
 
 
 def test_make_weight_sync_resolves_from_the_layouts_placements(monkeypatch):
-    from agentrl.weights_gpu import make_weight_sync
+    from agentrl.weights import make_weight_sync
 
     made = []
-    fake = types.ModuleType("agentrl.weights_cuda_ipc")
+    fake = types.ModuleType("agentrl.weights.cuda_ipc")
     fake.CUDAIPCWeightSync = lambda comm, bucket_mb, device, sleeps: made.append((comm, bucket_mb, device, sleeps))
-    monkeypatch.setitem(sys.modules, "agentrl.weights_cuda_ipc", fake)
+    monkeypatch.setitem(sys.modules, "agentrl.weights.cuda_ipc", fake)
     roles = [Role.TRAINER, Role.ROLLOUT, Role.ROLLOUT, Role.ENV]
     layout = SimpleNamespace(roles=roles, nodes=[0] * 4, gpus=[0, 0, 0, None], weight_comm="comm", device="cuda:0")
     for colocate in (False, True):
@@ -256,7 +256,7 @@ def test_make_weight_sync_resolves_from_the_layouts_placements(monkeypatch):
 
 
 def test_torch_engine_bucket_update_needs_every_parameter(tiny_model_dir):
-    from agentrl.rollout.torch_engine import TorchEngine
+    from agentrl.engine.batch import TorchEngine
     from agentrl.trainer.model import load_causal_lm
 
     engine = TorchEngine(load_causal_lm(tiny_model_dir), pad_token_id=0)

@@ -4,7 +4,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from agentrl.weights_shm import ALIGN, SharedMemoryWeights, SharedWindow, TornWeights, plan_layout, spec_nbytes
+from agentrl.weights.shm import ALIGN, SharedMemoryWeights, SharedWindow, TornWeights, plan_layout, spec_nbytes
 
 
 def test_every_tensor_starts_aligned_and_buckets_fit_their_slot():

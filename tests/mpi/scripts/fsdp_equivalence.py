@@ -17,7 +17,7 @@ from agentrl.trainer import checkpoint
 from agentrl.trainer.model import init_trainer_group, load_causal_lm, load_tokenizer
 from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import concat
-from agentrl.weights import full_tensors
+from agentrl.weights.base import full_tensors
 from tests.mpi.scripts.batches import synthetic_batch
 
 GROUPS = {0: range(0, 5), 1: range(5, 8)}  # unequal: rank 1 runs fewer micro-batches and must pad with idle ones

@@ -18,11 +18,12 @@ import torch
 from mpi4py import MPI
 
 from agentrl import transport
-from agentrl.rollout.torch_engine import TorchEngine
+from agentrl.engine.batch import TorchEngine
 from agentrl.trainer import parallel
 from agentrl.trainer.model import init_trainer_group
-from agentrl.weights import GatherOnly, MPIWeightBroadcast, full_tensors
-from agentrl.weights_shm import SharedMemoryWeights
+from agentrl.weights.base import GatherOnly, full_tensors
+from agentrl.weights.mpi import MPIWeightBroadcast
+from agentrl.weights.shm import SharedMemoryWeights
 
 PAGE = 4096
 

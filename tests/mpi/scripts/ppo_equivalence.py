@@ -18,7 +18,7 @@ from agentrl.trainer import checkpoint
 from agentrl.trainer.model import init_trainer_group, load_tokenizer
 from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, concat, pack
-from agentrl.weights import full_tensors
+from agentrl.weights.base import full_tensors
 
 GROUPS = {0: range(0, 5), 1: range(5, 8)}  # unequal: under FSDP rank 1 pads with idle micro-steps
 METRICS = ("train/loss", "train/value_loss", "train/explained_variance", "train/value_mean", "train/return_mean")

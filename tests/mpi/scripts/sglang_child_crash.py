@@ -7,7 +7,7 @@ import signal
 from mpi4py import MPI
 
 from agentrl import transport
-from agentrl.rollout.sglang_engine import abort_job_on_child_crash
+from agentrl.engine.sglang import abort_job_on_child_crash
 
 
 def main():

@@ -13,9 +13,9 @@ import torch
 from mpi4py import MPI
 
 from agentrl import transport
-from agentrl.rollout.torch_engine import TorchEngine
+from agentrl.engine.batch import TorchEngine
 from agentrl.trainer.model import load_causal_lm
-from agentrl.weights_cuda_ipc import CUDAIPCWeightSync
+from agentrl.weights.cuda_ipc import CUDAIPCWeightSync
 
 
 def weights_of(model) -> np.ndarray:

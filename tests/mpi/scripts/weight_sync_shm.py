@@ -25,10 +25,10 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import LayoutConfig
+from agentrl.engine.batch import TorchEngine
 from agentrl.layout import Layout, Role
-from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.trainer.model import load_causal_lm
-from agentrl.weights_shm import SharedMemoryWeights
+from agentrl.weights.shm import SharedMemoryWeights
 
 BUCKET_MB = 0.02  # about 20 KiB: the tiny model goes through both slots many times
 

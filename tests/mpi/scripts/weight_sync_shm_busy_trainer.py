@@ -13,10 +13,10 @@ import time
 
 from agentrl import transport
 from agentrl.config import LayoutConfig
+from agentrl.engine.batch import TorchEngine
 from agentrl.layout import Layout, Role
-from agentrl.rollout.torch_engine import TorchEngine
 from agentrl.trainer.model import load_causal_lm
-from agentrl.weights_shm import SharedMemoryWeights
+from agentrl.weights.shm import SharedMemoryWeights
 
 BUSY_S = 4.0
 

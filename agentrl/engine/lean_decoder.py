@@ -32,7 +32,7 @@ import itertools
 import torch
 import torch.nn.functional as F
 
-from agentrl.rollout.torch_engine import cache_keyword
+from agentrl.engine.hf import cache_keyword
 
 # Architectures whose decoder layer is exactly: x + attn(input_layernorm(x)), then
 # x + mlp(post_attention_layernorm(x)), with q/k/v/o projections, optional q/k norms

@@ -14,7 +14,7 @@ import time
 
 from agentrl import transport
 from agentrl.transport import Tag
-from agentrl.weights import WeightSync
+from agentrl.weights.base import WeightSync
 
 
 class AnnouncedWeights(WeightSync):

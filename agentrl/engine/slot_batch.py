@@ -17,8 +17,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from agentrl.rollout.running_batch import RowsLeaving
-from agentrl.rollout.sampling import RowSampling
+from agentrl.engine.running_batch import RowsLeaving
+from agentrl.engine.sampling import RowSampling
 
 # The smallest column capacity; it doubles whenever a row would outgrow it.
 MIN_COLUMNS = 256

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from agentrl import transport
-from agentrl.weights import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors
+from agentrl.weights.base import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors
 
 STOP_HEADER = {"stop": True}
 

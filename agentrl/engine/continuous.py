@@ -32,15 +32,15 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from agentrl.engine.base import FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.batch import TorchEngine, _LoopQueue
+from agentrl.engine.decode_graphs import DecodeGraphs
+from agentrl.engine.kv_sessions import KVSessionStore
+from agentrl.engine.lean_decoder import COLUMN_HEADROOM, FAMILIES, Feed, LeanDecoder
+from agentrl.engine.running_batch import RunningBatch
+from agentrl.engine.sampling import RowSampling, sample_tokens, seeded_generator
+from agentrl.engine.slot_batch import SlotBatch
 from agentrl.errors import UserError
-from agentrl.rollout.decode_graphs import DecodeGraphs
-from agentrl.rollout.engine import FinishReason, GenerateOutput, SamplingParams
-from agentrl.rollout.kv_sessions import KVSessionStore
-from agentrl.rollout.lean_decoder import COLUMN_HEADROOM, FAMILIES, Feed, LeanDecoder
-from agentrl.rollout.running_batch import RunningBatch
-from agentrl.rollout.sampling import RowSampling, sample_tokens, seeded_generator
-from agentrl.rollout.slot_batch import SlotBatch
-from agentrl.rollout.torch_engine import TorchEngine, _LoopQueue
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have
 # waited this many decode steps (measured in docs/engine.md).

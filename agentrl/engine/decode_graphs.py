@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from agentrl.rollout.lean_decoder import LeanDecoder, RMSNormWeights, add_linear
-from agentrl.rollout.slot_batch import SlotBatch, column_bucket, row_bucket
+from agentrl.engine.lean_decoder import LeanDecoder, RMSNormWeights, add_linear
+from agentrl.engine.slot_batch import SlotBatch, column_bucket, row_bucket
 
 
 def static_decode(

@@ -75,7 +75,7 @@ class Engine(abc.ABC):
     def drop_cached_prefixes(self) -> None:  # noqa: B027
         """Forget KV caches kept for later requests to reuse, so evaluation's episodes leave none for training's."""
 
-    # ---- optional: GPU weight sync (agentrl/weights_gpu.py) and colocation --------------
+    # ---- optional: GPU weight sync (agentrl/weights/nccl.py) and colocation --------------
 
     weight_group_size: int = 1  # processes this engine adds to a weight broadcast group
 

@@ -28,8 +28,9 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from agentrl.rollout.engine import Engine, FinishReason, GenerateOutput, SamplingParams
-from agentrl.rollout.sampling import RowSampling, sample_tokens, seeded_generator
+from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.hf import cache_keyword, takes_ready_made_sdpa_masks
+from agentrl.engine.sampling import RowSampling, sample_tokens, seeded_generator
 
 # Yields to the event loop with no new request before a batch starts: enough for a
 # coroutine woken by a finished request to run up to its next `generate` call.
@@ -97,7 +98,7 @@ class TorchEngine(Engine):
         self.weights_mapped = False  # parameters view memory given to map_weights
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "largest_batch": 0}
         self._keeps_last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
-        self._takes_ready_masks = _takes_ready_made_sdpa_masks(model)
+        self._takes_ready_masks = takes_ready_made_sdpa_masks(model)
         self._cache_keyword = cache_keyword(model)
         self._queues: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopQueue] = weakref.WeakKeyDictionary()
         # A new thread starts with OpenMP's default thread count (OMP_NUM_THREADS, else every core), not the
@@ -228,12 +229,12 @@ class TorchEngine(Engine):
                 targets[name].copy_(torch.as_tensor(tensor))
             self.weight_version = version
 
-    # ---- weights bucket by bucket: a process group or CUDA IPC (agentrl/weights_gpu.py) --
+    # ---- weights bucket by bucket: a process group or CUDA IPC (agentrl/weights/nccl.py) --
 
     def join_weight_group(
         self, address: str, port: int, rank_offset: int, world_size: int, group_name: str, backend: str
     ) -> None:
-        from agentrl.weights_gpu import init_weight_group
+        from agentrl.weights.nccl import init_weight_group
 
         groups = vars(self).setdefault("_weight_groups", {})
         groups[group_name] = init_weight_group(backend, address, port, world_size, rank_offset, group_name)
@@ -245,7 +246,7 @@ class TorchEngine(Engine):
     def receive_weight_bucket(self, specs: list[tuple[str, tuple[int, ...], str]], group_name: str) -> None:
         import torch.distributed
 
-        from agentrl.weights_gpu import spec_nbytes, unflatten_bucket
+        from agentrl.weights.nccl import spec_nbytes, unflatten_bucket
 
         groups = vars(self).get("_weight_groups", {})
         if group_name not in groups:
@@ -432,42 +433,3 @@ class TorchEngine(Engine):
             **extra,
         )
         return out.logits[:, -1, :]
-
-
-def build_torch_engine(model, config, *, pad_token_id: int, seed: int) -> TorchEngine:
-    """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler."""
-    if config.scheduler == "batch":
-        return TorchEngine(model, pad_token_id=pad_token_id, max_batch_size=config.max_batch_size, seed=seed)
-    from agentrl.rollout.continuous_engine import ContinuousTorchEngine
-
-    return ContinuousTorchEngine(
-        model,
-        pad_token_id=pad_token_id,
-        max_batch_size=config.max_batch_size,
-        seed=seed,
-        kv_cache_bytes=int(config.kv_cache_mb * (1 << 20)),
-        cuda_graphs=config.cuda_graphs,
-    )
-
-
-def cache_keyword(model) -> str:
-    """The name the model's forward takes its KV cache by: `cache` from transformers 5.24 on (which warns
-    about `past_key_values` on every call), `past_key_values` before."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _takes_ready_made_sdpa_masks(model) -> bool:
-    """Whether `model` accepts {"full_attention": 4D bool mask} in place of a 2D mask.
-
-    Hugging Face models that support compiled generation take the per-layer-type masks
-    ready-made (as `generate` passes them with a static cache); with SDPA and only
-    full-attention layers that mapping is a single boolean mask.
-    """
-    config = model.config
-    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
-    return (
-        bool(getattr(model, "_can_compile_fullgraph", False))
-        and getattr(config, "_attn_implementation", None) == "sdpa"
-        and layer_types == {"full_attention"}
-        and not getattr(config, "is_encoder_decoder", False)
-    )

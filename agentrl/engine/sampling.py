@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from agentrl.rollout.engine import SamplingParams
+from agentrl.engine.base import SamplingParams
 
 # From this vocabulary size on, rows that all have a top-k draw among their candidates, and
 # the probabilities and running sums go into buffers kept between steps: the whole-vocabulary

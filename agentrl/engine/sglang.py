@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from agentrl.rollout.engine import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
 from agentrl.transport import MPI_VARIABLE_PREFIXES
 
 MISSING_SGLANG = (

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from agentrl.rollout.lean_decoder import COLUMN_HEADROOM
-from agentrl.rollout.sampling import RowSampling
+from agentrl.engine.lean_decoder import COLUMN_HEADROOM
+from agentrl.engine.sampling import RowSampling
 
 
 class RunningBatch:

@@ -1,0 +1,41 @@
+"""Inference engines: token ids in, token ids, logprobs and a finish reason out (`base.Engine`).
+
+- `batch.TorchEngine`: the torch engine's batch scheduler; `continuous.ContinuousTorchEngine`: its
+  continuous scheduler, with KV reuse across turns (`kv_sessions`), the lean decoder's steps and, on
+  CUDA, decode steps replayed as CUDA graphs over a slot KV cache (`slot_batch`, `decode_graphs`);
+- `sglang.SGLangEngine`: an in-process `sglang.Engine` (GPU);
+- `make_engine` builds the one a config asks for. Nothing here imports the agent side (agentrl/rollout/).
+"""
+
+from __future__ import annotations
+
+
+def make_engine(config, device: str, seed: int):
+    engine = config.rollout.engine
+    if engine.backend == "sglang":
+        from agentrl.engine.sglang import SGLangEngine
+
+        return SGLangEngine.from_config(config, device, seed)
+    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+
+    model = load_causal_lm(config.model.path, config.model.dtype, device)
+    tokenizer = load_tokenizer(config.model.path)
+    return build_torch_engine(model, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
+
+
+def build_torch_engine(model, config, *, pad_token_id: int, seed: int):
+    """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler."""
+    from agentrl.engine.batch import TorchEngine
+
+    if config.scheduler == "batch":
+        return TorchEngine(model, pad_token_id=pad_token_id, max_batch_size=config.max_batch_size, seed=seed)
+    from agentrl.engine.continuous import ContinuousTorchEngine
+
+    return ContinuousTorchEngine(
+        model,
+        pad_token_id=pad_token_id,
+        max_batch_size=config.max_batch_size,
+        seed=seed,
+        kv_cache_bytes=int(config.kv_cache_mb * (1 << 20)),
+        cuda_graphs=config.cuda_graphs,
+    )

@@ -1,0 +1,28 @@
+"""What the engines need to know of a Hugging Face model's forward: how it takes its cache and its masks."""
+
+from __future__ import annotations
+
+import inspect
+
+
+def cache_keyword(model) -> str:
+    """The name the model's forward takes its KV cache by: `cache` from transformers 5.24 on (which warns
+    about `past_key_values` on every call), `past_key_values` before."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def takes_ready_made_sdpa_masks(model) -> bool:
+    """Whether `model` accepts {"full_attention": 4D bool mask} in place of a 2D mask.
+
+    Hugging Face models that support compiled generation take the per-layer-type masks
+    ready-made (as `generate` passes them with a static cache); with SDPA and only
+    full-attention layers that mapping is a single boolean mask.
+    """
+    config = model.config
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    return (
+        bool(getattr(model, "_can_compile_fullgraph", False))
+        and getattr(config, "_attn_implementation", None) == "sdpa"
+        and layer_types == {"full_attention"}
+        and not getattr(config, "is_encoder_decoder", False)
+    )

@@ -1,0 +1,45 @@
+"""Weights from the trainer leader to the rollout engines, versioned: one module per transport, the choice here.
+
+- `base`: the `WeightSync` interface, buckets, and the in-process and gather-only syncs;
+- `mpi`: a bucketed MPI broadcast; `shm`: written once per node into MPI shared memory;
+- `nccl`: a torch.distributed process group (NCCL on GPUs, gloo on CPU), the way SGLang's workers join one;
+- `cuda_ipc`: one writer and any number of readers on its GPU;
+- `choice`: which of them `weights.transport=auto` picks, from where the weight group sits;
+- `announce`: the version announcement that lets rollout ranks running ahead take new weights.
+"""
+
+from __future__ import annotations
+
+from agentrl.weights.base import WeightSync
+from agentrl.weights.choice import resolve_weight_sync
+
+
+def make_weight_sync(config, layout, engine=None) -> WeightSync:
+    """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine).
+
+    Every rank of the weight group resolves `weights.transport` from the whole job's placements
+    (`layout.nodes`, `layout.gpus`), so all of them pick the same transport.
+    """
+    from agentrl.layout import engine_gpus, weight_group_placements
+
+    leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)
+    rollout_gpus = engine_gpus(config)
+    choice = resolve_weight_sync(config.weights.transport, config.layout.colocate, leader, rollouts, rollout_gpus)
+    bucket_mb = config.weights.bucket_mb
+    if choice == "mpi":
+        from agentrl.weights.mpi import MPIWeightBroadcast
+
+        return MPIWeightBroadcast(layout.weight_comm, bucket_mb)
+    if choice == "shm":
+        from agentrl.weights.shm import SharedMemoryWeights
+
+        mapped, in_place = config.weights.shm_mapped, config.trains_in_window
+        return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb, mapped, in_place)
+    if choice in ("nccl", "gloo"):
+        from agentrl.weights.nccl import DistributedWeightBroadcast
+
+        return DistributedWeightBroadcast(layout.weight_comm, bucket_mb, choice, layout.device, engine)
+    from agentrl.weights.cuda_ipc import CUDAIPCWeightSync
+
+    # A colocated engine sleeps (frees its GPU memory) while the trainer trains; one merely sharing the GPU stays awake.
+    return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device, sleeps=config.layout.colocate)

@@ -1,0 +1,63 @@
+"""Which weight transport a job uses, from where its weight group sits (a pure function: `agentrl layout` and every
+rank call it with the same placements)."""
+
+from __future__ import annotations
+
+from agentrl.config import ConfigError
+
+
+def resolve_weight_sync(
+    choice: str,
+    colocate: bool,
+    leader: tuple[int, int | None],
+    rollouts: list[tuple[int, int | None]],
+    rollout_gpus: int = 1,
+) -> str:
+    """`weights.transport` after `auto`, from where the weight group sits; ConfigError for a choice that cannot work.
+
+    `leader` is the trainer leader's (node, GPU index), `rollouts` each rollout rank's (gpu None on CPU),
+    as `agentrl.layout.weight_group_placements` gives them; a rollout engine uses `rollout_gpus`
+    consecutive GPUs from its own (SGLang tensor parallelism). `auto` picks `shm` without CUDA; `nccl`
+    when no two members share a GPU (NCCL refuses two members of its group on one device); `cuda_ipc`
+    when every rollout rank sits on the leader's own GPU (one writer, the readers on its GPU); else
+    `shm`, through host memory. `colocate` (`layout.colocate`) only words the errors.
+    """
+    on_gpu = leader[1] is not None and all(gpu is not None for _, gpu in rollouts)
+    shared = None  # the first two members on one GPU: (member, member, node, gpu)
+    owner = {tuple(leader): "the trainer leader"}
+    for index, (node, base) in enumerate(rollouts if on_gpu else []):
+        for gpu in range(base, base + rollout_gpus):
+            if shared is None and (node, gpu) in owner:
+                shared = (owner[node, gpu], f"rollout role_rank {index}", node, gpu)
+            owner.setdefault((node, gpu), f"rollout role_rank {index}")
+    elsewhere = next((i for i, place in enumerate(rollouts) if tuple(place) != tuple(leader)), None)
+    on_leaders_gpu = on_gpu and bool(rollouts) and elsewhere is None and rollout_gpus == 1
+    pick = "shm" if not on_gpu else "nccl" if shared is None else "cuda_ipc" if on_leaders_gpu else "shm"
+    if choice == "auto":
+        return pick
+    if choice in ("nccl", "cuda_ipc") and not on_gpu:
+        raise ConfigError(
+            f"weights.transport={choice} needs CUDA on the trainer leader and every rollout rank; this job has "
+            "none. Use weights.transport=auto, shm or mpi on CPU"
+        )
+    if choice == "nccl" and shared is not None:
+        first, second, node, gpu = shared
+        why = " (layout.colocate=true)" if colocate else ""
+        other = "cuda_ipc or shm" if on_leaders_gpu else "shm or mpi"
+        raise ConfigError(
+            f"weights.transport=nccl needs its own GPU for each member of the weight group, but {first} and "
+            f"{second} share node {node}'s cuda:{gpu}{why}; use weights.transport=auto (picks {pick} here), {other}"
+        )
+    if choice == "cuda_ipc" and not on_leaders_gpu:
+        where = f"node {leader[0]}'s cuda:{leader[1]}"
+        if elsewhere is None:
+            why = f"each rollout engine spans rollout.engine.tp_size={rollout_gpus} GPUs"
+        else:
+            node, gpu = rollouts[elsewhere]
+            why = f"rollout role_rank {elsewhere} is on node {node}'s cuda:{gpu}"
+        other = "shm or nccl" if shared is None else "shm or mpi"
+        raise ConfigError(
+            f"weights.transport=cuda_ipc needs every rollout rank on the trainer leader's GPU ({where}), but {why}; "
+            f"use weights.transport=auto (picks {pick} here), {other}"
+        )
+    return choice
