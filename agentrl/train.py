@@ -255,7 +255,8 @@ def run_single_process(config: Config, layout: Layout, start_step: int, data_sta
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
     from agentrl.data.recorder import StepRecorder
     from agentrl.failures import FailureTally, abort_if_failing
-    from agentrl.rollout.worker import RolloutWorker, sample_texts
+    from agentrl.rollout.shipping import sample_texts
+    from agentrl.rollout.worker import RolloutWorker
     from agentrl.trainer.loop import train_loop
     from agentrl.trajectory import pack
     from agentrl.weights.base import InProcessWeightCopy

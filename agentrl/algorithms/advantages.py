@@ -148,3 +148,21 @@ def reinforce_pp_baseline_advantages(
     centred = np.where(valid, rewards - total / np.maximum(count, 1.0), 0.0)
     whitened, _, _ = _token_whiten(centred, weights, reduce, eps)
     return np.where(weights > 0, whitened, 0.0).astype(np.float32)
+
+
+def group_advantages(
+    rewards: np.ndarray, groups: np.ndarray, valid: np.ndarray | None = None, std_norm: bool = True, eps: float = 1e-6
+) -> np.ndarray:
+    """reward - mean(reward of its group) [/ std of the group]; invalid episodes get 0 and are left out of the stats."""
+    rewards = np.asarray(rewards, dtype=np.float64)
+    valid = np.ones_like(rewards, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
+    advantages = np.zeros_like(rewards)
+    for group in np.unique(groups):
+        members = (groups == group) & valid
+        if members.sum() < 2:
+            continue
+        centred = rewards[members] - rewards[members].mean()
+        if std_norm:
+            centred = centred / (rewards[members].std() + eps)
+        advantages[members] = centred
+    return advantages.astype(np.float32)

@@ -38,8 +38,8 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from agentrl.config import AlgorithmSection as AlgorithmOptions
-from agentrl.config import Section
+from agentrl.config.base import AlgorithmSection as AlgorithmOptions
+from agentrl.config.base import Section
 
 Reduce = Callable[[np.ndarray], np.ndarray]  # sums a float64 array over trainer ranks
 
@@ -296,14 +296,14 @@ class PolicyGradient(Algorithm):
 
     def token_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(per-token loss, 0/1 where clipping was active), both (B, T), before masking."""
-        from agentrl.algorithms.grpo import clipped_ratio_terms
+        from agentrl.algorithms.losses import clipped_ratio_terms
 
         return clipped_ratio_terms(
             inputs.logp, inputs.old_logp, inputs.advantages, self.options.clip_eps_low, self.options.clip_eps_high
         )
 
     def loss(self, inputs: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
-        from agentrl.algorithms.grpo import kl_k3
+        from agentrl.algorithms.losses import kl_k3
 
         options = self.options
         mask = inputs.mask

@@ -39,8 +39,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from agentrl.algorithms.advantages import group_advantages
 from agentrl.algorithms.base import PolicyGradient, PolicyGradientOptions
-from agentrl.algorithms.grpo import group_advantages
 
 
 def overlong_penalty(generated: np.ndarray, max_tokens: int, buffer: int, factor: float = 1.0) -> np.ndarray:

@@ -20,8 +20,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
+from agentrl.algorithms.advantages import group_advantages
 from agentrl.algorithms.base import PolicyGradient, PolicyGradientOptions
-from agentrl.algorithms.grpo import group_advantages
 
 
 def _group_relative(

@@ -11,6 +11,7 @@ masks and reduces it.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 AGGREGATION_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -35,8 +36,6 @@ def ppo_clip_loss(
     ratio ran far above 1 with a negative advantage cannot push an unbounded update; such tokens also count
     as clipped. Tokens with A >= 0 are untouched. No clamp on the log-ratio (as `clipped_policy_loss`).
     """
-    from agentrl.algorithms.grpo import clipped_ratio_terms
-
     loss, was_clipped = clipped_ratio_terms(logp, old_logp, advantages, clip_low, clip_high)
     if dual_clip is None:
         return loss, was_clipped
@@ -155,3 +154,49 @@ def aggregate_loss(
             "a constant such as the generation budget in tokens"
         )
     return row_sums.sum() / (sequences * norm_length)
+
+
+def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """log softmax(logits / T) at `targets`; logits (..., V), targets (...)."""
+    logits = logits.float() / temperature
+    return torch.gather(F.log_softmax(logits, dim=-1), -1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    logp = F.log_softmax(logits.float() / temperature, dim=-1)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def clipped_policy_loss(
+    logp: torch.Tensor,
+    old_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_low: float,
+    clip_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """PPO's clipped surrogate per token, summed over masked tokens (caller divides by the token count).
+
+    Returns (loss_sum, clipped_token_count).
+    """
+    loss, was_clipped = clipped_ratio_terms(logp, old_logp, advantages, clip_low, clip_high)
+    return (loss * mask).sum(), (was_clipped * mask).sum()
+
+
+def clipped_ratio_terms(
+    logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float, clip_high: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: -min(r A, clip(r, 1 - low, 1 + high) A) with r = exp(logp - old_logp), and 0/1 where the clip won.
+
+    Schulman et al. 2017, "Proximal Policy Optimization Algorithms", eq. 7.
+    """
+    ratio = torch.exp(logp - old_logp)
+    unclipped = ratio * advantages
+    clipped = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high) * advantages
+    return -torch.minimum(unclipped, clipped), (clipped < unclipped).float()
+
+
+def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
+    """Schulman's k3 estimator of KL(policy || reference) per token: exp(r) - r - 1 with r = ref - logp."""
+    log_ratio = ref_logp - logp
+    return torch.exp(log_ratio) - log_ratio - 1.0

@@ -14,12 +14,12 @@ import numpy as np
 from pydantic import Field
 
 from agentrl.algorithms.advantages import (
+    group_advantages,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
 from agentrl.algorithms.base import LOSS_AGGREGATIONS, LossInputs, PolicyGradient, PolicyGradientOptions
-from agentrl.algorithms.grpo import group_advantages
 from agentrl.algorithms.losses import cispo_loss, gspo_loss
 
 

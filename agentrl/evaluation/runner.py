@@ -23,7 +23,7 @@ import torch
 from agentrl.data.tasks import ID_COLUMN, Task
 from agentrl.evaluation.metrics import TaskResult
 from agentrl.failures import error_kind
-from agentrl.rollout.agent_loop import LoopTimers, run_episode
+from agentrl.rollout.agent_loop import LoopTimers, gather_episodes, run_episode
 from agentrl.rollout.episode_dump import episode_record
 from agentrl.trajectory import Episode
 
@@ -114,9 +114,7 @@ class Evaluator:
                 episodes.append(episode)
                 runs.append(self._episode(episode, sampling, ("eval", step, index, sample)))
         with training_streams_kept(self.worker.engine):
-            from agentrl.rollout.worker import _gather
-
-            self.worker.loop.run_until_complete(_gather(runs))
+            self.worker.loop.run_until_complete(gather_episodes(runs))
         self._report_errors(step, episodes)
         results = [
             self._task_result(index, task, episodes[i * n : (i + 1) * n])

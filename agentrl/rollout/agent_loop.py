@@ -8,8 +8,11 @@ with their logprobs); template and observation tokens enter with loss mask 0.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentrl.engine.base import Engine, SamplingParams
@@ -157,3 +160,28 @@ def turn_seed(seed: int, turn: int) -> int:
     import numpy as np
 
     return int(np.random.SeedSequence([seed, turn]).generate_state(1)[0])
+
+
+async def gather_episodes(coroutines):
+    return await asyncio.gather(*coroutines)
+
+
+class Stopped(Exception):
+    """The trainer announced a stop while this rank's episodes were in flight; they were cancelled."""
+
+
+# How often episodes in flight look for new weights: the event loop is free while the engine's thread runs a
+# batch, so a weight update waits at most this long to start (then for the running batch to end).
+POLL_WEIGHTS_S = 0.002
+
+
+async def gather_polling(coroutines, between_batches: Callable[[], bool]):
+    episodes = asyncio.gather(*coroutines)
+    while not episodes.done():
+        if not between_batches():
+            episodes.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await episodes
+            raise Stopped
+        await asyncio.wait([episodes], timeout=POLL_WEIGHTS_S)
+    return episodes.result()

@@ -18,7 +18,8 @@ resumed run generates the discarded steps' tasks again, the same tasks, from the
 from __future__ import annotations
 
 from agentrl import preempt, transport
-from agentrl.rollout.worker import Stopped, batch_messages
+from agentrl.rollout.agent_loop import Stopped
+from agentrl.rollout.shipping import batch_messages
 from agentrl.transport import Tag
 from agentrl.weights.announce import WeightWatcher
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import sys
 import time
@@ -17,14 +16,15 @@ from agentrl.algorithms.base import AlgorithmContext
 from agentrl.data.tasks import SeededTasks, TaskSource, task_seed  # noqa: F401 (task_seed: re-exported)
 from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
-from agentrl.failures import FailureTally, error_kind
-from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, run_episode
+from agentrl.failures import error_kind
+from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, gather_episodes, gather_polling, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.dispatch import DispatchClient, DispatchServer, default_groups_in_flight
 from agentrl.rollout.episode_dump import episode_record
 from agentrl.rollout.reward_fn import RewardFunction
+from agentrl.rollout.shipping import batch_messages
 from agentrl.trainer.model import load_tokenizer
-from agentrl.trajectory import Episode, pack
+from agentrl.trajectory import Episode
 from agentrl.transport import Tag
 
 
@@ -223,7 +223,7 @@ class RolloutWorker:
         episodes = self._episodes(index, task)
         self.groups_live += 1
         try:
-            await _gather(self._episode_runs(step, episodes, first_key, timers))
+            await gather_episodes(self._episode_runs(step, episodes, first_key, timers))
         finally:
             self.groups_live -= 1
         self._name_failed_rows(episodes)
@@ -274,8 +274,8 @@ class RolloutWorker:
     def _run(self, coroutines) -> list:
         """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""
         if self.between_batches is None:
-            return self.loop.run_until_complete(_gather(coroutines))
-        return self.loop.run_until_complete(_gather_polling(coroutines, self.between_batches))
+            return self.loop.run_until_complete(gather_episodes(coroutines))
+        return self.loop.run_until_complete(gather_polling(coroutines, self.between_batches))
 
     def _name_failed_rows(self, episodes: list[Episode]) -> None:
         source = getattr(self.task_source, "source", None)
@@ -311,84 +311,6 @@ def _no_trainer_reduce(array: np.ndarray) -> np.ndarray:
         "an algorithm called AlgorithmContext.reduce on a rollout rank; reduce sums over trainer ranks and "
         "exists only in the trainer's hooks (advantages, loss), not in rollout-side hooks such as keep_group"
     )
-
-
-# How rollout stats of several rollout ranks become one: the slowest rank's times and rounds, the furthest
-# rank's data epoch; means and rates over equal shares (every rank's first round is its share of the step's
-# tasks) averaged; counts summed.
-MAX_STATS_PREFIXES = ("time/", "rollout/extra_rounds", "data/")
-MEAN_STATS_SUFFIXES = ("_mean", "_rate")
-# With dynamic dispatch ranks run different numbers of first-round episodes: their rates weigh by that count.
-MEAN_WEIGHT = "rollout/first_round_episodes"
-
-
-def merge_stats(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """One stats dict from every rollout rank's: times and rounds take the max (the slowest rank sets the
-    step's pace), means and rates the mean, counts such as `rollout/dropped_groups` the sum."""
-    names = sorted(set().union(*per_rank))
-    merged = {}
-    weighted = all(MEAN_WEIGHT in stats for stats in per_rank) and sum(stats[MEAN_WEIGHT] for stats in per_rank) > 0
-    for name in names:
-        values = [stats[name] for stats in per_rank if name in stats]
-        if name.startswith(MAX_STATS_PREFIXES):
-            merged[name] = max(values)
-        elif name.endswith(MEAN_STATS_SUFFIXES) and weighted and name.startswith("rollout/"):
-            weights = [stats[MEAN_WEIGHT] for stats in per_rank]
-            merged[name] = float(np.average([stats[name] for stats in per_rank], weights=weights))
-        elif name.endswith(MEAN_STATS_SUFFIXES):
-            merged[name] = float(np.mean(values))
-        else:
-            merged[name] = float(sum(values))
-    if len(per_rank) > 1 and all("time/rollout" in s and "rollout/generated_groups" in s for s in per_rank):
-        times = [stats["time/rollout"] for stats in per_rank]
-        groups = [stats["rollout/generated_groups"] for stats in per_rank]
-        merged["time/rollout_spread"] = max(times) - min(times)
-        merged["rollout/rank_groups_min"], merged["rollout/rank_groups_max"] = min(groups), max(groups)
-    return merged
-
-
-async def _gather(coroutines):
-    return await asyncio.gather(*coroutines)
-
-
-class Stopped(Exception):
-    """The trainer announced a stop while this rank's episodes were in flight; they were cancelled."""
-
-
-# How often episodes in flight look for new weights: the event loop is free while the engine's thread runs a
-# batch, so a weight update waits at most this long to start (then for the running batch to end).
-POLL_WEIGHTS_S = 0.002
-
-
-async def _gather_polling(coroutines, between_batches: Callable[[], bool]):
-    episodes = asyncio.gather(*coroutines)
-    while not episodes.done():
-        if not between_batches():
-            episodes.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await episodes
-            raise Stopped
-        await asyncio.wait([episodes], timeout=POLL_WEIGHTS_S)
-    return episodes.result()
-
-
-def shard_for_trainers(episodes: list[Episode], trainers: int, rotate: int = 0) -> list[list[Episode]]:
-    """Split whole groups over trainer ranks in contiguous chunks of sizes that differ by at most one.
-
-    When the groups do not divide evenly (dynamic sampling left a share short), the larger chunks
-    go to trainers `rotate`, `rotate + 1`, ... (mod trainers): each rollout rank passes its own
-    index, so the remainders of several rollout ranks land on different trainers. A trainer may
-    get no group at all (an empty shard); the trainer still joins every collective.
-    """
-    groups = sorted({e.group for e in episodes})
-    base, extra = divmod(len(groups), trainers)
-    sizes = [base + ((index - rotate) % trainers < extra) for index in range(trainers)]
-    bounds = np.cumsum([0, *sizes])
-    owner = {group: index for index in range(trainers) for group in groups[bounds[index] : bounds[index + 1]]}
-    shards: list[list[Episode]] = [[] for _ in range(trainers)]
-    for episode in episodes:
-        shards[owner[episode.group]].append(episode)
-    return shards
 
 
 def run(config, layout, start_step: int, env_client, weight_sync, task_source: TaskSource | None = None) -> None:
@@ -447,29 +369,3 @@ def _close(worker: RolloutWorker, env_client) -> None:
     if worker.dispatch is not None:
         worker.dispatch.close()
     env_client.shutdown()
-
-
-def batch_messages(config, worker: RolloutWorker, index: int, trainers: int, step: int, episodes, stats):
-    """(trainer index, message) for each trainer rank: its shard of the step's groups, the stats, and for
-    the first trainer (the leader) this rank's data position and, with rollout.dump_episodes, the episode
-    records; rollout rank 0 adds sample texts for TensorBoard."""
-    failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
-    for trainer_index, shard in enumerate(shard_for_trainers(episodes, trainers, index)):
-        samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
-        message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
-        if trainer_index == 0 and (index == 0 or config.rollout.dispatch == "static"):
-            message["data_position"] = worker.task_source.position()  # dynamic dispatch: one queue, one position
-        if trainer_index == 0:
-            message["episodes"] = worker.episode_records(step) if config.rollout.dump_episodes else []
-        yield trainer_index, message
-
-
-def sample_texts(config, step: int, episodes: list[Episode]) -> list[str]:
-    """A few whole episodes as text for TensorBoard, every `logging.sample_every` steps."""
-    every = config.logging.sample_every
-    if not every or step % every:
-        return []
-    return [
-        f"reward={e.reward:.2f} turns={e.turns} finish={e.finish} version={e.weight_version}\n{e.text}"
-        for e in episodes[: config.logging.num_samples]
-    ]

@@ -7,19 +7,15 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
-from agentrl.config import (
+from agentrl.config.base import ConfigError, Section, format_validation_error
+from agentrl.config.load import apply_override, parse_override, parse_yaml
+from agentrl.config.schema import (
     CheckpointConfig,
-    ConfigError,
     LoggingConfig,
     LRSchedulerConfig,
     ModelConfig,
     OptimizerConfig,
     ParallelismConfig,
-    Section,
-    _parse_yaml,
-    apply_override,
-    format_validation_error,
-    parse_override,
 )
 
 
@@ -63,10 +59,6 @@ class SFTConfig(Section):
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
 
 
-# Sections the SFT config shares with the RL config (documented once, under the RL reference).
-SHARED_SECTIONS = ("model", "optimizer", "lr_scheduler", "parallelism", "checkpoint", "logging")
-
-
 def load_sft_config(path: str | Path, overrides: list[str] = ()) -> SFTConfig:
     """Read an SFT YAML, apply `key=value` overrides, validate; errors name the field."""
     path = Path(path)
@@ -74,7 +66,7 @@ def load_sft_config(path: str | Path, overrides: list[str] = ()) -> SFTConfig:
         raise ConfigError(
             f"config file {path} does not exist; pass a YAML file such as launch/configs/sft_example.yaml"
         )
-    data = _parse_yaml(path.read_text(), f"config file {path}") or {}
+    data = parse_yaml(path.read_text(), f"config file {path}") or {}
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
     for text in overrides:
@@ -83,20 +75,3 @@ def load_sft_config(path: str | Path, overrides: list[str] = ()) -> SFTConfig:
         return SFTConfig.model_validate(data)
     except ValidationError as error:
         raise ConfigError(format_validation_error(error, str(path))) from None
-
-
-def sft_reference() -> str:
-    """The SFT config's part of `agentrl config-doc`: its own fields; the shared sections are those above."""
-    from agentrl.config import _doc, _row, _section_of, _section_rows, _table
-
-    top = [_row(name, field) for name, field in SFTConfig.model_fields.items() if _section_of(field) is None]
-    shared = ", ".join(f"`{name}`" for name in SHARED_SECTIONS)
-    out = [
-        "\n### SFT config (`agentrl sft CONFIG`)\n",
-        f"{_doc(SFTConfig)} Its sections {shared} are the RL config's, as above (of `logging`, only `progress` "
-        "applies); these fields are its own.\n",
-        *_table(top),
-        f"\n### `sft`\n\n{_doc(SFTSection)}\n",
-        *_table(_section_rows("sft", SFTSection)),
-    ]
-    return "\n".join(out)

@@ -89,7 +89,7 @@ def receive_from_rollouts(
     that rollout and env ranks forwarded, stops the run when the step's episodes failed alike
     (runtime.abort_on_failed_fraction), and gives `recorder` (agentrl/data/recorder.py) the rollout ranks'
     data positions and episode records."""
-    from agentrl.rollout.worker import merge_stats
+    from agentrl.metrics import merge_stats
 
     def collect(step: int):
         messages, transfer = [], 0.0

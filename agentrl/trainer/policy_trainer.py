@@ -24,7 +24,7 @@ import torch
 
 from agentrl.algorithms import make_algorithm
 from agentrl.algorithms.base import AlgorithmContext, ExtraModel, LossInputs, Prepared, valid_episodes
-from agentrl.algorithms.grpo import entropy, token_logprobs
+from agentrl.algorithms.losses import entropy, token_logprobs
 from agentrl.config import ConfigError
 from agentrl.trainer import parallel
 from agentrl.trainer.model import load_causal_lm

@@ -5,12 +5,12 @@ import numpy as np
 import pytest
 
 from agentrl.algorithms.advantages import (
+    group_advantages,
     local_sum,
     reinforce_pp_advantages,
     reinforce_pp_baseline_advantages,
     rloo_advantages,
 )
-from agentrl.algorithms.grpo import group_advantages
 from tests.unit.two_ranks import run_two_ranks
 
 

@@ -7,7 +7,8 @@ import pytest
 from agentrl.config import ConfigError, from_dict, load_config
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.rollout.worker import RolloutWorker, Stopped
+from agentrl.rollout.agent_loop import Stopped
+from agentrl.rollout.worker import RolloutWorker
 from agentrl.trainer import staleness
 from agentrl.trajectory import Episode, pack, select_episodes
 from tests.mpi.helpers import QUICKSTART

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from agentrl.algorithms import AlgorithmContext, make_algorithm
+from agentrl.algorithms.advantages import group_advantages
 from agentrl.algorithms.dapo import DAPO, overlong_penalty
-from agentrl.algorithms.grpo import group_advantages
 from agentrl.config import ConfigError, from_dict
 from agentrl.trajectory import Episode, pack
 

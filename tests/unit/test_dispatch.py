@@ -7,9 +7,9 @@ import datasets
 import pytest
 
 from agentrl.data.tasks import DatasetTasks, SeededTasks
+from agentrl.metrics import merge_stats
 from agentrl.rollout import dispatch
 from agentrl.rollout.dispatch import DispatchServer, StepQueue, default_groups_in_flight
-from agentrl.rollout.worker import merge_stats
 
 
 def test_without_dynamic_sampling_the_queue_hands_out_exactly_the_steps_tasks():

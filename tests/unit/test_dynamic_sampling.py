@@ -9,7 +9,9 @@ from agentrl.engine.base import Engine, GenerateOutput
 from agentrl.env.api import TextEnv
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.rollout.worker import RolloutWorker, merge_stats, shard_for_trainers, task_seed
+from agentrl.metrics import merge_stats
+from agentrl.rollout.shipping import shard_for_trainers
+from agentrl.rollout.worker import RolloutWorker, task_seed
 
 SHARE = 4  # tasks per rollout rank: tasks_per_step 8 over 2 rollout ranks
 GROUP = 4

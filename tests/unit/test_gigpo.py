@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
+from agentrl.algorithms.advantages import group_advantages
 from agentrl.algorithms.gigpo import _group_relative, discounted_turn_returns, gigpo_advantages
-from agentrl.algorithms.grpo import group_advantages
 
 A, B, C, D = 11, 22, 33, 44  # state hashes
 

@@ -3,7 +3,8 @@ import math
 import numpy as np
 import torch
 
-from agentrl.algorithms.grpo import clipped_policy_loss, entropy, group_advantages, kl_k3, token_logprobs
+from agentrl.algorithms.advantages import group_advantages
+from agentrl.algorithms.losses import clipped_policy_loss, entropy, kl_k3, token_logprobs
 from agentrl.trainer.optim import lr_lambda
 
 

@@ -3,12 +3,12 @@ import math
 import pytest
 import torch
 
-from agentrl.algorithms.grpo import clipped_policy_loss
 from agentrl.algorithms.losses import (
     AGGREGATION_MODES,
     aggregate_loss,
     aggregation_counts,
     cispo_loss,
+    clipped_policy_loss,
     gspo_loss,
     ppo_clip_loss,
 )

@@ -1,6 +1,7 @@
 import numpy as np
 
-from agentrl.rollout.worker import shard_for_trainers, task_seed
+from agentrl.rollout.shipping import shard_for_trainers
+from agentrl.rollout.worker import task_seed
 from agentrl.trainer.loop import episode_metrics, episode_sums
 from agentrl.trajectory import Episode, concat, num_episodes, pack
 

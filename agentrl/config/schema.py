@@ -1,21 +1,13 @@
-"""Typed, validated configuration: one section per role, YAML plus key=value overrides.
+"""The config's schema: one section per role, a description on every field, and the checks across fields.
 
-Every field carries a description; `agentrl config-doc` prints them as the README's
-config reference. A config is validated once, on load, and saved resolved into the
-run folder.
+`agentrl config-doc` prints the descriptions as docs/config.md (agentrl/config/reference.py).
 """
 
 from __future__ import annotations
 
-import types
-import typing
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
-    ConfigDict,
     Field,
     PrivateAttr,
     SerializeAsAny,
@@ -25,15 +17,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from agentrl.errors import UserError
-
-
-class ConfigError(UserError, ValueError):
-    """A config that cannot run; the message names the field and the fix."""
-
-
-class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+from agentrl.config.base import AlgorithmSection, Section, format_validation_error
 
 
 class LayoutConfig(Section):
@@ -331,12 +315,6 @@ class WeightsConfig(Section):
     )
 
 
-class AlgorithmSection(Section):
-    """Base of every algorithm's options (agentrl/algorithms/base.py); `name` picks the algorithm."""
-
-    name: str = Field("grpo", description="Registered algorithm name (`agentrl algorithms`) or `module:Class`.")
-
-
 def _default_algorithm() -> AlgorithmSection:
     from agentrl.algorithms.grpo import GRPOOptions
 
@@ -559,256 +537,3 @@ class Config(Section):
         if self.rollout.max_staleness or self.parallelism.fsdp:
             return False
         return self.weights.shm_in_place
-
-
-# Fields that moved when `trainer` and `rollout` were split into one section per component:
-# old dotted path -> new dotted path (None: removed, nothing read it).
-RENAMED_FIELDS: dict[str, str | None] = {
-    "trainer.lr": "optimizer.lr",
-    "trainer.betas": "optimizer.betas",
-    "trainer.weight_decay": "optimizer.weight_decay",
-    "trainer.max_grad_norm": "optimizer.max_grad_norm",
-    "trainer.lr_schedule": "lr_scheduler.decay",
-    "trainer.warmup_steps": "lr_scheduler.warmup_steps",
-    "trainer.min_lr_ratio": "lr_scheduler.min_lr_ratio",
-    "trainer.clip_eps_low": "algorithm.clip_eps_low",
-    "trainer.clip_eps_high": "algorithm.clip_eps_high",
-    "trainer.kl_coef": "algorithm.kl_coef",
-    "trainer.entropy_coef": "algorithm.entropy_coef",
-    "trainer.adv_std_norm": "algorithm.adv_std_norm",
-    "trainer.fsdp": "parallelism.fsdp",
-    "trainer.mixed_precision": "parallelism.mixed_precision",
-    "trainer.activation_checkpointing": "parallelism.activation_checkpointing",
-    "trainer.seed": None,
-    "rollout.backend": "rollout.engine.backend",
-    "rollout.max_batch_size": "rollout.engine.max_batch_size",
-    "rollout.tp_size": "rollout.engine.tp_size",
-    "rollout.mem_fraction_static": "rollout.engine.mem_fraction_static",
-    "rollout.sglang_kwargs": "rollout.engine.kwargs",
-    "runtime.weight_sync": "weights.transport",
-    "runtime.weight_bucket_mb": "weights.bucket_mb",
-}
-
-
-def migrate_renamed(data: dict) -> list[str]:
-    """Move fields of older configs to their new place, in place; a note per field moved."""
-    notes = []
-    for old, new in RENAMED_FIELDS.items():
-        section, field = old.split(".")
-        node = data.get(section)
-        if not isinstance(node, dict) or field not in node:
-            continue
-        value = node.pop(field)
-        if new is None:
-            notes.append(f"{old} is no longer read and was ignored; remove it")
-            continue
-        path = new.split(".")
-        target = data
-        for part in path[:-1]:
-            target = target.setdefault(part, {})
-        if path[-1] in target:
-            raise ConfigError(f"{old} was renamed {new}, and both are set; keep only {new}")
-        target[path[-1]] = value
-        notes.append(f"{old} is now {new}; please rename it")
-    return notes
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """`a.b.c=value` -> (["a", "b", "c"], value parsed as YAML)."""
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ConfigError(f"override {text!r} is not key=value; write it like rollout.group_size=8")
-    return key.strip().split("."), _parse_yaml(raw, f"override {text!r}") if raw.strip() else ""
-
-
-def _parse_yaml(text: str, source: str) -> Any:
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        parts = []
-        for text_attr, mark_attr in (("context", "context_mark"), ("problem", "problem_mark")):
-            said, mark = getattr(error, text_attr, None), getattr(error, mark_attr, None)
-            if said:
-                parts.append(said + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""))
-        detail = ": ".join(parts) or str(error).splitlines()[0]
-        raise ConfigError(f"{source} is not valid YAML, {detail}; fix the YAML syntax there") from None
-
-
-def apply_override(data: dict, path: list[str], value: Any) -> None:
-    node = data
-    for part in path[:-1]:
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(f"override {'.'.join(path)}: {part} is a value, not a section")
-        node = child
-    node[path[-1]] = value
-
-
-def format_validation_error(error: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for item in error.errors():
-        field = ".".join(str(p) for p in item["loc"]) or "(top level)"
-        message = item["msg"].removeprefix("Value error, ")
-        if item["type"] == "extra_forbidden":
-            message = "unknown field; check the spelling against `agentrl config-doc`"
-        elif item["type"] == "missing":
-            message = "required field is missing; add it to the YAML or pass it as key=value"
-        if item["type"] == "nested_section":  # already one line per field, each named
-            lines.append(f"  {message.strip()}" if not message.startswith("  ") else message)
-            continue
-        whole_config = not item["loc"]  # a cross-field check: its message already names the values
-        got = "" if whole_config or item["type"] in ("missing", "extra_forbidden") else f" (got {item['input']!r})"
-        lines.append(f"  {field}: {message}{got}")
-    return "\n".join(lines)
-
-
-def from_dict(data: dict, source: str = "<dict>") -> Config:
-    import copy
-
-    data = copy.deepcopy(data)
-    notes = migrate_renamed(data)
-    try:
-        config = Config.model_validate(data)
-    except ValidationError as error:
-        raise ConfigError(format_validation_error(error, source)) from None
-    config._notes = notes + config._notes
-    return config
-
-
-def load_config(path: str | Path | None, overrides: list[str] = ()) -> Config:
-    """Read YAML at `path` (or start empty), apply `key=value` overrides, validate."""
-    data: dict = {}
-    if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ConfigError(
-                f"config file {path} does not exist; pass a YAML file such as launch/configs/quickstart.yaml"
-            )
-        try:
-            text = path.read_text()
-        except OSError as error:
-            raise ConfigError(f"config file {path} cannot be read ({error.strerror}); check its permissions") from None
-        data = _parse_yaml(text, f"config file {path}") or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"config file {path} must hold a mapping of sections, not {type(data).__name__}")
-    for text in overrides:
-        apply_override(data, *parse_override(text))
-    return from_dict(data, source=str(path) if path else "overrides")
-
-
-def save_config(config: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-
-
-def config_reference() -> str:
-    """Markdown tables per section: field, type (every Literal's choices), default, description.
-
-    A section chosen by a key (`rollout.engine` by `backend`, `algorithm` by `name`) gets one
-    table per choice, so each choice's own options are listed where they apply. The `agentrl sft`
-    config's own fields follow.
-    """
-    from agentrl.sft.config import sft_reference
-
-    top = [_row(name, field) for name, field in Config.model_fields.items() if _section_of(field) is None]
-    out = ["### top level\n", *_table(top)]
-    for name, field in Config.model_fields.items():
-        if name == "algorithm":
-            out += _algorithm_tables()
-        elif (section := _section_of(field)) is not None:
-            out.append(f"\n### `{name}`\n\n{_doc(section)}\n")
-            out += _table(_section_rows(name, section))
-            out += _choice_tables(name, section)
-    out.append(sft_reference())
-    return "\n".join(out)
-
-
-def _table(rows: list[str]) -> list[str]:
-    return ["| field | type | default | description |", "|---|---|---|---|", *rows]
-
-
-def _doc(section: type) -> str:
-    import inspect
-
-    return inspect.cleandoc(section.__doc__ or "")
-
-
-def _section_of(field) -> type | None:
-    """The Section class a field holds (also through `X | None`), or None for a plain value."""
-    candidates = [field.annotation, *typing.get_args(field.annotation)]
-    return next((c for c in candidates if isinstance(c, type) and issubclass(c, Section)), None)
-
-
-def _union_members(field) -> list[type]:
-    """The members of a discriminated union of sections (rollout.engine), else []."""
-    annotation = field.annotation
-    if typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    sections = [m for m in typing.get_args(annotation) if isinstance(m, type) and issubclass(m, Section)]
-    return sections if len(sections) > 1 else []
-
-
-def _section_rows(prefix: str, section: type, skip: tuple[str, ...] = ()) -> list[str]:
-    """Rows of a section's fields; a nested section's fields follow as `prefix.field.sub`."""
-    rows = []
-    for name, field in section.model_fields.items():
-        if name in skip:
-            continue
-        nested = _section_of(field)
-        if _union_members(field):
-            rows.append(_row(f"{prefix}.{name}", field))
-        elif nested is not None:
-            summary = field.description or _doc(nested).split("\n\n")[0].replace("\n", " ")
-            rows.append(f"| `{prefix}.{name}` | section | | {summary} |")
-            rows += _section_rows(f"{prefix}.{name}", nested)
-        else:
-            rows.append(_row(f"{prefix}.{name}", field))
-    return rows
-
-
-def _choice_tables(prefix: str, section: type) -> list[str]:
-    out = []
-    for name, field in section.model_fields.items():
-        for member in _union_members(field):
-            key = member.model_fields[field.discriminator].default if field.discriminator else member.__name__
-            out.append(f"\n#### `{prefix}.{name}` with `{field.discriminator}: {key}`\n\n{_doc(member)}\n")
-            out += _table(_section_rows(f"{prefix}.{name}", member))
-    return out
-
-
-def _algorithm_tables() -> list[str]:
-    from agentrl.algorithms.registry import registered_names, resolve
-
-    out = [f"\n### `algorithm`\n\n{Config.model_fields['algorithm'].description}\n"]
-    out += _table([_row("algorithm.name", AlgorithmSection.model_fields["name"])])
-    for name in registered_names():
-        algorithm = resolve(name)
-        out.append(f"\n#### `algorithm.name: {name}`\n\n{algorithm.summary}\n")
-        out += _table(_section_rows("algorithm", algorithm.Options, skip=("name",)))
-    return out
-
-
-def _type_name(annotation) -> str:
-    if typing.get_origin(annotation) is Literal:
-        return " \\| ".join(repr(choice) for choice in typing.get_args(annotation))
-    if typing.get_origin(annotation) is Annotated:
-        annotation = typing.get_args(annotation)[0]
-    args = typing.get_args(annotation)
-    if args and typing.get_origin(annotation) in (types.UnionType, typing.Union):
-        return " \\| ".join(_type_name(arg) for arg in args)
-    if isinstance(annotation, type) and issubclass(annotation, Section):
-        return annotation.__name__
-    if annotation is type(None):
-        return "None"
-    return getattr(annotation, "__name__", None) if not args else str(annotation).replace("typing.", "")
-
-
-def _row(name: str, field) -> str:
-    if field.is_required():
-        default = "required"
-    elif field.default_factory is not None:
-        default = repr(field.default_factory())
-    else:
-        default = repr(field.default)
-    if len(default) > 40:
-        default = default.split("(")[0]
-    return f"| `{name}` | `{_type_name(field.annotation)}` | `{default}` | {field.description or ''} |"
