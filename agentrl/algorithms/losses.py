@@ -28,13 +28,12 @@ def ppo_clip_loss(
 
     Schulman et al. 2017 (PPO); asymmetric ranges as DAPO's clip-higher (Yu et al. 2025); verl
     `compute_policy_loss_vanilla` (`verl/trainer/ppo/core_algos.py`). Without `dual_clip` the terms are
-    `grpo.clipped_ratio_terms`, as in `grpo.clipped_policy_loss`, so `(loss_tok * mask).sum()` equals its loss sum
-    bit for bit. clipped_tok marks tokens whose clipped term is the smaller (their gradient is zero).
+    `clipped_ratio_terms`. clipped_tok marks tokens whose clipped term is the smaller (their gradient is zero).
 
     dual_clip = c > 1 (Ye et al. 2020, "Mastering Complex Control in MOBA Games with Deep RL"; verl's
     `clip_ratio_c`, 3 by default there): for A < 0 the loss is further capped at -c A, so a token whose
     ratio ran far above 1 with a negative advantage cannot push an unbounded update; such tokens also count
-    as clipped. Tokens with A >= 0 are untouched. No clamp on the log-ratio (as `clipped_policy_loss`).
+    as clipped. Tokens with A >= 0 are untouched. No clamp on the log-ratio.
     """
     loss, was_clipped = clipped_ratio_terms(logp, old_logp, advantages, clip_low, clip_high)
     if dual_clip is None:
@@ -165,22 +164,6 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     logp = F.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
-
-
-def clipped_policy_loss(
-    logp: torch.Tensor,
-    old_logp: torch.Tensor,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_low: float,
-    clip_high: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """PPO's clipped surrogate per token, summed over masked tokens (caller divides by the token count).
-
-    Returns (loss_sum, clipped_token_count).
-    """
-    loss, was_clipped = clipped_ratio_terms(logp, old_logp, advantages, clip_low, clip_high)
-    return (loss * mask).sum(), (was_clipped * mask).sum()
 
 
 def clipped_ratio_terms(

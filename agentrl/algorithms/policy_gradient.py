@@ -20,6 +20,7 @@ from agentrl.algorithms.advantages import (
     rloo_advantages,
 )
 from agentrl.algorithms.base import LOSS_AGGREGATIONS, LossInputs, PolicyGradient, PolicyGradientOptions
+from agentrl.algorithms.grpo import GRPO
 from agentrl.algorithms.losses import cispo_loss, gspo_loss
 
 
@@ -119,7 +120,7 @@ class GSPOOptions(PolicyGradientOptions):
     adv_std_norm: bool = Field(True, description="Divide group-relative advantages by the group's std.")
 
 
-class GSPO(PolicyGradient):
+class GSPO(GRPO):
     """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv:2507.18071).
 
     GRPO's advantages with one length-normalised importance ratio per sequence,
@@ -129,9 +130,6 @@ class GSPO(PolicyGradient):
     name = "gspo"
     summary = "one length-normalised ratio per sequence, clipped per sequence (Zheng et al. 2025; verl gspo)"
     Options = GSPOOptions
-
-    def episode_advantages(self, batch, valid):
-        return group_advantages(batch["reward"], batch["group"], valid, self.options.adv_std_norm)
 
     def token_loss(self, inputs: LossInputs):
         options = self.options
@@ -149,7 +147,7 @@ class CISPOOptions(PolicyGradientOptions):
     adv_std_norm: bool = Field(True, description="Divide group-relative advantages by the group's std.")
 
 
-class CISPO(PolicyGradient):
+class CISPO(GRPO):
     """CISPO (MiniMax 2025, "MiniMax-M1", arXiv:2506.13585): -sg(clip(ratio)) * A * log pi per token.
 
     The importance weight is clipped and detached, so every token keeps a gradient (PPO's clip
@@ -159,9 +157,6 @@ class CISPO(PolicyGradient):
     name = "cispo"
     summary = "clipped stop-gradient IS weight times log-prob, no token dropped (MiniMax-M1 2025; verl cispo)"
     Options = CISPOOptions
-
-    def episode_advantages(self, batch, valid):
-        return group_advantages(batch["reward"], batch["group"], valid, self.options.adv_std_norm)
 
     def token_loss(self, inputs: LossInputs):
         options = self.options

@@ -7,51 +7,26 @@ section of the config, so options of another algorithm are an error naming the f
 
 from __future__ import annotations
 
-import difflib
-from importlib.metadata import entry_points
-
-from agentrl.env.registry import load_callable
+from agentrl.plugins import Registry
 
 ENTRY_POINT_GROUP = "agentrl.algorithms"
-_registry: dict[str, str | type] = {}
+_algorithms = Registry("algorithm", ENTRY_POINT_GROUP, "agentrl.algorithms.register")
 
 
 def register(name: str, target: str | type) -> None:
     """Register `name` -> an Algorithm subclass or its `"module:Class"` path; a taken name is an error."""
-    if name in _registry and _registry[name] != target:
-        raise ValueError(
-            f"algorithm name {name!r} is already registered ({_registry[name]!r}); pick another name for {target!r}"
-        )
-    _registry[name] = target
-
-
-def _entry_points() -> dict:
-    return {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    _algorithms.register(name, target)
 
 
 def registered_names() -> list[str]:
-    return sorted(set(_registry) | set(_entry_points()))
+    return _algorithms.names()
 
 
 def resolve(name: str) -> type:
     """The Algorithm subclass behind `name`, imported lazily."""
     from agentrl.algorithms.base import Algorithm
 
-    if name in _registry:
-        target = _registry[name]
-        found = load_callable(target, "algorithm") if isinstance(target, str) else target
-    elif name in (installed := _entry_points()):
-        found = installed[name].load()
-    elif ":" in name:
-        found = load_callable(name, "algorithm")
-    else:
-        known = registered_names()
-        close = difflib.get_close_matches(name, known, n=1)
-        hint = f"did you mean {close[0]!r}? " if close else ""
-        raise KeyError(
-            f"unknown algorithm {name!r}; {hint}known: {', '.join(known)}. Use one of them, a 'module:Class' path, "
-            f"or register yours with agentrl.algorithms.register or the '{ENTRY_POINT_GROUP}' entry point group"
-        )
+    found = _algorithms.resolve(name)
     if not (isinstance(found, type) and issubclass(found, Algorithm)):
         raise TypeError(f"algorithm {name!r} resolves to {found!r}, not a subclass of agentrl.algorithms.Algorithm")
     return found

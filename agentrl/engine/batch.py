@@ -116,18 +116,27 @@ class TorchEngine(Engine):
     # ---- requests -------------------------------------------------------------------
 
     async def generate(self, input_ids: list[int] | np.ndarray, sampling: SamplingParams) -> GenerateOutput:
+        prompt = self._prompt(input_ids)
+        if sampling.max_new_tokens <= 0:
+            return self._empty_output("length")
+        request = _Request(prompt, sampling, asyncio.get_running_loop().create_future())
+        self._enqueue(request, self._schedule)
+        return await request.future
+
+    @staticmethod
+    def _prompt(input_ids: list[int] | np.ndarray) -> list[int]:
         prompt = np.asarray(input_ids, dtype=np.int64).reshape(-1).tolist()
         if not prompt:
             raise ValueError("generate needs a non-empty prompt")
-        if sampling.max_new_tokens <= 0:
-            return self._empty_output("length")
+        return prompt
+
+    def _enqueue(self, request, schedule) -> None:
+        """Add `request` to the running loop's queue; start `schedule(queue)` there unless it runs already."""
         loop = asyncio.get_running_loop()
         queue = self._queues.setdefault(loop, _LoopQueue())
-        request = _Request(prompt, sampling, loop.create_future())
         queue.pending.append(request)
         if queue.scheduler is None or queue.scheduler.done():
-            queue.scheduler = loop.create_task(self._schedule(queue))
-        return await request.future
+            queue.scheduler = loop.create_task(schedule(queue))
 
     async def _schedule(self, queue: _LoopQueue) -> None:
         loop = asyncio.get_running_loop()

@@ -140,9 +140,7 @@ class ContinuousTorchEngine(TorchEngine):
     # ---- requests (event loop side) ----------------------------------------------------
 
     async def generate(self, input_ids: list[int] | np.ndarray, sampling: SamplingParams) -> GenerateOutput:
-        prompt = np.asarray(input_ids, dtype=np.int64).reshape(-1).tolist()
-        if not prompt:
-            raise ValueError("generate needs a non-empty prompt")
+        prompt = self._prompt(input_ids)
         if sampling.max_new_tokens <= 0:
             return self._empty_output("length")
         if self._closed:
@@ -157,10 +155,7 @@ class ContinuousTorchEngine(TorchEngine):
             stop_ids=frozenset(sampling.stop_token_ids),
             generator=seeded_generator(sampling.seed, self.device) if sampling.seed is not None else None,
         )
-        queue = self._queues.setdefault(loop, _LoopQueue())
-        queue.pending.append(row)
-        if queue.scheduler is None or queue.scheduler.done():
-            queue.scheduler = loop.create_task(self._hand_over(queue))
+        self._enqueue(row, self._hand_over)
         return await row.future
 
     async def _hand_over(self, queue: _LoopQueue) -> None:

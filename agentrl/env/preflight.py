@@ -13,7 +13,8 @@ import traceback
 
 from agentrl.config import ConfigError
 from agentrl.env.check import not_text, spaces_are_text
-from agentrl.env.registry import did_you_mean, resolve
+from agentrl.env.registry import resolve
+from agentrl.plugins import did_you_mean
 
 
 class EnvUnusable(ConfigError):

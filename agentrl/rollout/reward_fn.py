@@ -26,7 +26,7 @@ import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentrl.env.registry import load_callable
+from agentrl.plugins import load_callable
 
 ARGUMENTS = ("completion", "task", "answer", "transcript", "env_reward", "info", "reset_info", "finish")
 

@@ -157,18 +157,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
             if saving:
                 logger.flush()
         if saving:
-            checkpoint.save(
-                config.run_dir,
-                done,
-                trainer.model,
-                tokenizer,
-                trainer.optimizer,
-                trainer.scheduler,
-                config.checkpoint.keep,
-                leader=leader,
-                checksums=config.checkpoint.checksums,
-            )
-            transport.barrier(world)
+            checkpoint.save_step(config, done, trainer, tokenizer, world, leader)
         if stopping:
             break
     if done >= total:

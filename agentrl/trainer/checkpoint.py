@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from agentrl import transport
 from agentrl.trainer import parallel
 
 STEP_DIR = re.compile(r"^step_(\d{6,})$")
@@ -142,6 +143,24 @@ def write_manifest(folder: Path, step: int, checksums: bool = True) -> None:
         }
     manifest = {"format": MANIFEST_FORMAT, "step": step, "files": files}
     (folder / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
+
+
+def save_step(config, step: int, trainer, tokenizer, comm, leader: bool, extra_state=()) -> None:
+    """The checkpoint of `step` from every trainer rank of `comm` (an RL or SFT trainer: model, optimizer, schedule),
+    kept as `config.checkpoint` says; every rank leaves once it is written."""
+    save(
+        config.run_dir,
+        step,
+        trainer.model,
+        tokenizer,
+        trainer.optimizer,
+        trainer.scheduler,
+        config.checkpoint.keep,
+        leader=leader,
+        checksums=config.checkpoint.checksums,
+        extra_state=extra_state,
+    )
+    transport.barrier(comm)
 
 
 def save(

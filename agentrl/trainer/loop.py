@@ -171,19 +171,9 @@ def train_loop(
                 logger.flush()  # on disk before the checkpoint exists: a resume from it loses no logged step
 
         if saving:
-            checkpoint.save(  # every trainer rank: gathering a sharded (FSDP) model is a collective
-                config.run_dir,
-                done,
-                trainer.model,
-                tokenizer,
-                trainer.optimizer,
-                trainer.scheduler,
-                config.checkpoint.keep,
-                leader=logger is not None,
-                checksums=config.checkpoint.checksums,
-                extra_state=[*trainer.extra_state, *extra_state],
-            )
-            transport.barrier(role_comm)
+            # every trainer rank: gathering a sharded (FSDP) model is a collective
+            extra = [*trainer.extra_state, *extra_state]
+            checkpoint.save_step(config, done, trainer, tokenizer, role_comm, logger is not None, extra)
         if stopping:
             break
     return done

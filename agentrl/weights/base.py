@@ -14,6 +14,8 @@ from collections.abc import Iterator
 
 import torch
 
+from agentrl import transport
+
 # Once a version's header has arrived its buckets follow at once: poll them closely (MPICH
 # progresses a non-blocking broadcast only inside MPI calls, so long sleeps stall it).
 TRANSFER_MAX_SLEEP_S = 2e-4
@@ -97,3 +99,17 @@ class InProcessWeightCopy(WeightSync):
 
     def receive(self, engine) -> int | None:
         return engine.weight_version
+
+
+def receive_buckets(comm, engine, load_bucket) -> int | None:
+    """A rollout rank's side of a bucketed sync: the header from the trainer leader, then `load_bucket(specs)`
+    for each bucket's (name, shape, dtype) specs inside one engine update; the version, or None when told to stop."""
+    header = transport.bcast_object(comm, None, root=0)
+    if header["stop"]:
+        return None
+    manifest = header["manifest"]
+    engine.begin_weight_update()
+    for start, end in header["buckets"]:
+        load_bucket(manifest[start:end])
+    engine.end_weight_update(header["version"])
+    return header["version"]

@@ -6,7 +6,14 @@ import numpy as np
 import torch
 
 from agentrl import transport
-from agentrl.weights.base import TRANSFER_MAX_SLEEP_S, WeightSync, _flat_bytes, full_tensors, plan_buckets
+from agentrl.weights.base import (
+    TRANSFER_MAX_SLEEP_S,
+    WeightSync,
+    _flat_bytes,
+    full_tensors,
+    plan_buckets,
+    receive_buckets,
+)
 
 
 class MPIWeightBroadcast(WeightSync):
@@ -47,13 +54,7 @@ class MPIWeightBroadcast(WeightSync):
         transport.bcast_object(self.comm, {"stop": True}, root=0)
 
     def receive(self, engine) -> int | None:
-        header = transport.bcast_object(self.comm, None, root=0)
-        if header["stop"]:
-            return None
-        manifest = header["manifest"]
-        engine.begin_weight_update()
-        for start, end in header["buckets"]:
-            specs = manifest[start:end]
+        def load_bucket(specs) -> None:
             sizes = [int(np.prod(shape)) * getattr(torch, dtype).itemsize for _, shape, dtype in specs]
             flat = self._bucket_buffer(sum(sizes))
             transport.bcast_array(self.comm, flat, root=0, max_sleep_s=TRANSFER_MAX_SLEEP_S)
@@ -63,5 +64,5 @@ class MPIWeightBroadcast(WeightSync):
                 received.append((name, raw.view(getattr(torch, dtype)).view(shape)))
                 offset += size
             engine.load_weight_bucket(received)  # copied out before the next bucket reuses the buffer
-        engine.end_weight_update(header["version"])
-        return header["version"]
+
+        return receive_buckets(self.comm, engine, load_bucket)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from agentrl import transport
-from agentrl.weights.base import WeightSync, full_tensors, plan_buckets
+from agentrl.weights.base import WeightSync, full_tensors, plan_buckets, receive_buckets
 
 GROUP_NAME = "agentrl_weights"
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
@@ -162,13 +162,7 @@ class DistributedWeightBroadcast(WeightSync):
     def receive(self, engine) -> int | None:
         if self.group is None:
             self._connect(engine)
-        header = transport.bcast_object(self.comm, None, root=0)
-        if header["stop"]:
-            return None
-        manifest = header["manifest"]
-        engine.begin_weight_update()
-        for start, end in header["buckets"]:
-            engine.receive_weight_bucket(manifest[start:end], GROUP_NAME)
-        engine.end_weight_update(header["version"])
-        transport.barrier(self.comm)
-        return header["version"]
+        version = receive_buckets(self.comm, engine, lambda specs: engine.receive_weight_bucket(specs, GROUP_NAME))
+        if version is not None:
+            transport.barrier(self.comm)
+        return version

@@ -117,7 +117,7 @@ def test_algorithm_options_are_validated_by_the_named_algorithm():
     assert type(config.algorithm).__name__ == "GRPOOptions" and config.algorithm.correction.mode == "tis"
     with pytest.raises(ConfigError, match=r"algorithm\.nonsense: unknown field[\s\S]*options of algorithm grpo"):
         from_dict({**BASE, "algorithm": {"name": "grpo", "nonsense": 1}})
-    with pytest.raises(ConfigError, match=r"algorithm\.name: unknown algorithm 'grp'; did you mean 'grpo'"):
+    with pytest.raises(ConfigError, match=r"algorithm\.name: unknown algorithm 'grp' \(did you mean 'grpo'\?\)"):
         from_dict({**BASE, "algorithm": {"name": "grp"}})
     with pytest.raises(
         ConfigError, match=r"algorithm\.correction\.mode: Input should be 'none', 'tis', 'mask' or 'tis_mask'"

@@ -51,7 +51,7 @@ def test_registry_by_id_path_and_registration():
 
 
 def test_unknown_id_lists_known_ids():
-    with pytest.raises(KeyError, match=r"unknown env id 'nope'; known ids: .*guess_number"):
+    with pytest.raises(KeyError, match=r"unknown env id 'nope'; known: .*guess_number"):
         make("nope")
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from agentrl.algorithms.advantages import group_advantages
-from agentrl.algorithms.losses import clipped_policy_loss, entropy, kl_k3, token_logprobs
+from agentrl.algorithms.losses import entropy, kl_k3, ppo_clip_loss, token_logprobs
 from agentrl.trainer.optim import lr_lambda
 
 
@@ -35,7 +35,8 @@ def test_clipped_loss_matches_hand_computation():
     old = torch.zeros(3)
     adv = torch.tensor([1.0, -1.0, 2.0])
     mask = torch.tensor([1.0, 1.0, 0.0])
-    loss, clipped = clipped_policy_loss(logp, old, adv, mask, clip_low=0.2, clip_high=0.2)
+    loss_tok, clipped_tok = ppo_clip_loss(logp, old, adv, clip_low=0.2, clip_high=0.2)
+    loss, clipped = (loss_tok * mask).sum(), (clipped_tok * mask).sum()
     # token 0: ratio 1.5 clipped to 1.2 -> -1.2; token 1: ratio 0.5 clipped to 0.8 -> min(-0.5, -0.8) = -0.8 -> +0.8
     assert math.isclose(loss.item(), -1.2 + 0.8, rel_tol=1e-6)
     assert clipped.item() == 2.0
@@ -43,8 +44,8 @@ def test_clipped_loss_matches_hand_computation():
 
 def test_unclipped_gradient_is_policy_gradient():
     logp = torch.zeros(2, requires_grad=True)
-    loss, _ = clipped_policy_loss(logp, torch.zeros(2), torch.tensor([1.0, -2.0]), torch.ones(2), 0.2, 0.2)
-    loss.backward()
+    loss, _ = ppo_clip_loss(logp, torch.zeros(2), torch.tensor([1.0, -2.0]), 0.2, 0.2)
+    loss.sum().backward()
     torch.testing.assert_close(logp.grad, torch.tensor([-1.0, 2.0]))
 
 

@@ -8,7 +8,7 @@ from agentrl.algorithms.losses import (
     aggregate_loss,
     aggregation_counts,
     cispo_loss,
-    clipped_policy_loss,
+    clipped_ratio_terms,
     gspo_loss,
     ppo_clip_loss,
 )
@@ -37,17 +37,17 @@ def test_ppo_clip_asymmetric_range():
     assert clipped.sum() == 2
 
 
-def test_ppo_clip_terms_equal_grpo_clipped_policy_loss_bit_for_bit():
+def test_ppo_clip_terms_equal_the_policy_gradient_terms_bit_for_bit():
     generator = torch.Generator().manual_seed(0)
     logp = torch.randn(5, 9, generator=generator) * 0.3 - 1.0
     old = logp + torch.randn(5, 9, generator=generator) * 0.2
     adv = torch.randn(5, 1, generator=generator)
     mask = (torch.rand(5, 9, generator=generator) > 0.3).float()
-    loss_sum, clipped_count = clipped_policy_loss(logp, old, adv, mask, 0.2, 0.28)
+    terms, clipped_terms = clipped_ratio_terms(logp, old, adv, 0.2, 0.28)  # PolicyGradient.token_loss's
     loss_tok, clipped_tok = ppo_clip_loss(logp, old, adv, 0.2, 0.28)
-    assert torch.equal((loss_tok * mask).sum(), loss_sum)
-    assert torch.equal((clipped_tok * mask).sum(), clipped_count)
-    assert clipped_count > 0  # the comparison covers clipped tokens too
+    assert torch.equal(loss_tok * mask, terms * mask)
+    assert torch.equal(clipped_tok * mask, clipped_terms * mask)
+    assert (clipped_terms * mask).sum() > 0  # the comparison covers clipped tokens too
 
 
 def test_dual_clip_caps_negative_advantages_only():
