@@ -128,8 +128,17 @@ class RolloutConfig(Section):
     top_k: int = Field(-1, ge=-1, description="Top-k filter; -1 disables it.")
     engine: EngineConfig = Field(
         default_factory=TorchEngineConfig,
-        description="The inference engine, chosen by `backend` (torch | sglang), with that engine's own options.",
+        description="The inference engine, chosen by `backend` (torch | sglang; torch when not given), with that "
+        "engine's own options.",
     )
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _torch_unless_named(cls, value):
+        """`rollout.engine.scheduler=continuous` alone means the torch engine's option: `backend` defaults to torch."""
+        if isinstance(value, dict) and "backend" not in value:
+            return {"backend": "torch", **value}
+        return value
     dump_episodes: bool = Field(
         False,
         description="Write every step's episodes (task id, reward, finish, chat messages with tool calls) to "

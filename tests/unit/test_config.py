@@ -163,3 +163,10 @@ def test_yaml_syntax_errors_name_the_file_and_line(tmp_path):
         load_config(path)
     with pytest.raises(ConfigError, match=r"override 'steps=\[1' is not valid YAML"):
         load_config(None, ["model.path=m", "steps=[1"])
+
+
+def test_an_engine_option_alone_picks_the_torch_engine():
+    config = load_config(None, ["model.path=m", "rollout.engine.scheduler=continuous"])
+    assert config.rollout.engine.backend == "torch" and config.rollout.engine.scheduler == "continuous"
+    with pytest.raises(ConfigError, match=r"rollout\.engine\.torch\.tp_size: unknown field"):
+        load_config(None, ["model.path=m", "rollout.engine.tp_size=2"])  # an SGLang option needs backend=sglang
