@@ -11,7 +11,7 @@ Conventions shared by every estimator here (the trainer relies on them):
   float64 array elementwise over the trainer ranks (`local_sum`, the identity, on one rank). Every rank
   makes the same calls to `reduce` in the same order, whatever its data, so it may be a collective.
 
-GRPO and Dr. GRPO live in `agentrl.algorithms.grpo.group_advantages`: Dr. GRPO's advantage (Liu et al. 2025,
+GRPO and Dr. GRPO live in `group_advantages` below: Dr. GRPO's advantage (Liu et al. 2025,
 "Understanding R1-Zero-Like Training") is `group_advantages(rewards, groups, valid, std_norm=False)`, the
 group-mean baseline without the division by the group's std; its other half is the loss aggregation
 "seq-mean-token-sum-norm" in `agentrl.algorithms.losses.aggregate_loss`. No separate function is needed.

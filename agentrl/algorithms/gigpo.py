@@ -65,7 +65,7 @@ def gigpo_advantages(
 ) -> np.ndarray:
     """Per-turn advantages (M,) float32: A = A_episode + step_weight * A_step.
 
-    Episodes: `rewards`, `groups` (task ids), `valid` (N,) as in `grpo.group_advantages`. Turns, flat:
+    Episodes: `rewards`, `groups` (task ids), `valid` (N,) as in `advantages.group_advantages`. Turns, flat:
     `turn_episode` (M,) the episode index of each turn (an episode's turns contiguous and in order),
     `turn_state` (M,) int64 hash of the state the turn acted in (the observation before its action),
     `turn_reward` (M,) the reward the env returned for that turn.

@@ -1,4 +1,4 @@
-"""GRPO, and its pure pieces: group-relative advantages, token log-probs, the clipped loss, KL, entropy.
+"""GRPO: group-relative advantages (`advantages.group_advantages`) and PPO's clipped token loss (`losses`).
 
 GRPO: Shao et al. 2024, "DeepSeekMath" (arXiv:2402.03300), section 4.1: sample a group of
 episodes per task, advantage = (reward - group mean) / group std, PPO's clipped surrogate
