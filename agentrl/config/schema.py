@@ -139,6 +139,7 @@ class RolloutConfig(Section):
         if isinstance(value, dict) and "backend" not in value:
             return {"backend": "torch", **value}
         return value
+
     dump_episodes: bool = Field(
         False,
         description="Write every step's episodes (task id, reward, finish, chat messages with tool calls) to "
