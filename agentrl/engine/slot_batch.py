@@ -64,11 +64,6 @@ class SlotBatch:
     def columns(self) -> int:
         return self.keys[0].shape[2] if self.keys else 0
 
-    @property
-    def positions(self) -> torch.Tensor:
-        """(rows,) each row's next position, on the device."""
-        return self.positions_buffer[: len(self.rows)]
-
     def reserve(self, rows: int, columns: int) -> None:
         """Room for `rows` rows of `columns` columns; growing moves every buffer (a new generation)."""
         if rows <= self.slots and columns <= self.columns:
@@ -90,6 +85,7 @@ class SlotBatch:
                     buffers[layer] = grown
                 else:
                     buffers.append(grown)
+        # A step's tokens are written before `DecodeGraphs.decode` reserves room for them: both inputs move along.
         tokens, positions = self.tokens_in, self.positions_buffer
         self.tokens_in = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.positions_buffer = torch.zeros(slots, dtype=torch.long, device=self.device)
