@@ -44,6 +44,10 @@ class Episode:
     turn_states: list[int] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list, repr=False)  # the conversation as chat messages (dumps)
     tools: list[dict] = field(default_factory=list, repr=False)  # the env's tool schemas
+    # 0: the episode's own row; k > 0: its k-th further sample (an agent session that was not append-only),
+    # packed right after it, sharing its group and reward (agentrl/gateway/trace.py)
+    sample: int = 0
+    more_samples: list[Episode] = field(default_factory=list, repr=False)  # its samples after the first
 
     def extend(self, ids, mask: int, logprobs=None, version: int = -1) -> None:
         ids = [int(i) for i in ids]
@@ -95,6 +99,7 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "success": np.array([e.success for e in episodes], dtype=np.bool_),
         "turns": np.array([e.turns for e in episodes], dtype=np.int32),
         "prompt_len": np.array([e.prompt_len for e in episodes], dtype=np.int32),
+        "sample": np.array([e.sample for e in episodes], dtype=np.int32),
         "weight_version": np.array([e.weight_version for e in episodes], dtype=np.int64),
         "finish": np.array([FINISH_REASONS.index(e.finish) for e in episodes], dtype=np.int8),
     }

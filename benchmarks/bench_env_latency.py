@@ -38,7 +38,7 @@ from mpi4py import MPI
 from agentrl import transport
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.env.server import serve
+from agentrl.roles.env import serve
 from agentrl.transport import Tag
 
 ENV_RANK = 0

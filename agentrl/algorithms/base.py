@@ -292,7 +292,15 @@ class PolicyGradient(Algorithm):
         raise NotImplementedError
 
     def advantages(self, batch, valid):
-        return per_token(self.episode_advantages(batch, valid), batch["offsets"])
+        """Per-token advantages; an episode of several samples (agentrl/gateway/trace.py) enters the group's
+        statistics once, and each of its samples takes its advantage."""
+        first = batch.get("sample", np.zeros(len(valid), np.int32)) == 0
+        if first.all():
+            return per_token(self.episode_advantages(batch, valid), batch["offsets"])
+        from agentrl.trajectory import select_episodes
+
+        values = self.episode_advantages(select_episodes(batch, first), valid[first])
+        return per_token(np.asarray(values)[np.cumsum(first) - 1], batch["offsets"])
 
     def token_loss(self, inputs: LossInputs) -> tuple[torch.Tensor, torch.Tensor]:
         """(per-token loss, 0/1 where clipping was active), both (B, T), before masking."""

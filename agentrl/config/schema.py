@@ -174,6 +174,49 @@ class RolloutConfig(Section):
     )
 
 
+# Algorithms that read an episode turn by turn (values per token, the env's states): not for agent programs.
+TURN_LEVEL_ALGORITHMS = ("ppo", "gigpo")
+
+
+class AgentConfig(Section):
+    """An agent program trained through the gateway instead of an env (docs/agents.md): each episode opens a
+    session of the policy under training at its own OpenAI-style URL and key."""
+
+    command: str | list[str] | None = Field(
+        None,
+        description="The agent program, started once per episode: the task row as JSON on stdin and in "
+        "AGENTRL_TASK, OPENAI_BASE_URL and OPENAI_API_KEY set to its session's. Its reward: a POST to the "
+        'session\'s /reward, a last stdout line {"reward": x}, or env.reward_fn over the transcript.',
+    )
+    service: bool = Field(
+        False,
+        description="A long-lived agent service claims each episode's session (POST /sessions/claim with the "
+        "service key in run_dir/gateway.json) and ends it (POST /sessions/{id}/end); instead of `command`.",
+    )
+    timeout_s: float = Field(300.0, gt=0, description="An episode's agent still running after this fails (killed).")
+    cwd: str | None = Field(None, description="Working folder of `command` (default: where agentrl was started).")
+    host: str = Field("127.0.0.1", description="Address the gateway listens on (0.0.0.0: every interface).")
+    port: int = Field(
+        0,
+        ge=0,
+        le=65535,
+        description="Gateway port of the first rollout rank on a node (the next ranks: +1, ...); 0: free ports.",
+    )
+    model_name: str = Field("policy", description="The model id the gateway serves (the requests' `model`).")
+
+    @property
+    def enabled(self) -> bool:
+        return self.command is not None or self.service
+
+    @model_validator(mode="after")
+    def _one_way(self) -> AgentConfig:
+        if self.command is not None and self.service:
+            raise ValueError("agent.command and agent.service=true are two ways to run the agent; set one of them")
+        if (isinstance(self.command, str) and not self.command.strip()) or self.command == []:
+            raise ValueError("agent.command is empty; name the program to run, e.g. agent.command='python agent.py'")
+        return self
+
+
 class DataConfig(Section):
     """Tasks from a dataset instead of env seeds: each row reaches the env as `reset(seed=..., options=row)`.
 
@@ -422,6 +465,7 @@ class Config(Section):
     layout: LayoutConfig = Field(default_factory=LayoutConfig)
     model: ModelConfig
     env: EnvConfig = Field(default_factory=EnvConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -494,6 +538,16 @@ class Config(Section):
                 f"rollout.max_staleness={self.rollout.max_staleness} overlaps generation with training, but "
                 "layout.colocate=true makes them take turns on one GPU; set rollout.max_staleness=0 or "
                 "layout.colocate=false"
+            )
+        if self.agent.enabled and self.algorithm.name in TURN_LEVEL_ALGORITHMS:
+            raise ValueError(
+                f"algorithm.name={self.algorithm.name} needs env episodes turn by turn; agent programs (agent:) train "
+                "with the episode-level algorithms (grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo, cispo)"
+            )
+        if self.agent.enabled and self.layout.env:
+            raise ValueError(
+                f"layout.env={self.layout.env} hosts envs, but agent: runs agent programs instead of an env; "
+                "set layout.env=0"
             )
         self._default_async_correction()
         transport = self.weights.transport

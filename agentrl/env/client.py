@@ -66,7 +66,7 @@ class MPIEnvClient(TickBatchingClient):
     no sooner than 1 ms on Linux), and it wakes the event loop only when a reply is in.
     On one node the two sides ring each other's doorbell (agentrl.doorbell) after
     sending, so neither waits for its next poll; the env rank's address comes with its
-    first reply (wire format: agentrl.env.server.serve).
+    first reply (wire format: agentrl.roles.env.serve).
     """
 
     def __init__(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
+from pathlib import Path
 
 from agentrl.config import ConfigError
 from agentrl.env.check import not_text, spaces_are_text
@@ -32,6 +33,9 @@ def refuse_unusable_env(world, config, evaluating: bool = False) -> None:
 
 def check_run_inputs(config, evaluating: bool = False) -> None:
     """`evaluating`: the run only evaluates (`agentrl eval`), so data.train is not read."""
+    if config.agent.enabled:
+        check_agent(config, evaluating)
+        return
     env = config.env
     evaluates_val = (config.eval.enabled or evaluating) and config.eval.split_of(config.data.val) == "val"
     if not config.data.train or evaluating:
@@ -121,3 +125,27 @@ def _raised(error: BaseException) -> str:
     ours = error.__traceback__
     where = "".join(traceback.format_tb(ours.tb_next or ours, limit=-2))
     return f"{type(error).__name__}: {_text(error)}\n{where}"
+
+
+def check_agent(config, evaluating: bool = False) -> None:
+    """An agent program instead of an env: its command must exist, and the task rows must read."""
+    import shutil
+
+    from agentrl.gateway.agent_process import command_argv
+
+    if config.agent.command is not None:
+        program = command_argv(config.agent.command)[0]
+        where = Path(config.agent.cwd or ".") / program
+        if shutil.which(program) is None and not where.is_file():
+            raise EnvUnusable(
+                f"agent.command starts {program!r}, which is neither on PATH nor a file in {where.parent}; "
+                "name the program with its path, e.g. agent.command='python examples/openai_agent/agent.py'"
+            )
+    if config.data.train and not evaluating:
+        from agentrl.data.checks import check_training_rows
+
+        check_training_rows(config)
+    if (config.eval.enabled or evaluating) and config.eval.split_of(config.data.val) == "val":
+        from agentrl.data.checks import check_val_rows
+
+        check_val_rows(config)

@@ -37,7 +37,7 @@ def resolve_target(config, checkpoint: str | None, out: str | None) -> Target:
     """Rank 0: the model folder to evaluate, its step and where the report goes; UserError for a bad path."""
     note = None
     if checkpoint is None:
-        from agentrl.train import env_texts
+        from agentrl.run_start import env_texts
         from agentrl.trainer.model import ensure_model
 
         ensure_model(config, lambda: env_texts(config))  # the config's own model.path (a tiny one is built)
@@ -94,7 +94,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
     from transformers.utils import logging as hf_logging
 
     from agentrl.layout import Layout, Role, engine_gpus
-    from agentrl.train import seed_everything, set_threads
+    from agentrl.run_start import seed_everything, set_threads
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
@@ -119,7 +119,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
         send_results(layout, target.step, evaluator.run(target.step, config.eval.dump_episodes))
         evaluator.worker.env.shutdown()
     elif layout.role is Role.ENV:
-        from agentrl.train import run_env
+        from agentrl.roles.env import run_env
 
         run_env(config, layout)
     transport.barrier(layout.world)  # idle trainer ranks wait here, polling
@@ -130,7 +130,7 @@ def _evaluator(config, layout, target: Target, env_client):
     from agentrl.env.client import LocalEnvClient
     from agentrl.evaluation.runner import Evaluator
     from agentrl.rollout.worker import RolloutWorker
-    from agentrl.train import env_host
+    from agentrl.run_start import env_host
 
     if env_client is None:
         env_client = LocalEnvClient(env_host(config, check=not layout.single_process))

@@ -23,7 +23,7 @@ import torch
 from agentrl.data.tasks import ID_COLUMN, Task
 from agentrl.evaluation.metrics import TaskResult
 from agentrl.failures import error_kind
-from agentrl.rollout.agent_loop import LoopTimers, gather_episodes, run_episode
+from agentrl.rollout.agent_loop import LoopTimers, gather_episodes
 from agentrl.rollout.episode_dump import episode_record
 from agentrl.trajectory import Episode
 
@@ -124,18 +124,7 @@ class Evaluator:
         return {"tasks": results, "episodes": records, "wall_s": time.perf_counter() - started, "split": self.split}
 
     def _episode(self, episode: Episode, sampling, key):
-        worker = self.worker
-        return run_episode(
-            worker.engine,
-            worker.env,
-            worker.chat,
-            sampling,
-            worker.limits,
-            episode,
-            key,
-            LoopTimers(),
-            worker.reward_fn,
-        )
+        return self.worker.episode(episode, sampling, key, LoopTimers())
 
     @staticmethod
     def _task_result(index: int, task: Task, episodes: list[Episode]) -> dict:

@@ -1,4 +1,6 @@
-"""The rollout role: generate a step's episodes, ship them to the trainers, take new weights."""
+"""The rollout worker: an engine, the chat format and an env client; `collect(step)` runs one step's episodes.
+
+The role's loop around it (shipping batches, taking weights) is agentrl/roles/rollout.py."""
 
 from __future__ import annotations
 
@@ -10,22 +12,19 @@ from collections.abc import Callable
 
 import numpy as np
 
-from agentrl import preempt, transport
 from agentrl.algorithms import make_algorithm
 from agentrl.algorithms.base import AlgorithmContext
-from agentrl.data.tasks import SeededTasks, TaskSource, task_seed  # noqa: F401 (task_seed: re-exported)
+from agentrl.data.tasks import SeededTasks, TaskSource
 from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
 from agentrl.failures import error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, gather_episodes, gather_polling, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.dispatch import DispatchClient, DispatchServer, default_groups_in_flight
+from agentrl.rollout.dispatch import DispatchServer, default_groups_in_flight
 from agentrl.rollout.episode_dump import episode_record
 from agentrl.rollout.reward_fn import RewardFunction
-from agentrl.rollout.shipping import batch_messages
 from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode
-from agentrl.transport import Tag
 
 
 def task_index(tasks_per_step: int, round_: int, first_task: int, position: int) -> int:
@@ -73,6 +72,16 @@ class RolloutWorker:
         self.tasks = rc.tasks_per_step // rollout_count
         self.first_task = rollout_index * self.tasks
         self.loop = self.engine.event_loop or asyncio.new_event_loop()  # SGLang serves requests on its own loop
+        self.gateway = None  # agent programs (agent:): the policy served over HTTP on this rank
+        if config.agent.enabled:
+            from agentrl.gateway.server import Gateway
+
+            agent = config.agent
+            port = agent.port + rollout_index if agent.port else 0
+            self.gateway = Gateway(
+                self.engine, self.chat.tokenizer, agent.model_name, rc.max_episode_tokens, agent.host, port
+            )
+            self.gateway.start(self.loop)
         self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=_no_trainer_reduce))
         self.generated: list[Episode] = []  # the last step's episodes, trained or dropped (for episode dumps)
         self.kept_groups: set[int] = set()
@@ -129,24 +138,15 @@ class RolloutWorker:
             rounds += 1
             done = len(generated) // rc.group_size
             count = min(self.tasks, math.ceil(missing * done / len(kept)) if kept else self.tasks)
-        self.report_errors(step, generated)
-        self.generated, self.kept_groups = generated, {group[0].group for group in kept[: self.tasks]}
-        wall = time.perf_counter() - started
-        generate = self.engine.busy_seconds - busy_before
-        stats = {
-            "time/rollout": wall,
-            "time/generate": generate,
-            "time/env": max(0.0, wall - generate),
+        counts = {
             "rollout/generated_groups": float(len(generated) // rc.group_size),
             "rollout/dropped_groups": float(dropped),
             "rollout/extra_rounds": float(rounds),
             "rollout/groups_short": float(max(0, self.tasks - len(kept))),
             "rollout/surplus_groups": float(max(0, len(kept) - self.tasks)),
-            "rollout/success_rate": float(np.mean([e.success for e in first_round])),
-            "rollout/reward_mean": float(np.mean([e.reward for e in first_round])),
-            **self.task_source.stats(),
         }
-        return [e for group in kept[: self.tasks] for e in group], stats
+        wall = time.perf_counter() - started
+        return self._finish_step(step, generated, kept[: self.tasks], first_round, wall, busy_before, counts)
 
     def _collect_dispatched(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         """`collect` with rollout.dispatch=dynamic: groups claimed one at a time from the step's queue."""
@@ -163,27 +163,42 @@ class RolloutWorker:
         wall = self.last_group_ended - started  # this rank's own work: rank 0 also waited for the others' verdicts
         kept = [group for group, keep in groups if keep]
         generated = [e for group, _ in groups for e in group]
-        self.report_errors(step, generated)
-        self.generated, self.kept_groups = generated, {group[0].group for group in kept}
-        target = self.config.rollout.tasks_per_step
-        first_round = [e for e in generated if e.group < target]
-        generate = self.engine.busy_seconds - busy_before
-        stats = {
-            "time/rollout": wall,
-            "time/generate": generate,
-            "time/env": max(0.0, wall - generate),
+        first_round = [e for e in generated if e.group < self.config.rollout.tasks_per_step]
+        counts = {
             "rollout/generated_groups": float(len(groups)),
             "rollout/dropped_groups": float(len(groups) - len(kept)),
             "rollout/extra_rounds": 0.0,
             "rollout/groups_short": 0.0,
             "rollout/surplus_groups": 0.0,
             **queue_stats,  # rank 0: the step's extra rounds and shortfall, over all ranks
+            "rollout/first_round_episodes": float(len(first_round)),
+        }
+        return self._finish_step(step, generated, kept, first_round, wall, busy_before, counts)
+
+    def _finish_step(
+        self,
+        step: int,
+        generated: list[Episode],
+        kept: list[list[Episode]],
+        first_round: list[Episode],
+        wall: float,
+        busy_before: float,
+        counts: dict[str, float],
+    ) -> tuple[list[Episode], dict[str, float]]:
+        """The kept groups' episodes and the step's stats; the step's episodes are kept for dumps."""
+        self.report_errors(step, generated)
+        self.generated, self.kept_groups = generated, {group[0].group for group in kept}
+        generate = self.engine.busy_seconds - busy_before
+        stats = {
+            "time/rollout": wall,
+            "time/generate": generate,
+            "time/env": max(0.0, wall - generate),
+            **counts,
             "rollout/success_rate": float(np.mean([e.success for e in first_round])) if first_round else 0.0,
             "rollout/reward_mean": float(np.mean([e.reward for e in first_round])) if first_round else 0.0,
-            "rollout/first_round_episodes": float(len(first_round)),
             **self.task_source.stats(),
         }
-        return [e for group in kept for e in group], stats
+        return [sample for group in kept for e in group for sample in (e, *e.more_samples)], stats
 
     async def _run_claimed(self, step: int, timers: LoopTimers) -> list[tuple[list[Episode], bool]]:
         """Keep up to `groups_in_flight` groups running, claiming the next task as each one ends; every group
@@ -256,20 +271,17 @@ class RolloutWorker:
         ]
 
     def _episode_runs(self, step: int, episodes: list[Episode], first_key: int, timers: LoopTimers):
-        return [
-            run_episode(
-                self.engine,
-                self.env,
-                self.chat,
-                self.sampling,
-                self.limits,
-                e,
-                (step, first_key + i),
-                timers,
-                self.reward_fn,
-            )
-            for i, e in enumerate(episodes)
-        ]
+        return [self.episode(e, self.sampling, (step, first_key + i), timers) for i, e in enumerate(episodes)]
+
+    def episode(self, episode: Episode, sampling: SamplingParams, key, timers: LoopTimers):
+        """The coroutine that runs `episode`: the agent loop against the env, or the agent program (agent:)."""
+        if self.gateway is not None:
+            from agentrl.gateway.episode import run_agent_episode
+
+            return run_agent_episode(self.gateway, self.config.agent, episode, sampling, self.reward_fn, timers)
+        return run_episode(
+            self.engine, self.env, self.chat, sampling, self.limits, episode, key, timers, self.reward_fn
+        )
 
     def _run(self, coroutines) -> list:
         """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""
@@ -311,61 +323,3 @@ def _no_trainer_reduce(array: np.ndarray) -> np.ndarray:
         "an algorithm called AlgorithmContext.reduce on a rollout rank; reduce sums over trainer ranks and "
         "exists only in the trainer's hooks (advantages, loss), not in rollout-side hooks such as keep_group"
     )
-
-
-def run(config, layout, start_step: int, env_client, weight_sync, task_source: TaskSource | None = None) -> None:
-    """The rollout rank's loop; ends early when the trainer leader sends stop instead of weights.
-
-    The message to the trainer leader also carries this rank's data position after the step (kept in
-    checkpoints) and, with rollout.dump_episodes, the step's episodes as dump records. At a step due for
-    evaluation (`eval:`), this rank's share of the eval split runs first, on the same weights, and its
-    results go to the trainer leader; after the last step that needs the last weights, sent for it."""
-    index = layout.rollout_ranks.index(layout.rank)
-    worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device, task_source)
-    if config.rollout.dispatch == "dynamic" and len(layout.rollout_ranks) > 1:
-        rc, dispatcher = config.rollout, layout.rollout_ranks[0]
-        if index == 0:
-            peers = layout.rollout_ranks[1:]
-            extra = worker.algorithm.max_extra_rounds
-            worker.dispatch = DispatchServer(layout.world, peers, rc.tasks_per_step, extra, worker.task_source)
-        else:
-            worker.dispatch = DispatchClient(layout.world, dispatcher)
-    evaluator = None
-    if config.eval.enabled:
-        from agentrl.evaluation.runner import Evaluator
-
-        evaluator = Evaluator(config, worker, index, len(layout.rollout_ranks))
-    if config.rollout.max_staleness:
-        from agentrl.rollout.ahead import run_ahead
-
-        run_ahead(config, layout, start_step, worker, evaluator, weight_sync)
-        _close(worker, env_client)
-        return
-    weight_sync.receive(worker.engine)
-    idle = 0.0
-    for step in range(start_step, config.steps + 1):
-        if evaluator is not None and config.eval.due(step):
-            from agentrl.evaluation.report import send_results
-
-            send_results(layout, step, evaluator.run(step, config.eval.dump_episodes))
-        if step == config.steps:
-            break
-        episodes, stats = worker.collect(step)
-        stats["time/rollout_idle"] = idle
-        preempt.forward(layout.world, layout.trainer_ranks[0])  # before the batch, so it is seen at this step's end
-        trainers = len(layout.trainer_ranks)
-        for trainer, message in batch_messages(config, worker, index, trainers, step, episodes, stats):
-            transport.send(layout.world, message, layout.trainer_ranks[trainer], Tag.TRAJECTORIES)
-        more = step + 1 < config.steps or config.eval.due(config.steps)
-        waited = time.perf_counter()
-        if not more or weight_sync.receive(worker.engine) is None:
-            break
-        idle = time.perf_counter() - waited
-    _close(worker, env_client)
-
-
-def _close(worker: RolloutWorker, env_client) -> None:
-    """Take every message still addressed to this rank: MPI_Finalize fails on unreceived ones."""
-    if worker.dispatch is not None:
-        worker.dispatch.close()
-    env_client.shutdown()

@@ -48,8 +48,8 @@ def batch_indices(config: SFTConfig, transcripts: int, step: int) -> np.ndarray:
 
 def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packed | None]:
     """Rank 0: read and check the data, build or check the model, tokenize, decide the start step, save the config."""
+    from agentrl.run_start import resume_step
     from agentrl.sft.transcripts import TranscriptTokenizer
-    from agentrl.train import resume_step
     from agentrl.trainer.model import ensure_model, load_tokenizer
 
     if config.parallelism.fsdp and world_size < 2:

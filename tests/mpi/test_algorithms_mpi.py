@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from agentrl.rollout.worker import task_seed
+from agentrl.data.tasks import task_seed
 from tests.conftest import ROOT
 from tests.mpi.helpers import assert_ok, mpirun, scalars, small_run, train
 

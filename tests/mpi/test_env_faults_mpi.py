@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from agentrl.rollout.worker import task_seed
+from agentrl.data.tasks import task_seed
 from tests.fault_envs import fails
 from tests.mpi.helpers import assert_ok, scalars, small_run, train
 

@@ -5,13 +5,14 @@ import numpy as np
 import pytest
 
 from agentrl.config import from_dict
+from agentrl.data.tasks import task_seed
 from agentrl.engine.base import Engine, GenerateOutput
 from agentrl.env.api import TextEnv
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.metrics import merge_stats
 from agentrl.rollout.shipping import shard_for_trainers
-from agentrl.rollout.worker import RolloutWorker, task_seed
+from agentrl.rollout.worker import RolloutWorker
 
 SHARE = 4  # tasks per rollout rank: tasks_per_step 8 over 2 rollout ranks
 GROUP = 4
@@ -159,7 +160,7 @@ def test_uneven_shards_rotate_the_larger_chunks_and_may_be_empty(tiny_model_dir)
 
 
 def test_trainers_count_groups_without_signal():
-    from agentrl.trainer.loop import episode_metrics, episode_sums
+    from agentrl.metrics import episode_metrics, episode_sums
     from agentrl.trajectory import Episode, pack
 
     def e(group, reward, finish="terminated"):

@@ -10,11 +10,11 @@ from agentrl.engine.base import SamplingParams
 from agentrl.env.check import check_env
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.models.tiny import build_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.reward_fn import ARGUMENTS, RewardFunction
-from agentrl.trainer.loop import episode_metrics, episode_sums
 from agentrl.trajectory import Episode, pack
 from envs.guess_number import GuessNumberEnv
 from tests.unit import reward_fns

@@ -1,8 +1,8 @@
 import numpy as np
 
+from agentrl.data.tasks import task_seed
+from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.rollout.shipping import shard_for_trainers
-from agentrl.rollout.worker import task_seed
-from agentrl.trainer.loop import episode_metrics, episode_sums
 from agentrl.trajectory import Episode, concat, num_episodes, pack
 
 

@@ -17,7 +17,7 @@ from mpi4py import MPI
 from agentrl import transport
 from agentrl.env.client import MPIEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.env.server import serve
+from agentrl.roles.env import serve
 from agentrl.transport import Tag
 
 ROLLOUT, ENV = 0, 1

@@ -1,7 +1,8 @@
-"""The trainer role's loop: take a batch, train on it, publish weights, log, checkpoint.
+"""The trainer role: build the policy trainer, then take a batch, train, publish weights, log and checkpoint
+each step until the run's steps are done or a stop is agreed; after a stop, drain what was sent ahead.
 
-`collect(step)` hides where batches come from: rollout ranks over MPI, or the rollout
-worker in this same process (world size 1). Everything else is the same loop.
+`collect(step)` hides where batches come from: rollout ranks over MPI (`receive_from_rollouts`), or the
+rollout worker in this same process (world size 1, roles/single.py). Everything else is the same loop.
 """
 
 from __future__ import annotations
@@ -9,77 +10,79 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-import numpy as np
-
 from agentrl import preempt, transport
+from agentrl.config import Config
 from agentrl.failures import FailureTally, abort_if_failing
+from agentrl.layout import Layout
+from agentrl.metrics import episode_metrics, episode_sums, merge_stats
+from agentrl.supervise import restart_count
 from agentrl.trainer import checkpoint, staleness
-from agentrl.trajectory import FINISH_REASONS, METRIC_PREFIX, concat
+from agentrl.trajectory import concat
 from agentrl.transport import Tag
 
-# Sums logged as they are (`episode/NAME`), not divided by the episode count.
-COUNT_NAMES = ("count", "failed", "groups", "zero_signal_groups")
-# Per-episode sums whose TensorBoard name is not `episode/NAME_mean`.
-EPISODE_NAMES = {
-    "count": "count",
-    "success": "success_rate",
-    "failed": "failed",
-}
 
+def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float] | None]:
+    """Steps done, and on the leader the success rate logged at each step."""
+    from agentrl.data.recorder import StepRecorder
+    from agentrl.trainer.model import init_trainer_group
+    from agentrl.weights import make_weight_sync
+    from agentrl.weights.base import GatherOnly
 
-def episode_sums(batch: dict[str, np.ndarray], version: int) -> dict[str, float]:
-    """This shard's per-episode sums by name (trainer ranks all-reduce them by name)."""
-    lengths = np.diff(batch["offsets"])
-    response = np.add.reduceat(batch["loss_mask"].astype(np.int64), batch["offsets"][:-1]) if len(lengths) else []
-    finish_counts = np.bincount(batch["finish"], minlength=len(FINISH_REASONS))
-    sums = {
-        "count": float(len(lengths)),
-        "reward": float(batch["reward"].sum()),
-        "success": float(batch["success"].sum()),
-        "turns": float(batch["turns"].sum()),
-        "tokens": float(lengths.sum()),
-        "response_tokens": float(np.sum(response)),
-        "failed": float(finish_counts[FINISH_REASONS.index("error")]),
-        "weight_lag": float((version - batch["weight_version"]).sum()),
-        **group_counts(batch),
-    }
-    sums.update(
-        {key.removeprefix(METRIC_PREFIX): float(v.sum()) for key, v in batch.items() if key.startswith(METRIC_PREFIX)}
+    group = init_trainer_group(layout.role_comm, layout.device)
+    trainer, tokenizer = make_trainer(config, layout, start_step, group)
+    weights = GatherOnly()  # other trainer ranks join the leader's gathers of sharded (FSDP) weights
+    if layout.is_trainer_leader:
+        weights = make_weight_sync(config, layout)
+        if config.rollout.max_staleness:
+            from agentrl.weights.announce import AnnouncedWeights
+
+            weights = AnnouncedWeights(weights, layout.world, layout.rollout_ranks)
+        weights.place(trainer.model)
+    weights.send(trainer.named_weights(), start_step)
+    logger = make_logger(config, start_step) if layout.is_trainer_leader else None
+    recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if layout.is_trainer_leader else None
+    collect = receive_from_rollouts(layout, config.runtime.abort_on_failed_fraction, recorder)
+    extra = [recorder] if recorder is not None else []
+    evaluate = None
+    if config.eval.enabled and layout.is_trainer_leader:
+        from agentrl.evaluation.report import RunEvaluation, receive_results
+
+        evaluate = RunEvaluation(config, receive_results(layout), logger)
+    done = train_loop(
+        config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger, extra, evaluate
     )
-    sums.update({f"finish_{reason}": float(n) for reason, n in zip(FINISH_REASONS, finish_counts, strict=True)})
-    return sums
+    if config.rollout.max_staleness and done < config.steps:  # stopped: batches generated ahead are still coming
+        discarded = discard_batches_ahead(layout)
+        if logger is not None and discarded:
+            print(
+                f"agentrl: discarded {discarded} batch(es) generated ahead of step {done}; a resumed run generates "
+                "their tasks again",
+                flush=True,
+            )
+    if logger is None:
+        return done, None
+    logger.close()
+    return done, logger.success_by_step
 
 
-def group_counts(batch: dict[str, np.ndarray]) -> dict[str, float]:
-    """Groups (tasks) in the shard, and those without signal: fewer than two episodes that did not fail, or
-    all of them with the same reward (group-relative advantages are then 0; dynamic sampling drops such
-    groups on the rollout side)."""
-    valid = batch["finish"] != FINISH_REASONS.index("error")
-    groups, index = np.unique(batch["group"], return_inverse=True)
-    rewards = batch["reward"].astype(np.float64)
-    count = np.bincount(index, weights=valid, minlength=len(groups))
-    low = np.full(len(groups), np.inf)
-    high = np.full(len(groups), -np.inf)
-    np.minimum.at(low, index[valid], rewards[valid])
-    np.maximum.at(high, index[valid], rewards[valid])
-    zero_signal = (count < 2) | (high == low)
-    return {"groups": float(len(groups)), "zero_signal_groups": float(zero_signal.sum())}
+def make_trainer(config: Config, layout: Layout, start_step: int, group=None):
+    """The policy trainer (resumed from the checkpoint of `start_step`, if any) and the tokenizer."""
+    from agentrl.trainer.model import load_tokenizer
+    from agentrl.trainer.policy_trainer import PolicyTrainer
+
+    resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
+    trainer = PolicyTrainer(config, str(resumed_from or config.model.path), layout.device, group)
+    if resumed_from is not None:
+        checkpoint.load_state(
+            resumed_from, trainer.optimizer, trainer.scheduler, trainer.model, extra_state=trainer.extra_state
+        )
+    return trainer, load_tokenizer(config.model.path)
 
 
-def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
-    """`episode/` scalars: sums become means per episode, except the counts in COUNT_NAMES."""
-    count = max(totals["count"], 1.0)
-    metrics = {}
-    for name, value in totals.items():
-        if name in COUNT_NAMES:
-            metrics[f"episode/{name}"] = value
-        elif name.startswith("finish_"):
-            metrics[f"episode/{name}"] = value / count
-        else:
-            metrics[f"episode/{EPISODE_NAMES.get(name, name + '_mean')}"] = value / count
-    if "tool_calls" in totals:
-        metrics["episode/tool_error_rate"] = totals.get("tool_errors", 0.0) / max(totals["tool_calls"], 1.0)
-    return metrics
+def make_logger(config: Config, start_step: int):
+    from agentrl.logging import RunLogger
+
+    return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count())
 
 
 def receive_from_rollouts(
@@ -89,7 +92,6 @@ def receive_from_rollouts(
     that rollout and env ranks forwarded, stops the run when the step's episodes failed alike
     (runtime.abort_on_failed_fraction), and gives `recorder` (agentrl/data/recorder.py) the rollout ranks'
     data positions and episode records."""
-    from agentrl.metrics import merge_stats
 
     def collect(step: int):
         messages, transfer = [], 0.0
@@ -177,3 +179,13 @@ def train_loop(
         if stopping:
             break
     return done
+
+
+def discard_batches_ahead(layout) -> int:
+    """Trainer ranks, after a stop: take every batch the rollout ranks sent ahead, until each says it ended;
+    the number of batches discarded."""
+    discarded = 0
+    for rank in layout.rollout_ranks:
+        while not transport.recv(layout.world, rank, Tag.TRAJECTORIES)[0].get("end"):
+            discarded += 1
+    return discarded

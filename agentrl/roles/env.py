@@ -1,13 +1,27 @@
-"""The env role's loop: serve batched reset/step/close requests from rollout ranks until each says goodbye."""
+"""The env role: host this rank's envs and answer batched reset/step/close requests from its rollout ranks
+until each says goodbye."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentrl import transport
+from agentrl import preempt, transport
+from agentrl.config import Config
 from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost
+from agentrl.layout import Layout
+from agentrl.run_start import env_host
 from agentrl.transport import Tag
+
+
+def run_env(config: Config, layout: Layout) -> None:
+    leader = layout.trainer_ranks[0]
+    serve(
+        layout.world,
+        env_host(config),
+        layout.rollout_ranks_served_by(layout.rank),
+        after_batch=lambda: preempt.forward(layout.world, leader),
+    )
 
 
 def serve(

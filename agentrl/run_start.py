@@ -1,0 +1,178 @@
+"""What every rank does before its role starts: the run folder, the data positions, threads and seeds, the
+rank's task source and env host."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import numpy as np
+
+from agentrl.config import Config, save_config
+from agentrl.env.host import EnvHost
+from agentrl.env.preflight import check_env_config
+from agentrl.env.registry import make
+from agentrl.errors import UserError
+from agentrl.evaluation.report import drop_from as drop_eval_from
+from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan
+from agentrl.rollout.chat import tools_as_text
+from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
+
+
+def prepare_run_dir(config: Config, layout: Layout) -> int:
+    """Rank 0, in the claimed run folder: decide the start step, save the config, make sure the model loads."""
+    from agentrl.trainer.model import ensure_model
+
+    run_dir = Path(config.run_dir)
+    for note in config.notes:
+        print(f"agentrl: config: {note}", flush=True)
+    start_step = resume_step(config)
+    if dropped := drop_dumps_from(run_dir, start_step):
+        print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)
+    if dropped := drop_eval_from(run_dir, start_step):
+        print(f"agentrl: removed {dropped} eval report(s) and dump(s) of steps from {start_step} on", flush=True)
+    save_config(config, run_dir / "config.yaml")
+    ensure_model(config, lambda: env_texts(config))
+    print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
+    # This job's real nodes (numbered 0, 1, ... in rank order) and GPUs: the table shows what each rank binds and
+    # the weight transport every rank resolves from those placements.
+    nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
+    gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
+    transport = config.weights.transport
+    rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes)
+    print(format_plan(rows, layout.single_process), flush=True)
+    return start_step
+
+
+def resume_step(config: Config) -> int:
+    """The step to start at: 0, or the newest complete checkpoint's with resume=true; refusals are UserErrors."""
+    from agentrl.trainer import checkpoint
+
+    run_dir = Path(config.run_dir)
+    folders = checkpoint.step_folders(run_dir)
+    if not config.resume:
+        if folders:
+            raise UserError(
+                f"run_dir {run_dir} already has checkpoint step {folders[0][0]} "
+                f"({len(folders)} checkpoint folder(s) in {checkpoint.checkpoint_dir(run_dir)}); pass resume=true "
+                "to continue it, or choose a new run_dir=... so nothing is overwritten"
+            )
+        return 0
+    found, damaged = checkpoint.newest_complete(run_dir)
+    if found is None and damaged:
+        listed = "; ".join(f"{bad.path.name}: {bad.problem}" for bad in damaged)
+        raise UserError(
+            f"resume=true, but none of the {len(damaged)} checkpoint folder(s) in {checkpoint.checkpoint_dir(run_dir)} "
+            f"is complete ({listed}). Nothing was changed. Restore a good copy of one, or move them away to start "
+            "this run_dir over at step 0"
+        )
+    if found is None:
+        print(f"agentrl: resume=true but {run_dir} has no checkpoint; starting at step 0", flush=True)
+        return 0
+    for bad in damaged:
+        print(f"agentrl: skipping damaged checkpoint {bad.path}: {bad.problem} (left in place)", flush=True)
+    if found.note:
+        print(f"agentrl: checkpoint {found.path} {found.note}", flush=True)
+    print(f"agentrl: resuming from {found.path} at step {found.step}", flush=True)
+    if found.step >= config.steps:
+        print(f"agentrl: step {found.step} is already at steps={config.steps}; raise steps=... to train on", flush=True)
+    return found.step
+
+
+def data_shards(config: Config, layout: Layout) -> int:
+    """How many walks over data.train there are: one per rollout rank, or one for all (rollout.dispatch=dynamic)."""
+    if layout.single_process or config.rollout.dispatch == "dynamic":
+        return 1
+    return len(layout.rollout_ranks)
+
+
+def data_positions(config: Config, start_step: int, shards: int) -> list[int]:
+    """Rank 0: each rollout rank's rows consumed at `start_step`, from that checkpoint's data state."""
+    from agentrl.data.loading import load_rows
+    from agentrl.data.recorder import read_data_state
+    from agentrl.data.tasks import resume_positions
+    from agentrl.trainer import checkpoint
+
+    if not start_step:
+        return [0] * shards
+    saved = read_data_state(checkpoint.step_path(config.run_dir, start_step))
+    if saved is None:
+        print(f"agentrl: checkpoint step {start_step} holds no data position; data.train starts at its first row")
+    positions, note = resume_positions(saved, len(load_rows(config.data.train)), shards)
+    if note:
+        print(f"agentrl: {note}", flush=True)
+    return positions
+
+
+def task_source(config: Config, shard: int, shards: int, data_start: list[int] | None):
+    """This rollout rank's tasks: its share of data.train's rows from its saved position, or the env's seeds."""
+    from agentrl.data.loading import load_rows
+    from agentrl.data.tasks import DatasetTasks, SeededTasks
+
+    if not config.data.train:
+        return SeededTasks(config.seed)
+    rows = load_rows(config.data.train)
+    return DatasetTasks(rows, config.data.train, config.seed, shard, shards, data_start[shard], config.data.shuffle)
+
+
+def env_texts(config: Config, episodes: int = 64) -> list[str]:
+    """Observations and random digit actions from a few env episodes (on data.train's first rows, if set): the
+    tiny tokenizer's corpus."""
+    rng = random.Random(0)
+    texts = []
+    env = make(config.env.id, **config.env.kwargs)
+    rows = None
+    if config.data.train:
+        from agentrl.data.loading import load_rows
+
+        rows = load_rows(config.data.train)
+        episodes = min(episodes, len(rows))
+    for seed in range(episodes):
+        observation, _ = env.reset(seed=seed) if rows is None else env.reset(seed=seed, options=rows[seed])
+        texts.append(observation)
+        for _ in range(config.rollout.max_turns):
+            action = str(rng.randint(0, 99))
+            observation, _, terminated, truncated, _ = env.step(action)
+            texts += [action, observation]
+            if terminated or truncated:
+                break
+    if config.env.system_prompt:
+        texts.append(config.env.system_prompt)
+    if getattr(env, "tools", None):
+        texts.append(tools_as_text(env.tools))
+    return texts
+
+
+def env_host(config: Config, check: bool = True) -> EnvHost:
+    """The host of this rank's envs; `check`: build one first, so a failure on this rank stops the job (rank 0's
+    check passed, but this rank may lack a package or a file)."""
+    if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
+        check_env_config(config.env.id, config.env.kwargs, reset=not (config.data.train or config.data.val))
+    return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
+
+
+def set_threads(config: Config, layout: Layout) -> None:
+    import torch
+
+    threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // layout.node_size)
+    if config.runtime.pin_cores and layout.gpu is None and hasattr(os, "sched_setaffinity"):
+        roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
+        available = sorted(os.sched_getaffinity(0))
+        cores = pinned_cores(available, roles_on_node, layout.role)
+        if cores is not None:
+            os.sched_setaffinity(0, cores)
+            if layout.is_trainer_leader:
+                others = pinned_cores(available, roles_on_node, Role.ROLLOUT)
+                print(f"agentrl: runtime.pin_cores: trainer ranks on cores {cores}, the others on {others}", flush=True)
+            sharing = sum((role is Role.TRAINER) == (layout.role is Role.TRAINER) for role in roles_on_node)
+            threads = config.runtime.torch_threads or max(1, len(cores) // sharing)
+    torch.set_num_threads(threads)
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
