@@ -70,7 +70,10 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(404)
     async def not_found(request: Request, error) -> JSONResponse:
-        message = f"no route {request.method} {request.url.path}; this server has /v1/chat/completions, /v1/completions, /v1/models and /health"
+        message = (
+            f"no route {request.method} {request.url.path}; this server has /v1/chat/completions, /v1/completions, "
+            "/v1/models and /health"
+        )
         return JSONResponse(APIError(message, status=404, code="not_found").body(), status_code=404)
 
     @app.exception_handler(405)
