@@ -82,15 +82,15 @@ def install_error_handlers(app: FastAPI) -> None:
         return JSONResponse(APIError(message, status=405).body(), status_code=405)
 
 
-def build_app(completions: Completions, health: Callable[[], dict] | None = None) -> FastAPI:
-    """The server's app: the OpenAI routes at /v1, and GET /health (`health()` adds what the backend reports)."""
+def build_app(completions: Completions) -> FastAPI:
+    """The server's app: the OpenAI routes at /v1, and GET /health with what the backend reports (its load)."""
     app = FastAPI(title="agentrl serve", docs_url=None, redoc_url=None, openapi_url=None)
     install_error_handlers(app)
     app.include_router(openai_router(completions), prefix="/v1")
 
     @app.get("/health")
     async def health_check() -> Response:
-        body = {"status": "ok", "model": completions.model_name, **(health() if health is not None else {})}
+        body = {"status": "ok", "model": completions.model_name, **completions.backend.health()}
         return Response(_dumps(body), media_type="application/json")
 
     return app

@@ -189,9 +189,8 @@ async def _front(args, world, local, tokenizer, served: Served, max_model_len: i
         spread = RankSpread(world, local, lambda reason: _stop(server, reason))
         backend = spread
     completions = Completions(backend, tokenizer, served.name, max_model_len)
-    health = spread.health if spread is not None else lambda: {"in_flight": local.in_flight, "served": local.served}
     config = uvicorn.Config(
-        build_app(completions, health),
+        build_app(completions),
         host=args.host,
         port=args.port,
         log_level=args.log_level,

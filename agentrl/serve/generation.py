@@ -44,6 +44,9 @@ class LocalBackend:
     def weight_version(self) -> int:
         return self.engine.weight_version
 
+    def health(self) -> dict:
+        return {"in_flight": self.in_flight, "served": self.served}
+
     async def generate(self, request: Generation, on_tokens: OnTokens | None = None) -> GenerateOutput:
         self.in_flight += 1
         try:
