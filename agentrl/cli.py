@@ -1,4 +1,4 @@
-"""The `agentrl` command: train | eval | sft | episodes-to-sft | supervise | layout | envs | algorithms |
+"""The `agentrl` command: train | eval | serve | sft | episodes-to-sft | supervise | layout | envs | algorithms |
 check-env | config-doc."""
 
 from __future__ import annotations
@@ -48,6 +48,28 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", help="folder for report.json, tb/ and episodes/ (default RUN_DIR/eval/<checkpoint>)")
     p.add_argument("--dump", action="store_true", help="also write the episodes, as training's episode dumps")
+
+    p = sub.add_parser(
+        "serve",
+        help="serve a model or a run's checkpoint over an OpenAI-compatible HTTP API (mpirun: several engines)",
+        description="agentrl serve MODEL [--port 8000] [--model-name NAME] [engine key=value ...], e.g. "
+        "agentrl serve runs/quickstart scheduler=continuous max_batch_size=64",
+    )
+    p.add_argument("model", help="RUN_DIR/checkpoints/step_N, a run folder (its newest) or a Hugging Face model folder")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="engine options as key=value, rollout.engine's fields: scheduler=continuous|batch max_batch_size=256 "
+        "kv_cache_mb=256 cuda_graphs=auto; backend=sglang tp_size=1 mem_fraction_static=0.8 (GPU)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--model-name", help="the model id clients send (default: the folder's name, or RUN-stepN)")
+    p.add_argument("--max-model-len", type=int, help="longest prompt + completion (default: the model's positions)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")
+    p.add_argument("--device", help="torch device for the torch engine (default cuda if available, else cpu)")
+    p.add_argument("--seed", type=int, default=0, help="the engines' sampling seed (rank r uses seed + r)")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (info prints every request)")
 
     p = sub.add_parser(
         "supervise",
@@ -189,6 +211,12 @@ def cmd_eval(args) -> int:
     return evaluate(args.config, args.overrides, args.checkpoint, args.out, args.dump)
 
 
+def cmd_serve(args) -> int:
+    from agentrl.serve.command import main as serve
+
+    return serve(args)
+
+
 def cmd_supervise(args) -> int:
     from agentrl.supervise import supervise
 
@@ -277,6 +305,7 @@ def cmd_config_doc(args) -> int:
 COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
+    "serve": cmd_serve,
     "sft": cmd_sft,
     "episodes-to-sft": cmd_episodes_to_sft,
     "supervise": cmd_supervise,

@@ -45,6 +45,8 @@ class Tag(IntEnum):
     TASKS = 24  # rollout.dispatch=dynamic: a rollout rank claims tasks from rollout rank 0
     TASK_REPLY = 25
     STOP_REQUEST = 31  # a rank that got a stop signal tells the trainer leader
+    SERVE_REQUEST = 41  # agentrl serve: rank 0 hands a generation (or the stop) to an engine rank
+    SERVE_REPLY = 42  # an engine rank's result, its stop request or its last word
 
 
 @dataclass(frozen=True)

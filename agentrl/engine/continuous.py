@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -59,6 +60,7 @@ class _Row:
     abort_epoch: int
     stop_ids: frozenset[int] = frozenset()
     generator: torch.Generator | None = None
+    progress: Callable[[list[int], list[float]], None] | None = None  # called on `loop` with each step's tokens
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     version: int | None = None
@@ -81,7 +83,12 @@ class _Admission:
 
 
 class ContinuousTorchEngine(TorchEngine):
-    """Serve a Hugging Face causal LM with continuous batching and KV reuse across turns."""
+    """Serve a Hugging Face causal LM with continuous batching and KV reuse across turns.
+
+    `generate(..., progress=callback)` reports each step's tokens as they are sampled (`agentrl serve` streams
+    them); a request whose awaiting task is cancelled leaves the running batch at the next step."""
+
+    streams_tokens = True
 
     def __init__(
         self,
@@ -106,6 +113,7 @@ class ContinuousTorchEngine(TorchEngine):
         self._inbox: list[_Row] = []
         self._steps_waited = 0  # decode steps the waiting requests have waited to be admitted
         self._outbox: list[tuple[_Row, GenerateOutput | BaseException]] = []
+        self._progress: list[tuple[_Row, int, float]] = []  # this step's tokens for rows with a progress callback
         self._wake = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -139,7 +147,13 @@ class ContinuousTorchEngine(TorchEngine):
 
     # ---- requests (event loop side) ----------------------------------------------------
 
-    async def generate(self, input_ids: list[int] | np.ndarray, sampling: SamplingParams) -> GenerateOutput:
+    async def generate(
+        self,
+        input_ids: list[int] | np.ndarray,
+        sampling: SamplingParams,
+        progress: Callable[[list[int], list[float]], None] | None = None,
+    ) -> GenerateOutput:
+        """`progress(tokens, logprobs)`, if given, is called on this loop with the tokens each step adds."""
         prompt = self._prompt(input_ids)
         if sampling.max_new_tokens <= 0:
             return self._empty_output("length")
@@ -154,6 +168,7 @@ class ContinuousTorchEngine(TorchEngine):
             self._abort_epoch,
             stop_ids=frozenset(sampling.stop_token_ids),
             generator=seeded_generator(sampling.seed, self.device) if sampling.seed is not None else None,
+            progress=progress,
         )
         self._enqueue(row, self._hand_over)
         return await row.future
@@ -308,14 +323,18 @@ class ContinuousTorchEngine(TorchEngine):
             self._join(batch, admitted, admission, logits[0])
 
     def _record_tokens(self, batch, tokens: list[int], logprobs: list[float]) -> tuple[list[bool], list[str]]:
-        """Append each running row's sampled token; which rows finished with it, and why."""
+        """Append each running row's sampled token; which rows finished with it, and why (a row whose caller
+        stopped waiting, its future cancelled, leaves as 'abort')."""
         finished, reasons = [], []
         for row, token, logprob in zip(batch.rows, tokens, logprobs, strict=True):
             row.output.append(token)
             row.logprobs.append(logprob)
+            if row.progress is not None:
+                self._progress.append((row, token, logprob))
             stopped = token in row.stop_ids
-            finished.append(stopped or len(row.output) >= row.sampling.max_new_tokens)
-            reasons.append("stop" if stopped else "length")
+            cancelled = row.future.cancelled()
+            finished.append(stopped or cancelled or len(row.output) >= row.sampling.max_new_tokens)
+            reasons.append("abort" if cancelled else "stop" if stopped else "length")
         self.stats["generated_tokens"] += len(batch.rows)
         return finished, reasons
 
@@ -428,7 +447,19 @@ class ContinuousTorchEngine(TorchEngine):
         self._outbox.append((row, output))
 
     def _send_results(self) -> None:
-        """Resolve the step's finished rows with one callback per event loop, so their callers wake together."""
+        """Report the step's tokens, then resolve its finished rows, with one callback per event loop each, so
+        their callers wake together and see every token before the result."""
+        if self._progress:
+            reports: dict[asyncio.AbstractEventLoop, dict[_Row, tuple[list[int], list[float]]]] = {}
+            for row, token, logprob in self._progress:
+                tokens, logprobs = reports.setdefault(row.loop, {}).setdefault(row, ([], []))
+                tokens.append(token)
+                logprobs.append(logprob)
+            self._progress = []
+            for loop, rows in reports.items():
+                calls = [(row.progress, tokens, logprobs) for row, (tokens, logprobs) in rows.items()]
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_report_all, calls)
         by_loop: dict[asyncio.AbstractEventLoop, list] = {}
         for row, result in self._outbox:
             by_loop.setdefault(row.loop, []).append((row.future, result))
@@ -436,6 +467,11 @@ class ContinuousTorchEngine(TorchEngine):
         for loop, results in by_loop.items():
             with contextlib.suppress(RuntimeError):  # a closed loop: nobody waits for these rows
                 loop.call_soon_threadsafe(_resolve_all, results)
+
+
+def _report_all(calls: list[tuple[Callable, list[int], list[float]]]) -> None:
+    for progress, tokens, logprobs in calls:
+        progress(tokens, logprobs)
 
 
 def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseException]]) -> None:

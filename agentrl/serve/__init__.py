@@ -1,0 +1,12 @@
+"""`agentrl serve`: an OpenAI-compatible HTTP server over agentrl's engines.
+
+- `protocol`: the request and response models and the OpenAI error shape;
+- `render`: messages and tools -> the exact prompt token ids; generated ids -> a message with tool calls;
+- `generation`: one engine on this process, with stop strings and streamed tokens (`LocalBackend`);
+- `completions`: one call (render, generate, respond) and the record of its tokens for an `on_call` hook;
+- `app`: the FastAPI routes (`openai_router`, `build_app`); `ranks`: requests spread over MPI ranks;
+- `command`: the `agentrl serve` entry point.
+
+Nothing here knows about sessions or imports the agent loop: the training gateway mounts `openai_router`
+under its own prefix and passes an `on_call` hook per request.
+"""

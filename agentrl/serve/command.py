@@ -1,0 +1,229 @@
+"""`agentrl serve MODEL [options] [engine key=value ...]`: load a model or a run's checkpoint and serve it over HTTP.
+
+World size 1 serves from this process. Under `mpirun -n N` every rank loads the model; rank 0 runs the HTTP
+front and spreads the generations over all N engines (`ranks`). Ctrl-C or SIGTERM (to one rank or to mpirun)
+stops the server, lets the calls in flight end, and stops every rank; an error on any rank aborts the job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentrl.errors import UserError
+
+DEFAULT_ENGINE = {"backend": "torch", "scheduler": "continuous"}
+GRACEFUL_SHUTDOWN_S = 10.0
+
+
+@dataclass(frozen=True)
+class Served:
+    """What rank 0 decided to serve: the model folder, its training step (the weight version) and name."""
+
+    path: str
+    step: int
+    name: str
+    note: str | None = None
+
+
+def resolve_model(given: str, name: str | None) -> Served:
+    """A run's checkpoint folder, a run folder (its newest checkpoint) or a Hugging Face model folder."""
+    from agentrl.evaluation.command import STEP_NAME, check_model_folder, newest_checkpoint
+
+    path, note = Path(given), None
+    if not path.is_dir():
+        raise UserError(
+            f"agentrl serve {given}: no such folder; pass a run's checkpoint folder (RUN_DIR/checkpoints/step_NNNNNN), "
+            "a run folder (its newest checkpoint) or a Hugging Face model folder"
+        )
+    if (path / "checkpoints").is_dir() and not (path / "config.json").is_file():
+        path, note = newest_checkpoint(path)
+    check_model_folder(path, given)
+    match = STEP_NAME.match(path.name)
+    step = int(match.group(1)) if match and path.parent.name == "checkpoints" else 0
+    default_name = f"{path.parent.parent.name}-step{step}" if step else path.resolve().name
+    return Served(str(path), step, name or default_name, note)
+
+
+def engine_section(options: list[str]):
+    """The engine's config section from `key=value` options (rollout.engine's fields), checked."""
+    from pydantic import TypeAdapter, ValidationError
+
+    from agentrl.config.base import ConfigError, format_validation_error
+    from agentrl.config.load import parse_override
+    from agentrl.config.schema import EngineConfig
+
+    values = dict(DEFAULT_ENGINE)
+    for option in options:
+        if "=" not in option:
+            raise UserError(f"engine option {option!r} is not key=value; e.g. scheduler=batch max_batch_size=64")
+        path, value = parse_override(option)
+        values[".".join(path).removeprefix("rollout.engine.")] = value
+    if values.get("backend") == "sglang":
+        values = {key: value for key, value in values.items() if key not in DEFAULT_ENGINE or key == "backend"}
+    try:
+        return TypeAdapter(EngineConfig).validate_python(values)
+    except ValidationError as error:
+        raise ConfigError(format_validation_error(error, "agentrl serve's engine options")) from None
+
+
+class _StopSignals:
+    """The first SIGINT/SIGTERM asks for a stop; a second SIGINT stops at once (KeyboardInterrupt)."""
+
+    def __init__(self):
+        self.received: list[int] = []
+        self.on_first = None
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, self._flag)
+
+    def _flag(self, signum, frame) -> None:
+        if signum == signal.SIGINT and signal.SIGINT in self.received:
+            raise KeyboardInterrupt
+        self.received.append(signum)
+        if self.on_first is not None and len(self.received) == 1:
+            self.on_first()
+
+    def reason(self) -> str | None:
+        return signal.Signals(self.received[0]).name if self.received else None
+
+
+def main(args) -> int:
+    """`agentrl serve`: errors found before serving raise on every rank (the CLI prints them once)."""
+    from mpi4py import MPI
+
+    from agentrl import transport
+    from agentrl.transport import Failed, run_entry_point
+
+    world = MPI.COMM_WORLD
+    section = engine_section(args.overrides)
+    served = transport.agree_on_root(world, lambda: resolve_model(args.model, args.model_name))
+    if served.note and world.Get_rank() == 0:
+        print(f"agentrl: {served.note}", flush=True)
+    stops = _StopSignals()
+    try:
+        run_entry_point(lambda: _serve(args, world, section, served, stops))
+    except Failed as failure:
+        return failure.exit_code
+    return 0
+
+
+def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
+    from transformers.utils import logging as hf_logging
+
+    from agentrl import transport
+    from agentrl.serve.generation import LocalBackend
+    from agentrl.trainer.model import load_tokenizer
+
+    hf_logging.disable_progress_bar()
+    rank, size = world.Get_rank(), world.Get_size()
+    tokenizer = load_tokenizer(served.path)
+    engine, max_positions = _engine(args, section, served, rank)
+    max_model_len = args.max_model_len or max_positions
+    if max_positions and max_model_len > max_positions:
+        raise UserError(
+            f"--max-model-len {max_model_len} is longer than the model's {max_positions} positions; "
+            f"pass --max-model-len {max_positions} or less"
+        )
+    engine.weight_version = served.step
+    local = LocalBackend(engine, tokenizer)
+    loop = engine.event_loop or asyncio.new_event_loop()
+    try:
+        if rank == 0:
+            loop.run_until_complete(_front(args, world, local, tokenizer, served, max_model_len, stops))
+        else:
+            from agentrl.serve.ranks import serve_engine_rank
+
+            loop.run_until_complete(serve_engine_rank(world, local, stops.reason))
+    finally:
+        engine.shutdown()
+    if size > 1:
+        transport.barrier(world)
+
+
+def _engine(args, section, served: Served, rank: int):
+    """This rank's engine and the model's position limit (None where unknown)."""
+    import torch
+
+    if section.backend == "sglang":
+        from transformers import AutoConfig
+
+        from agentrl.engine.sglang import SGLangEngine
+
+        device = f"cuda:{rank % max(torch.cuda.device_count(), 1)}"
+        engine = SGLangEngine(
+            served.path,
+            base_gpu_id=int(device.partition(":")[2]),
+            tp_size=section.tp_size,
+            mem_fraction_static=section.mem_fraction_static,
+            colocate=False,
+            seed=args.seed + rank,
+            dtype=args.dtype,
+            sglang_kwargs=section.kwargs,
+        )
+        return engine, getattr(AutoConfig.from_pretrained(served.path), "max_position_embeddings", None)
+    from agentrl.engine import build_torch_engine
+    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_causal_lm(served.path, args.dtype, device)
+    tokenizer = load_tokenizer(served.path)
+    engine = build_torch_engine(model, section, pad_token_id=tokenizer.pad_token_id, seed=args.seed + rank)
+    return engine, getattr(model.config, "max_position_embeddings", None)
+
+
+async def _front(args, world, local, tokenizer, served: Served, max_model_len: int, stops: _StopSignals) -> None:
+    """Rank 0: the HTTP server, and with several ranks the spread of generations over them."""
+    import uvicorn
+
+    from agentrl.serve.app import build_app
+    from agentrl.serve.completions import Completions
+
+    spread = None
+    backend = local
+    if world.Get_size() > 1:
+        from agentrl.serve.ranks import RankSpread
+
+        spread = RankSpread(world, local, lambda reason: _stop(server, reason))
+        backend = spread
+    completions = Completions(backend, tokenizer, served.name, max_model_len)
+    config = uvicorn.Config(
+        build_app(completions),
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        lifespan="off",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    server = uvicorn.Server(config)
+    stops.on_first = lambda: _stop(server, stops.reason())  # a signal before uvicorn catches its own
+    print(
+        f"agentrl: serving {served.path} as `{served.name}` on http://{args.host}:{args.port}/v1 "
+        f"({world.Get_size()} engine rank(s), max model length {max_model_len})",
+        flush=True,
+    )
+    poller = asyncio.ensure_future(spread.poll()) if spread is not None else None
+    serving = asyncio.ensure_future(server.serve())
+    if poller is not None:
+        done, _ = await asyncio.wait({poller, serving}, return_when=asyncio.FIRST_COMPLETED)
+        if poller in done:
+            poller.result()  # a failure in the MPI poll aborts the job
+    try:
+        await serving
+    except SystemExit:  # uvicorn's answer to a port it cannot bind
+        raise UserError(
+            f"could not listen on {args.host}:{args.port} (uvicorn's error above); pass another --port"
+        ) from None
+    if spread is not None:
+        await spread.close()
+        await poller
+    print("agentrl: server stopped", flush=True)
+
+
+def _stop(server, reason: str | None) -> None:
+    if not server.should_exit:
+        sys.stderr.write(f"agentrl: {reason or 'a stop'}: stopping the server after the calls in flight\n")
+        sys.stderr.flush()
+    server.should_exit = True

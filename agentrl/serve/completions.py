@@ -1,0 +1,404 @@
+"""One OpenAI call: check it, render the prompt ids, generate, build the response (or its SSE stream), and hand
+the call's exact tokens to an `on_call` hook.
+
+`Completions.chat(payload, on_call)` and `Completions.complete(payload, on_call)` take the decoded JSON body and
+return the response dict, or, for `stream: true`, an async iterator of SSE lines. For every choice that finishes,
+`on_call(CallRecord)` (sync or async) runs before the client sees that choice's end: the training gateway keeps
+the prompt ids the server rendered, the generated ids, their logprobs and the weight version from it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+from agentrl.engine.base import GenerateOutput, SamplingParams
+from agentrl.serve.generation import Generation
+from agentrl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse, usage
+from agentrl.serve.render import ChatRenderer, cut_at_stop, reply_message, streamable_prefix
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One generated choice, exactly as the engine saw and made it."""
+
+    endpoint: str  # "chat.completions" or "completions"
+    request_id: str
+    index: int  # the choice's index in the response
+    prompt_ids: list[int]
+    output_ids: list[int]  # every generated token, the end-of-turn token included
+    logprobs: list[float]  # one per output id, of softmax(logits / temperature)
+    weight_version: int
+    finish_reason: str  # the engine's: stop (eos or a stop string), length or abort
+    request: ChatCompletionRequest | CompletionRequest
+
+
+OnCall = Callable[[CallRecord], Awaitable[None] | None]
+
+
+@dataclass
+class _Run:
+    """One choice to generate: its index, prompt and sampling."""
+
+    index: int
+    generation: Generation
+    prompt_text: str = ""
+
+
+class Completions:
+    """The OpenAI endpoints over a backend (`generation.LocalBackend` or `ranks.RankSpread`)."""
+
+    def __init__(self, backend, tokenizer, model_name: str, max_model_len: int, on_call: OnCall | None = None):
+        self.backend = backend
+        self.renderer = ChatRenderer(tokenizer)
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_model_len = int(max_model_len)
+        self.on_call = on_call
+        self.created = int(time.time())
+
+    def models(self) -> dict:
+        return {"object": "list", "data": [self.model_card()]}
+
+    def model_card(self) -> dict:
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "agentrl",
+            "max_model_len": self.max_model_len,
+        }
+
+    # ---- chat ------------------------------------------------------------------------------------------
+
+    async def chat(self, payload: object, on_call: OnCall | None = None) -> dict | AsyncIterator[str]:
+        request = parse(ChatCompletionRequest, payload)
+        self._check(request)
+        with_tools = bool(request.tools) and request.tool_choice != "none"
+        prompt_ids = self.renderer.prompt_ids(request.messages, request.tools if with_tools else None)
+        runs = self._runs(request, [(prompt_ids, "")], "messages")
+        call = _Call("chat.completions", request, self, on_call or self.on_call)
+        if request.stream:
+            return call.stream(runs, with_tools)
+        outputs = await call.generate_all(runs)
+        choices = [call.chat_choice(run, output, with_tools) for run, output in zip(runs, outputs, strict=True)]
+        await call.record_all(runs, outputs)
+        return call.response("chat.completion", choices, runs, outputs)
+
+    # ---- completions -----------------------------------------------------------------------------------
+
+    async def complete(self, payload: object, on_call: OnCall | None = None) -> dict | AsyncIterator[str]:
+        request = parse(CompletionRequest, payload)
+        self._check(request)
+        if request.echo and request.logprobs is not None:
+            raise APIError("echo with logprobs is not supported (prompt logprobs are not computed)", param="echo")
+        prompts = self._prompts(request.prompt)
+        runs = self._runs(request, prompts, "prompt")
+        call = _Call("completions", request, self, on_call or self.on_call)
+        if request.stream:
+            return call.stream(runs, False)
+        outputs = await call.generate_all(runs)
+        choices = [call.text_choice(run, output) for run, output in zip(runs, outputs, strict=True)]
+        await call.record_all(runs, outputs)
+        return call.response("text_completion", choices, runs, outputs)
+
+    def _prompts(self, prompt) -> list[tuple[list[int], str]]:
+        if isinstance(prompt, str) or (prompt and all(isinstance(token, int) for token in prompt)):
+            prompt = [prompt]
+        if not prompt:
+            raise APIError("prompt is empty; send a string, a list of token ids, or a list of either", param="prompt")
+        vocab = len(self.tokenizer)
+        prompts = []
+        for item in prompt:
+            if isinstance(item, str):
+                ids = self.tokenizer(item, add_special_tokens=True)["input_ids"]
+                prompts.append((ids, item))
+                continue
+            bad = [token for token in item if not 0 <= token < vocab]
+            if bad:
+                raise APIError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="prompt")
+            prompts.append((list(item), self.renderer.text(item)))
+        if any(not ids for ids, _ in prompts):
+            raise APIError("a prompt renders to no tokens; send some text", param="prompt")
+        return prompts
+
+    # ---- shared ----------------------------------------------------------------------------------------
+
+    def _check(self, request) -> None:
+        if request.model != self.model_name:
+            raise APIError(
+                f"The model `{request.model}` does not exist; this server serves `{self.model_name}` (GET /v1/models)",
+                status=404,
+                param="model",
+                code="model_not_found",
+            )
+        unsupported = request.unsupported()
+        if unsupported:
+            raise APIError(
+                f"{', '.join(unsupported)} is not supported by agentrl serve; leave it unset",
+                param=unsupported[0],
+                code="unsupported_parameter",
+            )
+
+    def _runs(self, request, prompts: list[tuple[list[int], str]], what: str) -> list[_Run]:
+        limit = request.token_limit()
+        runs = []
+        for p, (ids, text) in enumerate(prompts):
+            new_tokens = limit if limit is not None else self.max_model_len - len(ids)
+            if len(ids) >= self.max_model_len or len(ids) + new_tokens > self.max_model_len:
+                raise APIError(
+                    f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                    f"{len(ids) + new_tokens} tokens ({len(ids)} in the {what}, {new_tokens} for the completion). "
+                    f"Shorten the {what} or lower max_tokens.",
+                    param=what,
+                    code="context_length_exceeded",
+                )
+            for j in range(request.n):
+                sampling = SamplingParams(
+                    max_new_tokens=new_tokens,
+                    temperature=1.0 if request.temperature is None else request.temperature,
+                    top_p=1.0 if request.top_p is None else request.top_p,
+                    stop_token_ids=self.renderer.stop_ids,
+                    seed=None if request.seed is None else request.seed + j,
+                )
+                runs.append(_Run(p * request.n + j, Generation(ids, sampling, request.stop_strings()), text))
+        return runs
+
+
+class _Call:
+    """One request's generation and response building."""
+
+    def __init__(self, endpoint: str, request, completions: Completions, on_call: OnCall | None):
+        self.endpoint = endpoint
+        self.request = request
+        self.server = completions
+        self.on_call = on_call
+        self.id = f"{'chatcmpl' if endpoint == 'chat.completions' else 'cmpl'}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+
+    async def generate_all(self, runs: list[_Run]) -> list[GenerateOutput]:
+        return await asyncio.gather(*(self.server.backend.generate(run.generation) for run in runs))
+
+    async def record(self, run: _Run, output: GenerateOutput) -> None:
+        if self.on_call is None:
+            return
+        record = CallRecord(
+            self.endpoint,
+            self.id,
+            run.index,
+            list(run.generation.prompt_ids),
+            output.output_ids.tolist(),
+            output.logprobs.tolist(),
+            int(output.weight_version),
+            output.finish_reason,
+            self.request,
+        )
+        result = self.on_call(record)
+        if inspect.isawaitable(result):
+            await result
+
+    async def record_all(self, runs: list[_Run], outputs: list[GenerateOutput]) -> None:
+        for run, output in zip(runs, outputs, strict=True):
+            await self.record(run, output)
+
+    # ---- one choice ------------------------------------------------------------------------------------
+
+    def _text(self, run: _Run, output: GenerateOutput) -> tuple[str, bool, list[int]]:
+        """The reply's text, whether a stop string cut it, and the ids it shows (no end-of-turn token)."""
+        ids = output.output_ids.tolist()
+        if ids and output.finish_reason == "stop" and ids[-1] in run.generation.sampling.stop_token_ids:
+            ids = ids[:-1]
+        text, cut = cut_at_stop(self.server.renderer.text(ids), run.generation.stop)
+        if cut:
+            ids = ids[: _tokens_covering(self.server.renderer, ids, len(text))]
+        return text, cut, ids
+
+    def _finish_reason(self, output: GenerateOutput, cut: bool) -> str:
+        return "stop" if cut else output.finish_reason
+
+    def chat_choice(self, run: _Run, output: GenerateOutput, with_tools: bool) -> dict:
+        text, cut, ids = self._text(run, output)
+        message, calls = reply_message(text, with_tools)
+        return {
+            "index": run.index,
+            "message": message,
+            "logprobs": self._chat_logprobs(ids, output) if self.request.logprobs else None,
+            "finish_reason": "tool_calls" if calls else self._finish_reason(output, cut),
+        }
+
+    def text_choice(self, run: _Run, output: GenerateOutput) -> dict:
+        text, cut, ids = self._text(run, output)
+        return {
+            "index": run.index,
+            "text": run.prompt_text + text if self.request.echo else text,
+            "logprobs": self._text_logprobs(ids, output) if self.request.logprobs is not None else None,
+            "finish_reason": self._finish_reason(output, cut),
+        }
+
+    def _chat_logprobs(self, ids: list[int], output: GenerateOutput) -> dict:
+        top = bool(self.request.top_logprobs)
+        entries = []
+        for token_id, logprob in zip(ids, output.logprobs.tolist(), strict=False):
+            token = self.server.renderer.text([token_id])
+            entry = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+            entries.append({**entry, "top_logprobs": [entry] if top else []})
+        return {"content": entries}
+
+    def _text_logprobs(self, ids: list[int], output: GenerateOutput) -> dict:
+        tokens = [self.server.renderer.text([token_id]) for token_id in ids]
+        logprobs = output.logprobs.tolist()[: len(ids)]
+        offsets, at = [], 0
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        top = [{token: lp} for token, lp in zip(tokens, logprobs, strict=True)] if self.request.logprobs else None
+        return {"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def response(self, kind: str, choices: list[dict], runs: list[_Run], outputs: list[GenerateOutput]) -> dict:
+        return {
+            "id": self.id,
+            "object": kind,
+            "created": self.created,
+            "model": self.server.model_name,
+            "choices": choices,
+            "usage": self._usage(runs, outputs),
+            "system_fingerprint": None,
+        }
+
+    def _usage(self, runs: list[_Run], outputs: list[GenerateOutput]) -> dict:
+        prompts = {id(run.generation.prompt_ids): len(run.generation.prompt_ids) for run in runs}
+        return usage(sum(prompts.values()), sum(len(output.output_ids) for output in outputs))
+
+    # ---- streaming ---------------------------------------------------------------------------------------
+
+    async def stream(self, runs: list[_Run], with_tools: bool) -> AsyncIterator[str]:
+        """SSE lines: each choice's text as it is generated (held back only where a stop string or a tool call
+        may be starting), then its finish, the usage if asked, and `data: [DONE]`."""
+        events: asyncio.Queue = asyncio.Queue()
+        chat = self.endpoint == "chat.completions"
+        tasks = [asyncio.ensure_future(self._stream_one(run, events)) for run in runs]
+        sent = {run.index: "" for run in runs}
+        ids: dict[int, list[int]] = {run.index: [] for run in runs}
+        outputs: dict[int, GenerateOutput] = {}
+        try:
+            if chat:
+                for run in runs:
+                    yield self._chunk([{"index": run.index, "delta": {"role": "assistant", "content": ""}}])
+            while len(outputs) < len(runs):
+                run, kind, value = await events.get()
+                if kind == "error":
+                    yield _sse({"error": _error_body(value)})
+                    break
+                if kind == "tokens":
+                    tokens, logprobs = value
+                    ids[run.index] += tokens
+                    text = streamable_prefix(
+                        self.server.renderer.text(ids[run.index]), run.generation.stop, with_tools, final=False
+                    )
+                    piece = text[len(sent[run.index]) :] if text.startswith(sent[run.index]) else ""
+                    visible = [
+                        (t, lp)
+                        for t, lp in zip(tokens, logprobs, strict=True)
+                        if t not in run.generation.sampling.stop_token_ids
+                    ]
+                    if piece or (self.request.logprobs and visible):
+                        sent[run.index] += piece
+                        yield self._chunk([self._delta(run, piece, visible, chat)])
+                    continue
+                outputs[run.index] = value
+                await self.record(run, value)
+                yield self._chunk([self._final_delta(run, value, sent[run.index], with_tools, chat)])
+            else:
+                if self.request.stream_options is not None and self.request.stream_options.include_usage:
+                    ordered = [outputs[run.index] for run in runs]
+                    yield self._chunk([], usage=self._usage(runs, ordered))
+            yield "data: [DONE]\n\n"
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _stream_one(self, run: _Run, events: asyncio.Queue) -> None:
+        try:
+            output = await self.server.backend.generate(
+                run.generation, lambda tokens, logprobs: events.put_nowait((run, "tokens", (tokens, logprobs)))
+            )
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            events.put_nowait((run, "error", error))
+            return
+        events.put_nowait((run, "done", output))
+
+    def _delta(self, run: _Run, piece: str, visible: list[tuple[int, float]], chat: bool) -> dict:
+        entries = None
+        if self.request.logprobs:
+            tokens = [(self.server.renderer.text([t]), lp) for t, lp in visible]
+            if chat:
+                entries = {"content": [self._chat_entry(token, lp) for token, lp in tokens]}
+            else:
+                entries = {
+                    "tokens": [token for token, _ in tokens],
+                    "token_logprobs": [lp for _, lp in tokens],
+                    "top_logprobs": [{token: lp} for token, lp in tokens],
+                    "text_offset": [],
+                }
+        if chat:
+            return {"index": run.index, "delta": {"content": piece}, "logprobs": entries, "finish_reason": None}
+        return {"index": run.index, "text": piece, "logprobs": entries, "finish_reason": None}
+
+    def _chat_entry(self, token: str, logprob: float) -> dict:
+        entry = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+        return {**entry, "top_logprobs": [entry] if self.request.top_logprobs else []}
+
+    def _final_delta(self, run: _Run, output: GenerateOutput, sent: str, with_tools: bool, chat: bool) -> dict:
+        text, cut, _ = self._text(run, output)
+        if not chat:
+            rest = text[len(sent) :] if text.startswith(sent) else ""
+            return {
+                "index": run.index,
+                "text": rest,
+                "logprobs": None,
+                "finish_reason": self._finish_reason(output, cut),
+            }
+        message, calls = reply_message(text, with_tools)
+        content = message["content"] or ""
+        delta: dict = {"content": content[len(sent) :]} if content.startswith(sent) and len(content) > len(sent) else {}
+        if calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
+        reason = "tool_calls" if calls else self._finish_reason(output, cut)
+        return {"index": run.index, "delta": delta, "logprobs": None, "finish_reason": reason}
+
+    def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
+        chunk = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.endpoint == "chat.completions" else "text_completion",
+            "created": self.created,
+            "model": self.server.model_name,
+            "choices": choices,
+        }
+        if usage is not None:
+            chunk["usage"] = usage
+        return _sse(chunk)
+
+
+def _sse(payload: dict) -> str:
+    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
+
+
+def _error_body(error: BaseException) -> dict:
+    if isinstance(error, APIError):
+        return error.body()["error"]
+    return {"message": f"generation failed: {error!r}", "type": "server_error", "param": None, "code": None}
+
+
+def _tokens_covering(renderer: ChatRenderer, ids: list[int], chars: int) -> int:
+    """The fewest leading ids whose text reaches `chars` characters (the ids a cut text still shows)."""
+    for count in range(len(ids) + 1):
+        if len(renderer.text(ids[:count])) >= chars:
+            return count
+    return len(ids)
