@@ -71,4 +71,6 @@ def suggest(trial, spec: SweepSpec) -> dict[str, Any]:
         else:
             low, high = dim.int_range
             params[key] = trial.suggest_int(key, low, high, log=dim.log, step=int(dim.step or 1))
+    if spec.method == "grid":  # the seed is one of the grid's dimensions (random and TPE queue a point's seeds)
+        params["seed"] = trial.suggest_categorical("seed", list(spec.seeds))
     return params

@@ -133,7 +133,7 @@ def write_plot(sweep: Sweep, table: list[dict], path: Path) -> Path:
     keys = list(sweep.spec.space)
     finals = [row["objective"] for row in table if row["objective"] is not None]
     low, high = (min(finals), max(finals)) if finals else (0.0, 1.0)
-    norm = matplotlib.colors.Normalize(vmin=low, vmax=high if high > low else low + 1e-9)
+    norm = matplotlib.colors.Normalize(vmin=low, vmax=high if high > low else low + 1.0)
     cmap = matplotlib.colormaps["viridis"]
     fig, axes = plt.subplots(1, 1 + len(keys), figsize=(5 * (1 + len(keys)), 4), squeeze=False)
     curves = axes[0][0]

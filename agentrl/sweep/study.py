@@ -29,6 +29,17 @@ STALE_S = 60.0  # a runner on another host whose heartbeat is older than this is
 MAX_ATTEMPTS = 3  # starts of one trial (the first and two resumes) before it is marked failed
 
 
+def _ask_tell_grid(optuna):
+    class AskTellGridSampler(optuna.samplers.GridSampler):
+        """GridSampler without its `study.stop()` after the last point, which only `study.optimize` allows; the
+        sweep's budget (the grid's size) ends it instead."""
+
+        def after_trial(self, study, trial, state, values) -> None:
+            return None
+
+    return AskTellGridSampler
+
+
 @dataclass
 class Claim:
     """One trial this runner now owns: its Optuna trial, values, seed, and whether it continues a dead start."""
@@ -77,7 +88,7 @@ class Sweep:
         spec = self.spec
         seed = spec.sampler_seed + 7919 * sampler_salt
         if spec.method == "grid":
-            sampler = optuna.samplers.GridSampler(spec.grid_space(), seed=spec.sampler_seed)
+            sampler = _ask_tell_grid(optuna)(spec.grid_space(), seed=spec.sampler_seed)
         elif spec.method == "random":
             sampler = optuna.samplers.RandomSampler(seed=seed)
         else:
