@@ -50,9 +50,17 @@ def run_local(sweep: Sweep) -> int:
     shown = ""
     try:
         while True:
+            for slot, run in list(running.items()):
+                state = run.poll()
+                if state is not None:
+                    print(f"agentrl sweep: trial {run.claim.number} {state}", flush=True)
+                    del running[slot]
+                    free.append(slot)
+            exhausted = False
             while free and not stop_requested:
                 claim = sweep.claim_next(study)
                 if claim is None:
+                    exhausted = True
                     break
                 slot = free.pop(0)
                 run = TrialRun(sweep, study, claim, slots[slot])
@@ -64,17 +72,11 @@ def run_local(sweep: Sweep) -> int:
                     f"on cores {slots[slot]}",
                     flush=True,
                 )
-            for slot, run in list(running.items()):
-                state = run.poll()
-                if state is not None:
-                    print(f"agentrl sweep: trial {run.claim.number} {state}", flush=True)
-                    del running[slot]
-                    free.append(slot)
             line = progress_line(sweep, study)
             if line != shown:
                 print(f"agentrl sweep: {line}", flush=True)
                 shown = line
-            if not running and (stop_requested or not sweep.waiting_to_resume(study)):
+            if not running and (stop_requested or (exhausted and not sweep.waiting_to_resume(study))):
                 break
             time.sleep(POLL_S)
     finally:

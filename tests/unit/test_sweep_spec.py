@@ -10,11 +10,11 @@ import yaml
 
 pytest.importorskip("optuna")
 
-from agentrl.config import load_config  # noqa: E402
-from agentrl.sweep.space import check_space  # noqa: E402
-from agentrl.sweep.spec import SpecError, load_spec, parse_spec  # noqa: E402
-from agentrl.sweep.study import Sweep  # noqa: E402
-from tests.conftest import ROOT  # noqa: E402
+from agentrl.config import load_config
+from agentrl.sweep.space import check_space
+from agentrl.sweep.spec import SpecError, load_spec, parse_spec
+from agentrl.sweep.study import Sweep
+from tests.conftest import ROOT
 
 BASE = str(ROOT / "launch" / "configs" / "quickstart.yaml")
 
@@ -65,7 +65,10 @@ def test_grid_runs_every_point_on_every_seed_and_each_trial_config_loads(tmp_pat
         method="grid",
         trials=None,
         seeds=[0, 1],
-        space={"optimizer.lr": {"float": [1e-4, 1e-2], "log": True, "grid": 3}, "rollout.group_size": {"choice": [2, 4]}},
+        space={
+            "optimizer.lr": {"float": [1e-4, 1e-2], "log": True, "grid": 3},
+            "rollout.group_size": {"choice": [2, 4]},
+        },
     )
     spec = parse_spec(data, "test.yaml")
     assert spec.grid_space()["optimizer.lr"] == [1e-4, 1e-3, 1e-2]
@@ -104,7 +107,9 @@ def test_random_draws_inside_the_ranges_and_replays_each_point_on_every_seed(tmp
     lrs = [c.params["optimizer.lr"] for c in claims[::2]]
     assert all(1e-4 <= lr <= 1e-2 for lr in lrs) and len(set(lrs)) == 4
     assert all(c.params["rollout.temperature"] in (0.5, 0.75, 1.0) for c in claims)
-    assert all(isinstance(c.params["rollout.group_size"], int) and 2 <= c.params["rollout.group_size"] <= 8 for c in claims)
+    assert all(
+        isinstance(c.params["rollout.group_size"], int) and 2 <= c.params["rollout.group_size"] <= 8 for c in claims
+    )
     assert max(math.log10(lr) for lr in lrs) - min(math.log10(lr) for lr in lrs) > 0.3  # spread, not one value
 
 
