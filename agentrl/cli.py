@@ -1,5 +1,5 @@
-"""The `agentrl` command: train | eval | serve | sft | episodes-to-sft | supervise | layout | envs | algorithms |
-check-env | config-doc."""
+"""The `agentrl` command: train | eval | serve | sft | episodes-to-sft | supervise | sweep | layout | envs |
+algorithms | check-env | config-doc."""
 
 from __future__ import annotations
 
@@ -79,6 +79,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-restarts", type=int, default=3, help="restarts after a crash before giving up (default 3)")
     p.add_argument("--backoff-s", type=float, default=3.0, help="wait before the first restart; doubles each time")
     p.add_argument("launch", nargs=argparse.REMAINDER, help="-- then the launch command")
+
+    p = sub.add_parser(
+        "sweep",
+        help="hyperparameter sweep: trials as run folders, Optuna grid/random/TPE, pruning, local or SLURM",
+        description="agentrl sweep SPEC [--resume] [--slurm] | agentrl sweep status SWEEP_DIR (docs/sweeps.md)",
+    )
+    p.add_argument("target", help="the sweep spec YAML (e.g. launch/sweeps/quickstart_lr.yaml), or `status`")
+    p.add_argument("path", nargs="?", help="with status: the sweep folder (the spec's sweep_dir)")
+    p.add_argument("--resume", action="store_true", help="continue the sweep in the spec's sweep_dir")
+    p.add_argument("--slurm", action="store_true", help="submit it as a SLURM job array (slurm/sweep.sh)")
+    p.add_argument("--sbatch", help="with --slurm: more sbatch options, e.g. '--time=02:00:00 --cpus-per-task=4'")
 
     p = sub.add_parser("layout", help="print which rank does what, without training")
     p.add_argument("config")
@@ -224,6 +235,12 @@ def cmd_supervise(args) -> int:
     return supervise(command, args.max_restarts, args.backoff_s)
 
 
+def cmd_sweep(args) -> int:
+    from agentrl.sweep.command import main as sweep
+
+    return sweep(args)
+
+
 def cmd_layout(args) -> int:
     from agentrl.config import load_config
     from agentrl.layout import engine_gpus, format_plan, plan, simulated_ranks_per_node
@@ -309,6 +326,7 @@ COMMANDS = {
     "sft": cmd_sft,
     "episodes-to-sft": cmd_episodes_to_sft,
     "supervise": cmd_supervise,
+    "sweep": cmd_sweep,
     "layout": cmd_layout,
     "envs": cmd_envs,
     "algorithms": cmd_algorithms,

@@ -125,6 +125,7 @@ class RunEvaluation:
         report = summarize(self.config, step, messages, self.config.model.path, wall)
         report["weight_version"] = step
         self.logger.log_scalars(step, scalars(report))
+        self.logger.flush()  # scalars on disk before the report appears: `agentrl sweep` reads them then
         write_json(run_dir / EVAL_DIR / REPORT_FILE.format(step=step), report)
         if self.config.eval.dump_episodes:
             write_step(run_dir / EVAL_DIR, step, [r for m in messages for r in m["episodes"]])

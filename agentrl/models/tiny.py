@@ -88,5 +88,10 @@ def build_tiny_model(
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    os.replace(tmp, out_dir)
+    try:
+        os.replace(tmp, out_dir)
+    except OSError:
+        if not (out_dir / "config.json").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)  # a concurrent run (a sweep's other trial) built it first
     return out_dir

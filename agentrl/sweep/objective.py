@@ -1,0 +1,65 @@
+"""A trial's score: the objective's TensorBoard scalar read from its run folder (tb/), reduced to one number."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.sweep.spec import Objective
+
+TB_DIR = "tb"
+STEP_TAG = "run/restarts"  # agentrl.logging.RunLogger logs it at every training step
+
+
+def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of `tag` in the run's TensorBoard events, by step; a resumed run's redone steps counted once."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    folder = Path(run_dir) / TB_DIR
+    if not folder.is_dir():
+        return []
+    events = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
+    events.Reload()
+    if tag not in events.Tags()[SCALARS]:
+        return []
+    by_step = {event.step: event.value for event in events.Scalars(tag)}  # a later file's value wins
+    return sorted(by_step.items())
+
+
+def reduce(points: list[tuple[int, float]], objective: Objective, total_steps: int) -> float | None:
+    """The objective from the points logged so far; mean_last averages the last `fraction` of `total_steps` that
+    ends at the newest point (so a value reported mid-run is comparable between trials at the same step)."""
+    if not points:
+        return None
+    values = [value for _, value in points]
+    if objective.reduce == "last":
+        return values[-1]
+    if objective.reduce == "max":
+        return max(values)
+    if objective.reduce == "min":
+        return min(values)
+    newest = points[-1][0]
+    window = max(1, round(objective.fraction * total_steps))
+    recent = [value for step, value in points if step > newest - window]
+    return sum(recent) / len(recent)
+
+
+def score(run_dir: str | Path, objective: Objective, total_steps: int, up_to: int | None = None) -> float | None:
+    """The objective of the run in `run_dir`, over its steps <= `up_to` (all when None); None before it is logged."""
+    points = read_scalars(run_dir, objective.scalar)
+    if up_to is not None:
+        points = [(step, value) for step, value in points if step <= up_to]
+    return reduce(points, objective, total_steps)
+
+
+def last_step(run_dir: str | Path) -> int | None:
+    """The last training step the run logged (`run/restarts` goes with every step), 0-based; None before one."""
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    folder = Path(run_dir) / TB_DIR
+    if not folder.is_dir():
+        return None
+    events = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
+    events.Reload()
+    if STEP_TAG not in events.Tags()[SCALARS]:
+        return None
+    return max(event.step for event in events.Scalars(STEP_TAG))

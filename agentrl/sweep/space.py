@@ -1,0 +1,76 @@
+"""The search space: a trial's values drawn through Optuna, and the config they make, checked before any trial runs."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+from agentrl.config.base import ConfigError
+from agentrl.config.load import apply_override, from_dict, parse_yaml
+from agentrl.sweep.spec import SpecError, SweepSpec
+
+
+def base_data(spec: SweepSpec) -> dict:
+    """The base config's YAML with the spec's fixed overrides applied (not validated yet)."""
+    data = parse_yaml(Path(spec.base).read_text(), f"config file {spec.base}") or {}
+    if not isinstance(data, dict):
+        raise SpecError(f"base: {spec.base} must hold a mapping of config sections")
+    for key, value in spec.overrides.items():
+        apply_override(data, key.split("."), value)
+    return data
+
+
+def trial_data(base: dict, params: dict[str, Any], seed: int, run_dir: str | Path) -> dict:
+    """The full config of one trial: the base with its sampled values, seed and run folder."""
+    data = copy.deepcopy(base)
+    for key, value in params.items():
+        apply_override(data, key.split("."), value)
+    data["seed"], data["run_dir"] = seed, str(run_dir)
+    return data
+
+
+def check_space(spec: SweepSpec) -> None:
+    """Validate the base with its overrides, then every choice and both ends of every range, through the config
+    loader: a key the config lacks or a value it refuses fails here, naming the spec field."""
+    base = base_data(spec)
+    probe_dir = Path(spec.sweep_dir) / "trials" / "check"
+    try:
+        from_dict(trial_data(base, {}, spec.seeds[0], probe_dir), source=f"base {spec.base} with overrides")
+    except ConfigError as error:
+        raise SpecError(f"sweep spec: the base config with its overrides is refused:\n{error}") from None
+    for key, dimension in spec.space.items():
+        for value in dimension.edges():
+            try:
+                from_dict(trial_data(base, {key: value}, spec.seeds[0], probe_dir), source=f"space.{key}={value!r}")
+            except ConfigError as error:
+                raise SpecError(
+                    f"sweep spec: space.{key} = {value!r} is refused by the config loader; fix the key (dotted, "
+                    f"as in `agentrl train` overrides) or its values:\n{error}"
+                ) from None
+    if spec.pruner.name != "none":
+        every = from_dict(trial_data(base, {}, spec.seeds[0], probe_dir)).eval.every
+        if every == 0 and "eval.every" not in spec.space:
+            raise SpecError(
+                f"sweep spec: pruner: {spec.pruner.name} judges trials at their evaluations, and the trial config "
+                "has eval.every: 0; set overrides: {eval.every: N} or pruner: {name: none}"
+            )
+
+
+def suggest(trial, spec: SweepSpec) -> dict[str, Any]:
+    """The trial's values, drawn by its study's sampler (fixed when the trial was enqueued or is a grid point)."""
+    params = {}
+    for key, dim in spec.space.items():
+        if spec.method == "grid":
+            params[key] = trial.suggest_categorical(key, dim.grid_values(key))
+        elif dim.choice:
+            params[key] = trial.suggest_categorical(key, dim.choice)
+        elif dim.float_range:
+            low, high = dim.float_range
+            params[key] = trial.suggest_float(key, low, high, log=dim.log, step=dim.step)
+        else:
+            low, high = dim.int_range
+            params[key] = trial.suggest_int(key, low, high, log=dim.log, step=int(dim.step or 1))
+    if spec.method == "grid":  # the seed is one of the grid's dimensions (random and TPE queue a point's seeds)
+        params["seed"] = trial.suggest_categorical("seed", list(spec.seeds))
+    return params

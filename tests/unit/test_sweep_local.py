@@ -1,0 +1,141 @@
+"""Real local sweeps of tiny training runs: 4 trials 2 at a time, pruning with the graceful stop, and a sweep killed
+midway then resumed with no trial lost or run twice."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+pytest.importorskip("optuna")
+pytest.importorskip("matplotlib")
+
+from tests.conftest import ROOT
+from tests.mpi.helpers import scalars
+
+AGENTRL = str(Path(sys.executable).parent / "agentrl")
+
+
+def write_spec(tmp_path: Path, model_dir: Path, **changes) -> Path:
+    data = {
+        "base": str(ROOT / "launch" / "configs" / "quickstart.yaml"),
+        "sweep_dir": str(tmp_path / "sweep"),
+        "overrides": {
+            "model.path": str(model_dir),
+            "steps": 2,
+            "rollout.tasks_per_step": 2,
+            "rollout.group_size": 2,
+            "eval": {"every": 2, "seeds": [1000000, 4]},
+            "checkpoint.every": 0,
+        },
+        "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}, "rollout.temperature": {"choice": [0.8, 1.0]}},
+        "method": "random",
+        "trials": 4,
+        "concurrency": 2,
+    }
+    data.update(changes)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def sweep(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    result = subprocess.run([AGENTRL, "sweep", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    return result
+
+
+def results(sweep_dir: Path) -> list[dict]:
+    with open(sweep_dir / "results.csv") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_local_sweep_runs_every_trial_as_a_run_folder_with_its_values(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, tiny_model_dir)
+    result = sweep(str(spec))
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep_dir = tmp_path / "sweep"
+    rows = results(sweep_dir)
+    assert [row["trial"] for row in rows] == ["0", "1", "2", "3"]
+    assert all(row["state"] == "complete" and row["objective"] != "" and row["steps"] == "2" for row in rows)
+    for row in rows:
+        run_dir = sweep_dir / "trials" / f"{int(row['trial']):04d}"
+        config = yaml.safe_load((run_dir / "config.yaml").read_text())  # what agentrl train resolved and ran
+        assert config["optimizer"]["lr"] == pytest.approx(float(row["optimizer.lr"]))
+        assert config["rollout"]["temperature"] == float(row["rollout.temperature"])
+        assert config["run_dir"] == str(run_dir) and config["runtime"]["torch_threads"] >= 1
+        assert float(row["objective"]) == scalars(run_dir)["eval/success"][-1][1]
+    assert len({row["optimizer.lr"] for row in rows}) == 4
+    assert (sweep_dir / "results.png").stat().st_size > 10_000
+    assert "4/4 done, 0 running, 0 pruned; best eval/success" in result.stdout
+    assert "2 running" in result.stdout  # two at a time
+    status = sweep("status", str(sweep_dir))
+    assert status.returncode == 0 and "trial  seed  optimizer.lr  rollout.temperature  eval/success" in status.stdout
+
+
+def test_a_hopeless_trial_is_pruned_with_the_graceful_stop(tmp_path, tiny_model_dir):
+    """Minimize turns per eval episode: 1 guess allowed takes 1 turn, 3 guesses take more; the second trial is
+    worse than the first at its first evaluation and is stopped there with a checkpoint."""
+    spec = write_spec(
+        tmp_path,
+        tiny_model_dir,
+        space={"env.kwargs.max_guesses": {"choice": [1, 3]}},
+        objective={"scalar": "eval/turns_mean", "direction": "minimize"},
+        pruner={"name": "median", "startup_trials": 1},
+        trials=2,
+        concurrency=1,
+    )
+    data = yaml.safe_load(spec.read_text())
+    data["overrides"].update({"steps": 30, "checkpoint.every": 0})  # time for the stop to land mid-run
+    spec.write_text(yaml.safe_dump(data))
+    from agentrl.sweep.spec import load_spec
+    from agentrl.sweep.study import Sweep
+
+    prepared = Sweep(load_spec(spec))
+    prepared.create_or_check(resume=False)
+    study = prepared.study()
+    study.enqueue_trial({"env.kwargs.max_guesses": 1})
+    study.enqueue_trial({"env.kwargs.max_guesses": 3})
+    result = sweep(str(spec), "--resume")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = results(tmp_path / "sweep")
+    assert [(row["env.kwargs.max_guesses"], row["state"]) for row in rows] == [("1", "complete"), ("3", "pruned")]
+    assert rows[0]["steps"] == "30" and int(rows[1]["steps"]) < 30
+    pruned_dir = tmp_path / "sweep" / "trials" / "0001"
+    assert (pruned_dir / "checkpoints").is_dir()  # the graceful stop checkpointed
+    assert "exit_code" in (tmp_path / "sweep" / "runners" / "0001.json").read_text()
+    assert '"exit_code": 75' in (tmp_path / "sweep" / "runners" / "0001.json").read_text()
+
+
+def test_a_killed_sweep_resumes_without_losing_or_repeating_a_trial(tmp_path, tiny_model_dir):
+    spec = write_spec(tmp_path, tiny_model_dir, trials=3)
+    data = yaml.safe_load(spec.read_text())
+    data["overrides"].update({"steps": 8, "checkpoint.every": 2})
+    spec.write_text(yaml.safe_dump(data))
+    sweep_dir = tmp_path / "sweep"
+    process = subprocess.Popen(
+        [AGENTRL, "sweep", str(spec)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    deadline = time.monotonic() + 120
+    while not list(sweep_dir.glob("trials/*/checkpoints/step_*")):
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read().decode()
+        time.sleep(0.5)
+    os.kill(process.pid, signal.SIGKILL)  # no goodbye: its trials get SIGTERM from the kernel and checkpoint
+    process.wait()
+    result = sweep(str(spec), "--resume")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "resumes (start 2)" in result.stdout
+    rows = results(sweep_dir)
+    assert [row["trial"] for row in rows] == ["0", "1", "2"]
+    assert all(row["state"] == "complete" and row["steps"] == "8" for row in rows)
+    for row in rows:
+        run_dir = sweep_dir / "trials" / f"{int(row['trial']):04d}"
+        assert sorted(step for step, _ in scalars(run_dir)["episode/count"]) == list(range(8))  # each step once
+    resumed = [yaml.safe_load((sweep_dir / "runners" / f"{int(r['trial']):04d}.json").read_text()) for r in rows]
+    assert any(record["attempt"] == 2 for record in resumed)

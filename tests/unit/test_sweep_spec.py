@@ -1,0 +1,125 @@
+"""The sweep spec and its space: errors that name the field and the fix, values drawn through a real Optuna study
+(grid points times seeds, seed replicas, ranges), and trial configs the config loader accepts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+pytest.importorskip("optuna")
+
+from agentrl.config import load_config
+from agentrl.sweep.space import check_space
+from agentrl.sweep.spec import SpecError, load_spec, parse_spec
+from agentrl.sweep.study import Sweep
+from tests.conftest import ROOT
+
+BASE = str(ROOT / "launch" / "configs" / "quickstart.yaml")
+
+
+def spec_data(tmp_path, **changes) -> dict:
+    data = {
+        "base": BASE,
+        "sweep_dir": str(tmp_path / "sweep"),
+        "overrides": {"steps": 6, "eval.every": 2},
+        "space": {"optimizer.lr": {"float": [1e-4, 1e-2], "log": True}, "rollout.group_size": {"choice": [2, 4]}},
+        "method": "random",
+        "trials": 4,
+    }
+    data.update(changes)
+    return data
+
+
+def refused(tmp_path, **changes) -> str:
+    with pytest.raises(SpecError) as caught:
+        spec = parse_spec(spec_data(tmp_path, **changes), "test.yaml")
+        check_space(spec)
+    return str(caught.value)
+
+
+def test_spec_errors_name_the_field_and_the_fix(tmp_path):
+    message = refused(tmp_path, space={"optimizer.lr": {"float": [0.0, 1e-2], "log": True}})
+    assert "space.optimizer.lr" in message and "log range needs low > 0" in message
+    message = refused(tmp_path, space={"optimizer.lr": {"choice": [1e-3], "float": [1e-4, 1e-2]}})
+    assert "exactly one of choice" in message
+    assert "seeds: [...]" in refused(tmp_path, space={"seed": {"choice": [0, 1]}})
+    assert "set trials: N" in refused(tmp_path, method="tpe", trials=None)
+    assert "base: nowhere.yaml does not exist" in refused(tmp_path, base="nowhere.yaml")
+    assert "spaec" in refused(tmp_path, spaec={}) and "unknown field" in refused(tmp_path, spaec={})
+
+
+def test_a_bad_space_key_or_value_fails_at_sweep_start_naming_it(tmp_path):
+    message = refused(tmp_path, space={"rollout.group_sise": {"choice": [2, 4]}})
+    assert "space.rollout.group_sise" in message and "group_sise: unknown field" in message
+    message = refused(tmp_path, space={"eval.top_p": {"float": [0.5, 1.5]}})  # top_p <= 1: the high end is refused
+    assert "space.eval.top_p = 1.5" in message and "eval.top_p" in message
+    message = refused(tmp_path, pruner={"name": "median"}, overrides={"eval.every": 0})
+    assert "eval.every: 0" in message and "pruner" in message
+
+
+def test_grid_runs_every_point_on_every_seed_and_each_trial_config_loads(tmp_path):
+    data = spec_data(
+        tmp_path,
+        method="grid",
+        trials=None,
+        seeds=[0, 1],
+        space={
+            "optimizer.lr": {"float": [1e-4, 1e-2], "log": True, "grid": 3},
+            "rollout.group_size": {"choice": [2, 4]},
+        },
+    )
+    spec = parse_spec(data, "test.yaml")
+    assert spec.grid_space()["optimizer.lr"] == [1e-4, 1e-3, 1e-2]
+    assert spec.budget() == 3 * 2 * 2
+    sweep = Sweep(spec)
+    sweep.create_or_check(resume=False)
+    study = sweep.study()
+    claims = []
+    while (claim := sweep.claim_next(study)) is not None:
+        claims.append(claim)
+        study.tell(claim.number, 0.0)
+    points = {(c.params["optimizer.lr"], c.params["rollout.group_size"], c.seed) for c in claims}
+    assert len(claims) == len(points) == 12
+    config = load_config(sweep.config_path(claims[5].number))
+    assert config.seed == claims[5].seed and config.optimizer.lr == claims[5].params["optimizer.lr"]
+    assert config.run_dir == str(sweep.trial_dir(claims[5].number)) and config.steps == 6
+
+
+def test_random_draws_inside_the_ranges_and_replays_each_point_on_every_seed(tmp_path):
+    space = {
+        "optimizer.lr": {"float": [1e-4, 1e-2], "log": True},
+        "rollout.temperature": {"float": [0.5, 1.0], "step": 0.25},
+        "rollout.group_size": {"int": [2, 8]},
+    }
+    spec = parse_spec(spec_data(tmp_path, seeds=[3, 4], trials=8, space=space), "test.yaml")
+    sweep = Sweep(spec)
+    sweep.create_or_check(resume=False)
+    study = sweep.study()
+    claims = []
+    while (claim := sweep.claim_next(study)) is not None:
+        claims.append(claim)
+        study.tell(claim.number, 1.0)
+    assert len(claims) == 8
+    for first, second in zip(claims[::2], claims[1::2], strict=True):  # a new point, then its other seed
+        assert (first.seed, second.seed) == (3, 4) and first.params == second.params
+    lrs = [c.params["optimizer.lr"] for c in claims[::2]]
+    assert all(1e-4 <= lr <= 1e-2 for lr in lrs) and len(set(lrs)) == 4
+    assert all(c.params["rollout.temperature"] in (0.5, 0.75, 1.0) for c in claims)
+    assert all(
+        isinstance(c.params["rollout.group_size"], int) and 2 <= c.params["rollout.group_size"] <= 8 for c in claims
+    )
+    assert max(math.log10(lr) for lr in lrs) - min(math.log10(lr) for lr in lrs) > 0.3  # spread, not one value
+
+
+def test_a_started_sweep_refuses_a_changed_spec_or_a_restart_without_resume(tmp_path):
+    spec_path = tmp_path / "spec.yaml"
+    spec_path.write_text(yaml.safe_dump(spec_data(tmp_path)))
+    Sweep(load_spec(spec_path)).create_or_check(resume=False)
+    with pytest.raises(Exception, match="--resume"):
+        Sweep(load_spec(spec_path)).create_or_check(resume=False)
+    Sweep(load_spec(spec_path)).create_or_check(resume=True)
+    spec_path.write_text(yaml.safe_dump(spec_data(tmp_path, trials=9)))
+    with pytest.raises(Exception, match=r"changed: trials"):
+        Sweep(load_spec(spec_path)).create_or_check(resume=True)
