@@ -163,7 +163,7 @@ class Completions:
                     max_new_tokens=new_tokens,
                     temperature=1.0 if request.temperature is None else request.temperature,
                     top_p=1.0 if request.top_p is None else request.top_p,
-                    stop_token_ids=self.renderer.stop_ids,
+                    stop_token_ids=() if request.ignore_eos else self.renderer.stop_ids,
                     seed=None if request.seed is None else request.seed + j,
                 )
                 runs.append(_Run(p * request.n + j, Generation(ids, sampling, request.stop_strings()), text))

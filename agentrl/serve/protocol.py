@@ -79,6 +79,7 @@ class _Sampling(_Request):
     presence_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
     user: str | None = None
+    ignore_eos: bool = False  # vLLM's extension: generate max_tokens whatever comes (benchmarks)
 
     @field_validator("stop")
     @classmethod

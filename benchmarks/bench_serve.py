@@ -1,0 +1,261 @@
+"""`agentrl serve` under load: requests/s, tokens/s and per-call latency over HTTP, against the same engine called
+in-process and against `model.generate` one request at a time.
+
+    python benchmarks/bench_serve.py                       # 1, 8 and 64 concurrent clients, 20 new tokens each
+    python benchmarks/bench_serve.py --concurrency 1,8,64 --new-tokens 20 --shape 256x4x8
+
+A random Qwen2-shaped model (hidden x layers x heads, built locally with agentrl.models.tiny, no hub) is served by
+`agentrl serve` in a subprocess (continuous scheduler). At each concurrency C, C client coroutines of the async
+`openai` client each send chat completions one after the other (every call: its own short prompt, its own
+seed, exactly max_tokens new tokens (`ignore_eos`), temperature 1); `in-process` runs the same prompt ids and
+sampling through a ContinuousTorchEngine in this process with C coroutines; `generate` runs `model.generate` on
+each prompt in turn.
+`httpx` (concurrency 1) sends the same JSON with a bare httpx client, to tell the openai client's own cost apart.
+
+The HTTP overhead is median(HTTP latency) - median(in-process latency) at concurrency 1, and at the highest
+concurrency the same difference as a share of the HTTP call's median latency.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import string
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "An agent reads the observation and then decides what to do next.",
+    "Guess a number between 1 and 100; the host answers higher or lower.",
+    "12 + 30 = 42, 7 * 8 = 56, 99 - 17 = 82",
+    string.printable,
+]
+MODEL = "bench"
+
+
+def prompts(count: int) -> list[str]:
+    return [f"Task {i}: {TEXTS[i % 4]}" for i in range(count)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def summary(name: str, concurrency: int, latencies: list[float], tokens: int, wall: float) -> dict:
+    latencies = sorted(latencies)
+    return {
+        "way": name,
+        "clients": concurrency,
+        "calls": len(latencies),
+        "req_s": len(latencies) / wall,
+        "tok_s": tokens / wall,
+        "p50_ms": statistics.median(latencies) * 1e3,
+        "p90_ms": latencies[int(0.9 * (len(latencies) - 1))] * 1e3,
+    }
+
+
+async def closed_loop(concurrency: int, calls: int, one_call) -> tuple[list[float], int, float]:
+    """`concurrency` workers share `calls` calls; each call's latency, the tokens made, the wall time."""
+    latencies, made = [], [0]
+    queue = list(range(calls))
+
+    async def worker():
+        while queue:
+            index = queue.pop()
+            started = time.perf_counter()
+            tokens = await one_call(index)  # not `made[0] += await ...`: that reads made[0] before awaiting
+            made[0] += tokens
+            latencies.append(time.perf_counter() - started)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return latencies, made[0], time.perf_counter() - started
+
+
+def over_http(base: str, concurrency: int, calls: int, new_tokens: int) -> dict:
+    import openai
+
+    texts = prompts(calls)
+
+    async def run():
+        client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
+
+        async def one_call(i: int) -> int:
+            response = await client.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": texts[i]}],
+                max_tokens=new_tokens,
+                seed=i,
+                extra_body={"ignore_eos": True},
+            )
+            return response.usage.completion_tokens
+
+        result = await closed_loop(concurrency, calls, one_call)
+        await client.close()
+        return result
+
+    return summary("HTTP (openai client)", concurrency, *asyncio.run(run()))
+
+
+def over_httpx(base: str, calls: int, new_tokens: int) -> dict:
+    import httpx
+
+    texts = prompts(calls)
+
+    async def run():
+        async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+
+            async def one_call(i: int) -> int:
+                body = {"model": MODEL, "messages": [{"role": "user", "content": texts[i]}], "max_tokens": new_tokens}
+                response = await client.post("/v1/chat/completions", json={**body, "seed": i, "ignore_eos": True})
+                return response.json()["usage"]["completion_tokens"]
+
+            return await closed_loop(1, calls, one_call)
+
+    return summary("HTTP (bare httpx)", 1, *asyncio.run(run()))
+
+
+def in_process(engine, renderer, concurrency: int, calls: int, new_tokens: int) -> dict:
+    from agentrl.engine.base import SamplingParams
+    from agentrl.serve.protocol import ChatMessage
+
+    ids = [renderer.prompt_ids([ChatMessage(role="user", content=text)]) for text in prompts(calls)]
+
+    async def one_call(i: int) -> int:
+        sampling = SamplingParams(new_tokens, temperature=1.0, seed=i)
+        return len((await engine.generate(ids[i], sampling)).output_ids)
+
+    return summary("in-process engine", concurrency, *asyncio.run(closed_loop(concurrency, calls, one_call)))
+
+
+def hf_generate(model, renderer, calls: int, new_tokens: int) -> dict:
+    import torch
+
+    from agentrl.serve.protocol import ChatMessage
+
+    ids = [renderer.prompt_ids([ChatMessage(role="user", content=text)]) for text in prompts(calls)]
+    latencies, made = [], 0
+    started = time.perf_counter()
+    for prompt in ids:
+        begin = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(
+                torch.tensor([prompt]),
+                max_new_tokens=new_tokens,
+                do_sample=True,
+                top_k=0,
+                min_new_tokens=new_tokens,
+                pad_token_id=renderer.tokenizer.pad_token_id,
+            )
+        made += out.shape[1] - len(prompt)
+        latencies.append(time.perf_counter() - begin)
+    return summary("model.generate, one at a time", 1, latencies, made, time.perf_counter() - started)
+
+
+def start_server(model_dir: Path, port: int, max_batch_size: int) -> subprocess.Popen:
+    import httpx
+
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "agentrl.cli", "serve", str(model_dir), "--port", str(port)]
+    server = subprocess.Popen([*command, "--model-name", MODEL, f"max_batch_size={max_batch_size}"], env=env, cwd=ROOT)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                return server
+        except httpx.TransportError:
+            time.sleep(0.3)
+    server.kill()
+    raise RuntimeError("agentrl serve did not come up within 180 s")
+
+
+def table(rows: list[dict]) -> str:
+    lines = [
+        "| way | clients | calls | requests/s | tokens/s | latency p50 (ms) | latency p90 (ms) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['way']} | {r['clients']} | {r['calls']} | {r['req_s']:.1f} | {r['tok_s']:.0f} | "
+            f"{r['p50_ms']:.2f} | {r['p90_ms']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="256x4x8", help="hidden x layers x heads of the random Qwen2 model")
+    parser.add_argument("--concurrency", default="1,8,64", help="comma-separated numbers of concurrent clients")
+    parser.add_argument("--new-tokens", type=int, default=20, help="max_tokens of every call")
+    parser.add_argument("--calls-per-client", type=int, default=3, help="calls per client (at least 24 in all)")
+    args = parser.parse_args()
+
+    import torch
+
+    from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.models.tiny import build_tiny_model
+    from agentrl.serve.render import ChatRenderer
+    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    levels = [int(c) for c in args.concurrency.split(",")]
+    hidden, layers, heads = (int(x) for x in args.shape.split("x"))
+    with tempfile.TemporaryDirectory() as tmp:
+        model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
+        model = load_causal_lm(str(model_dir))
+        tokenizer = load_tokenizer(str(model_dir))
+        renderer = ChatRenderer(tokenizer)
+        params = sum(p.numel() for p in model.parameters()) / 1e6
+        print(f"model {args.shape} ({params:.2f}M parameters), {args.new_tokens} new tokens per call", flush=True)
+        port = free_port()
+        server = start_server(model_dir, port, max(levels))
+        base = f"http://127.0.0.1:{port}"
+        rows = []
+        try:
+            over_http(base, 4, 8, args.new_tokens)  # warm-up: first calls, the engine's thread, connections
+            engine = ContinuousTorchEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch_size=max(levels))
+            in_process(engine, renderer, 4, 8, args.new_tokens)
+            for concurrency in levels:
+                calls = max(24, concurrency * args.calls_per_client)
+                rows.append(over_http(base, concurrency, calls, args.new_tokens))
+                rows.append(in_process(engine, renderer, concurrency, calls, args.new_tokens))
+                if concurrency == 1:
+                    rows.append(over_httpx(base, calls, args.new_tokens))
+                print(table(rows[-3 if concurrency == 1 else -2 :]).split("\n", 2)[-1], flush=True)
+            rows.append(hf_generate(model, renderer, 24, args.new_tokens))
+            engine.shutdown()
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    print()
+    print(table(rows))
+    by = {(r["way"], r["clients"]): r for r in rows}
+    http1, local1 = by[("HTTP (openai client)", 1)], by[("in-process engine", 1)]
+    top = max(levels)
+    http_top, local_top = by[("HTTP (openai client)", top)], by[("in-process engine", top)]
+    overhead1 = http1["p50_ms"] - local1["p50_ms"]
+    bare1 = by[("HTTP (bare httpx)", 1)]["p50_ms"] - local1["p50_ms"]
+    share = (http_top["p50_ms"] - local_top["p50_ms"]) / http_top["p50_ms"]
+    print()
+    print(
+        f"HTTP overhead at 1 client: {overhead1:.2f} ms with the openai client, {bare1:.2f} ms with bare httpx "
+        "(median HTTP latency - median in-process latency; goal < 1 ms)"
+    )
+    print(
+        f"HTTP overhead at {top} clients: {share:.1%} of a {args.new_tokens}-token call's median latency "
+        f"(goal < 5%); throughput {http_top['tok_s'] / local_top['tok_s']:.2f}x the in-process engine's"
+    )
+
+
+if __name__ == "__main__":
+    main()
