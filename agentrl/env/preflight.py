@@ -141,11 +141,11 @@ def check_agent(config, evaluating: bool = False) -> None:
                 f"agent.command starts {program!r}, which is neither on PATH nor a file in {where.parent}; "
                 "name the program with its path, e.g. agent.command='python examples/openai_agent/agent.py'"
             )
+    from agentrl.data.checks import check_rows
+    from agentrl.data.loading import load_rows
+
     if config.data.train and not evaluating:
-        from agentrl.data.checks import check_training_rows
-
-        check_training_rows(config)
+        rows = load_rows(config.data.train, "data.train")
+        check_rows(rows, config.data.train, None, "agent", config.rollout.tasks_per_step)
     if (config.eval.enabled or evaluating) and config.eval.split_of(config.data.val) == "val":
-        from agentrl.data.checks import check_val_rows
-
-        check_val_rows(config)
+        check_rows(load_rows(config.data.val, "data.val"), config.data.val, None, "agent", 1, "data.val")

@@ -39,6 +39,9 @@ class CallRecord:
 
 
 OnCall = Callable[[CallRecord], Awaitable[None] | None]
+# An `on_call` hook may also shape the call (the training gateway's sessions do): `prompt_ids(messages, tools)`
+# renders the chat prompt in place of the template alone, and `sampling_for(SamplingParams)` replaces the
+# request's sampling.
 
 
 @dataclass
@@ -80,9 +83,11 @@ class Completions:
         request = parse(ChatCompletionRequest, payload)
         self._check(request)
         with_tools = bool(request.tools) and request.tool_choice != "none"
-        prompt_ids = self.renderer.prompt_ids(request.messages, request.tools if with_tools else None)
-        runs = self._runs(request, [(prompt_ids, "")], "messages")
-        call = _Call("chat.completions", request, self, on_call or self.on_call)
+        hook = on_call or self.on_call
+        render = getattr(hook, "prompt_ids", None) or self.renderer.prompt_ids
+        prompt_ids = render(request.messages, request.tools if with_tools else None)
+        runs = self._runs(request, [(prompt_ids, "")], "messages", getattr(hook, "sampling_for", None))
+        call = _Call("chat.completions", request, self, hook)
         if request.stream:
             return call.stream(runs, with_tools)
         outputs = await call.generate_all(runs)
@@ -98,8 +103,9 @@ class Completions:
         if request.echo and request.logprobs is not None:
             raise APIError("echo with logprobs is not supported (prompt logprobs are not computed)", param="echo")
         prompts = self._prompts(request.prompt)
-        runs = self._runs(request, prompts, "prompt")
-        call = _Call("completions", request, self, on_call or self.on_call)
+        hook = on_call or self.on_call
+        runs = self._runs(request, prompts, "prompt", getattr(hook, "sampling_for", None))
+        call = _Call("completions", request, self, hook)
         if request.stream:
             return call.stream(runs, False)
         outputs = await call.generate_all(runs)
@@ -145,7 +151,7 @@ class Completions:
                 code="unsupported_parameter",
             )
 
-    def _runs(self, request, prompts: list[tuple[list[int], str]], what: str) -> list[_Run]:
+    def _runs(self, request, prompts: list[tuple[list[int], str]], what: str, sampling_for=None) -> list[_Run]:
         limit = request.token_limit()
         runs = []
         for p, (ids, text) in enumerate(prompts):
@@ -166,6 +172,8 @@ class Completions:
                     stop_token_ids=() if request.ignore_eos else self.renderer.stop_ids,
                     seed=None if request.seed is None else request.seed + j,
                 )
+                if sampling_for is not None:
+                    sampling = sampling_for(sampling)
                 runs.append(_Run(p * request.n + j, Generation(ids, sampling, request.stop_strings()), text))
         return runs
 

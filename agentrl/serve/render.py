@@ -24,27 +24,31 @@ class ChatRenderer:
         probe = [{"role": "user", "content": "u"}]
         self.renders_tools = PROBE_TOOL["function"]["name"] in self._render(probe, [PROBE_TOOL])
 
-    def _render(self, messages: list[dict], tools: list[dict] | None) -> str:
+    def _render(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=True
+            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
         )
 
     def prompt_ids(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
-        plain = [self._message(m) for m in messages]
+        text = self.render_text([self.plain_message(m) for m in messages], tools)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def render_text(self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
+        """The template's text for plain messages (`plain_message`), tools in the template or in the system message."""
         if tools and not self.renders_tools:
             listing = tools_as_text(tools)
-            if plain[0]["role"] == "system":
+            plain = list(plain)
+            if plain and plain[0]["role"] == "system":
                 plain[0] = {**plain[0], "content": f"{plain[0]['content']}\n\n{listing}"}
             else:
                 plain.insert(0, {"role": "system", "content": listing})
             tools = None
         try:
-            text = self._render(plain, tools)
+            return self._render(plain, tools, generation_prompt)
         except Exception as error:  # the template's own checks (role order, ...) raise jinja errors
             raise APIError(f"the chat template refused these messages: {error}", param="messages") from None
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def _message(self, message: ChatMessage) -> dict:
+    def plain_message(self, message: ChatMessage) -> dict:
         content = message.content
         if isinstance(content, list):
             content = "".join(part.get("text", "") for part in content if part.get("type", "text") == "text")

@@ -1,0 +1,100 @@
+"""Run the user's agent program for one episode: the task on stdin, the session's URL and key in its
+environment, a deadline, and the reward it may print as its last line."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import signal
+from dataclasses import dataclass
+
+OUTPUT_TAIL_BYTES = 4000  # of stderr, kept for the error message of a failed run
+
+
+@dataclass
+class AgentRun:
+    """How one run of the agent program ended."""
+
+    returncode: int | None  # None: killed at the deadline
+    reward: float | None  # from a last stdout line {"reward": x}, else None
+    success: bool | None
+    error: str | None  # why the run counts as failed, else None
+    stdout_tail: str = ""
+
+
+def command_argv(command: str | list[str]) -> list[str]:
+    return shlex.split(command) if isinstance(command, str) else list(command)
+
+
+async def run_agent(
+    command: str | list[str],
+    task: dict,
+    base_url: str,
+    api_key: str,
+    timeout_s: float,
+    extra_env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> AgentRun:
+    """Start `command` with OPENAI_BASE_URL/OPENAI_API_KEY set and `task` as JSON on stdin and in AGENTRL_TASK;
+    wait for it at most `timeout_s` seconds (then kill its whole process group)."""
+    task_json = json.dumps(task)
+    env = {
+        **os.environ,
+        "OPENAI_BASE_URL": base_url,
+        "OPENAI_API_KEY": api_key,
+        "AGENTRL_TASK": task_json,
+        **(extra_env or {}),
+    }
+    argv = command_argv(command)
+    try:
+        process = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=env,
+            cwd=cwd,
+            start_new_session=True,  # its own process group: a kill at the deadline reaches its children too
+        )
+    except OSError as error:
+        return AgentRun(None, None, None, f"agent.command {argv!r} could not start: {error}")
+    try:
+        stdout, stderr = await asyncio.wait_for(process.communicate(task_json.encode()), timeout_s)
+    except asyncio.TimeoutError:
+        _kill_group(process)
+        await process.wait()
+        return AgentRun(None, None, None, f"agent.command ran past agent.timeout_s={timeout_s:g} s and was killed")
+    except asyncio.CancelledError:
+        _kill_group(process)
+        with contextlib.suppress(ProcessLookupError):
+            await asyncio.shield(process.wait())
+        raise
+    out = stdout.decode(errors="replace")
+    reward, success = last_line_reward(out)
+    if process.returncode != 0:
+        tail = stderr.decode(errors="replace")[-OUTPUT_TAIL_BYTES:]
+        return AgentRun(process.returncode, reward, success, f"agent.command exited {process.returncode}:\n{tail}")
+    return AgentRun(0, reward, success, None, out[-OUTPUT_TAIL_BYTES:])
+
+
+def last_line_reward(stdout: str) -> tuple[float | None, bool | None]:
+    """(reward, success) from the last non-empty stdout line when it is a JSON object with a "reward"."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None, None
+    try:
+        payload = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None, None
+    if not isinstance(payload, dict) or not isinstance(payload.get("reward"), int | float):
+        return None, None
+    success = payload.get("success")
+    return float(payload["reward"]), bool(success) if success is not None else None
+
+
+def _kill_group(process) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGKILL)

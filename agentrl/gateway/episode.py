@@ -1,0 +1,141 @@
+"""One episode of an agent program: open a session, let the agent run (a command, or a service that claims
+the session), then turn the session's calls into the episode's samples and reward."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from agentrl.gateway.agent_process import run_agent
+from agentrl.gateway.trace import samples_from_calls
+from agentrl.trajectory import Episode
+
+
+async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_fn=None, timers=None) -> Episode:
+    """Fill `episode` from one run of the agent (`agent`: the config's AgentConfig). A run that crashes, passes
+    agent.timeout_s, never calls the model or ends without a reward fails: counted, no training signal.
+    The samples after the first are in `episode.more_samples`."""
+    task = task_row(episode)
+    session = gateway.table.open(task)
+    session.sampling = sampling
+    started = time.perf_counter()
+    try:
+        if agent.command is not None:
+            run = await run_agent(agent.command, task, session.base_url, session.key, agent.timeout_s, cwd=agent.cwd)
+            error, printed = run.error, (run.reward, run.success)
+        else:
+            gateway.table.offer(session)
+            try:
+                await asyncio.wait_for(session.ended.wait(), agent.timeout_s)
+                error = None
+            except asyncio.TimeoutError:
+                error = (
+                    f"the agent service did not end session {session.id} within agent.timeout_s={agent.timeout_s:g} s"
+                )
+            printed = (None, None)
+    finally:
+        gateway.table.close(session)
+        if timers is not None:
+            timers.env += time.perf_counter() - started  # the agent's own time, the model's calls included
+    calls = session.calls
+    if error is None and not calls:
+        error = "the agent never called the model (no chat or completion request reached its session URL)"
+    if error is not None:
+        return failed(episode, error)
+    samples = samples_from_calls(calls)
+    reward, success = _reward(session, printed)
+    transcript = _transcript(calls)
+    if reward_fn is not None:
+        try:
+            score = reward_fn(
+                completion=transcript[-1][0] if transcript else "",
+                task=task.get("prompt") or task.get("question") or "",
+                answer=task.get("answer"),
+                transcript=transcript,
+                env_reward=reward or 0.0,
+                info={},
+                reset_info=task,
+                finish="terminated",
+            )
+        except Exception as exception:  # user code: the episode fails, the run goes on
+            return failed(episode, f"reward_fn {reward_fn.path} raised: {exception!r}")
+        reward = reward_fn.combine(reward or 0.0, score)
+        success = score.success if score.success is not None else success
+    if reward is None:
+        return failed(
+            episode,
+            'the agent gave no reward: POST {"reward": x} to its session\'s /reward, print {"reward": x} as its '
+            "last stdout line, or set env.reward_fn to score the transcript",
+        )
+    first, *more = samples
+    _fill(episode, first)
+    episode.reward, episode.success = float(reward), bool(success) if success is not None else reward > 0
+    episode.finish = "terminated"
+    episode.turns = len(calls)
+    episode.add_metrics({"tool_calls": sum(call.tool_calls for call in calls)})
+    episode.weight_version = min(call.weight_version for call in calls)
+    episode.messages = _messages(calls)
+    episode.text = "\n".join(f">>> {reply}" for reply, _ in transcript)
+    episode.more_samples = []
+    for index, sample in enumerate(more, start=1):
+        extra = Episode(group=episode.group, task_seed=episode.task_seed, task_id=episode.task_id, sample=index)
+        _fill(extra, sample)
+        extra.reward, extra.success, extra.finish = episode.reward, episode.success, episode.finish
+        extra.turns, extra.weight_version = sample.calls, episode.weight_version
+        episode.more_samples.append(extra)
+    return episode
+
+
+def task_row(episode: Episode) -> dict:
+    """What the agent gets as its task: the dataset row, or the seed of a seeded task."""
+    if episode.task_options:
+        return dict(episode.task_options)
+    return {"seed": episode.task_seed, "id": episode.task_id}
+
+
+def failed(episode: Episode, error: str) -> Episode:
+    episode.finish, episode.error, episode.reward = "error", error, 0.0
+    episode.more_samples = []
+    if not episode.tokens:
+        episode.extend([0], mask=0)
+    return episode
+
+
+def _fill(episode: Episode, sample) -> None:
+    episode.tokens, episode.loss_mask = sample.tokens, sample.loss_mask
+    episode.logprobs, episode.token_versions = sample.logprobs, sample.token_versions
+    episode.prompt_len, episode.turn_spans = sample.prompt_len, sample.turn_spans
+    episode.turn_rewards = [0.0] * len(sample.turn_spans)
+    episode.turn_states = [0] * len(sample.turn_spans)
+
+
+def _reward(session, printed: tuple) -> tuple[float | None, bool | None]:
+    """The session's posted reward, else the last stdout line's."""
+    if session.reward is not None:
+        return session.reward, session.success
+    return printed
+
+
+def _transcript(calls) -> list[tuple[str, str]]:
+    """(reply text, next user or tool message) per call, for reward functions."""
+    out = []
+    for index, call in enumerate(calls):
+        reply = _reply_text(call)
+        following = ""
+        if index + 1 < len(calls):
+            messages = getattr(calls[index + 1].request, "messages", None) or []
+            if messages:
+                content = messages[-1].content
+                following = content if isinstance(content, str) else ""
+        out.append((reply, following))
+    return out
+
+
+def _reply_text(call) -> str:
+    return getattr(call, "text", None) or ""
+
+
+def _messages(calls) -> list[dict]:
+    request = getattr(calls[-1], "request", None)
+    messages = [m.model_dump(exclude_none=True) for m in getattr(request, "messages", None) or []]
+    return [*messages, {"role": "assistant", "content": _reply_text(calls[-1])}]

@@ -1,0 +1,216 @@
+"""The gateway on a rollout rank: the policy under training over HTTP, one session per episode.
+
+    POST /sessions/{id}/v1/chat/completions, /completions; GET /sessions/{id}/v1/models
+    POST /sessions/{id}/reward   {"reward": float, "success": bool?}  (the agent's own score)
+    POST /sessions/{id}/end      {"reward"?, "success"?}  (a service's agent is done)
+    POST /sessions/claim         (a long-lived agent service, with the gateway's service key: the next session)
+    GET  /health
+
+It runs on the rollout worker's asyncio loop, beside the engine: calls from every session batch in the
+same engine. While training, every call samples at the rollout's temperature, top-p and top-k whatever
+the agent asks (the trainer's logprobs are at that temperature), and at most rollout.max_new_tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from dataclasses import replace
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from agentrl.gateway.sessions import Session, SessionError, SessionTable
+from agentrl.gateway.stitch import PromptStitcher
+from agentrl.gateway.trace import SessionCall
+
+CLAIM_WAIT_S = 30.0  # a service's claim waits this long for a session before an empty answer
+
+
+class Gateway:
+    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, host: str, port: int):
+        from agentrl.serve.completions import Completions
+        from agentrl.serve.generation import LocalBackend
+
+        self.host = host
+        self.socket = _bind(host, port)
+        self.port = self.socket.getsockname()[1]
+        self.table = SessionTable(f"http://{_url_host(host)}:{self.port}")
+        self.completions = Completions(LocalBackend(engine, tokenizer), tokenizer, model_name, max_model_len)
+        self.server = None
+        self.serving: asyncio.Task | None = None
+
+    @property
+    def url(self) -> str:
+        return self.table.base_url
+
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serve on `loop` (the worker's): requests are answered while the loop runs episodes."""
+        import uvicorn
+
+        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+        self.server = _QuietServer(config)
+        self.serving = loop.create_task(self.server.serve(sockets=[self.socket]))
+
+    def stop(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self.server is None:
+            return
+        self.server.should_exit = True
+        with contextlib.suppress(Exception):
+            loop.run_until_complete(asyncio.wait_for(self.serving, 5))
+        self.socket.close()
+
+    # ---- the HTTP app -----------------------------------------------------------------------------------
+
+    def app(self) -> FastAPI:
+        from agentrl.serve.app import install_error_handlers, openai_router
+        from agentrl.serve.protocol import APIError
+
+        app = FastAPI(title="agentrl gateway", docs_url=None, redoc_url=None, openapi_url=None)
+        install_error_handlers(app)
+        table = self.table
+
+        def session_of(request: Request) -> Session:
+            try:
+                return table.get(request.path_params["session_id"], request.headers.get("authorization"))
+            except SessionError as error:
+                raise APIError(error.message, status=error.status, code=error.code) from None
+
+        def hook_for(request: Request):
+            session = session_of(request)
+            stitcher = session.renders.setdefault("stitcher", PromptStitcher(self.completions.renderer))
+            return _SessionCalls(session, stitcher)
+
+        app.include_router(openai_router(self.completions, hook_for), prefix="/sessions/{session_id}/v1")
+
+        @app.post("/sessions/{session_id}/reward")
+        async def reward(session_id: str, request: Request) -> Response:
+            session = session_of(request)
+            session.reward, session.success = _reward_body(await request.body())
+            return JSONResponse({"ok": True})
+
+        @app.post("/sessions/{session_id}/end")
+        async def end(session_id: str, request: Request) -> Response:
+            session = session_of(request)
+            body = await request.body()
+            if body.strip():
+                reward, success = _reward_body(body, required=False)
+                session.reward = session.reward if reward is None else reward
+                session.success = session.success if success is None else success
+            session.ended.set()
+            return JSONResponse({"ok": True})
+
+        @app.post("/sessions/claim")
+        async def claim(request: Request) -> Response:
+            try:
+                table.check_service(request.headers.get("authorization"))
+            except SessionError as error:
+                raise APIError(error.message, status=error.status, code=error.code) from None
+            session = await table.claim(CLAIM_WAIT_S)
+            return Response(status_code=204) if session is None else JSONResponse(session.claim_payload())
+
+        @app.get("/health")
+        async def health() -> Response:
+            return JSONResponse({"status": "ok", "open_sessions": len(table.sessions), "opened": table.opened})
+
+        return app
+
+
+class _SessionCalls:
+    """The `on_call` hook of one session's request (and its prompt stitching)."""
+
+    def __init__(self, session: Session, stitcher: PromptStitcher):
+        self.session = session
+        self.stitcher = stitcher
+
+    def __call__(self, record) -> None:
+        from agentrl.serve.render import reply_message
+
+        renderer = self.stitcher.renderer
+        output = list(record.output_ids)
+        visible = output[:-1] if output and output[-1] in renderer.stop_ids else output
+        text = renderer.text(visible)
+        request = record.request
+        offered = bool(getattr(request, "tools", None)) and getattr(request, "tool_choice", None) != "none"
+        reply, _ = reply_message(text, offered)
+        call = SessionCall(
+            prompt_ids=list(record.prompt_ids),
+            output_ids=output,
+            logprobs=list(record.logprobs),
+            weight_version=record.weight_version,
+            finish_reason=record.finish_reason,
+            text=text,
+            tool_calls=len(reply.get("tool_calls") or []),
+            request=request,
+        )
+        self.session.record(call)
+        self.stitcher.remember(record)
+
+    def prompt_ids(self, messages, tools) -> list[int]:
+        return self.stitcher.prompt_ids(messages, tools)
+
+    def sampling_for(self, asked):
+        """The episode's sampling (the rollout's, or evaluation's) whatever the agent asks; its token cap too."""
+        own = self.session.sampling
+        if own is None:
+            return asked
+        return replace(
+            own,
+            max_new_tokens=min(asked.max_new_tokens, own.max_new_tokens),
+            stop_token_ids=asked.stop_token_ids or own.stop_token_ids,
+        )
+
+
+def _reward_body(raw: bytes, required: bool = True) -> tuple[float | None, bool | None]:
+    from agentrl.serve.protocol import APIError
+
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise APIError('the body is not JSON; send {"reward": 1.0, "success": true}', param="reward") from None
+    reward = body.get("reward") if isinstance(body, dict) else None
+    if reward is None and not required:
+        reward_value = None
+    elif isinstance(reward, bool) or not isinstance(reward, int | float):
+        raise APIError(f'"reward" must be a number, got {reward!r}; send {{"reward": 1.0}}', param="reward")
+    else:
+        reward_value = float(reward)
+    success = body.get("success") if isinstance(body, dict) else None
+    if success is not None and not isinstance(success, bool):
+        raise APIError(f'"success" must be true or false, got {success!r}', param="success")
+    return reward_value, success
+
+
+class _QuietServer:
+    """uvicorn's server without its signal handlers: SIGTERM and SIGINT stay agentrl's graceful stop."""
+
+    def __new__(cls, config):
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def capture_signals(self):
+                return contextlib.nullcontext()
+
+        return Server(config)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as error:
+        sock.close()
+        raise OSError(f"agent.port: cannot listen on {host}:{port} ({error}); use port 0 for a free one") from None
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::"):
+        return socket.gethostname()
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,247 @@
+"""The training gateway over real HTTP: agent programs (Python with the openai SDK, shell with curl) run episodes
+against the tiny model on the continuous engine; each session's exact tokens become the episode's samples."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import sys
+import threading
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from agentrl.engine.base import SamplingParams
+from agentrl.gateway.episode import run_agent_episode
+from agentrl.trajectory import Episode
+from tests import apt
+from tests.unit.serve_server import build_serve_model
+
+openai = pytest.importorskip("openai")
+SAMPLING = SamplingParams(max_new_tokens=6, temperature=1.0)
+
+# Two calls, the second extending the first with the reply and a user message; the reward posted to /reward.
+TWO_TURNS = """
+import json, os, sys, httpx
+from openai import OpenAI
+task = json.load(sys.stdin)
+client = OpenAI(max_retries=0)
+messages = [{"role": "user", "content": task["question"]}]
+reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+client.chat.completions.create(model="policy", messages=messages)
+base = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+httpx.post(base + "/reward", json={"reward": 0.25, "success": True}, headers=headers).raise_for_status()
+"""
+
+# The second call rewrites the history (a summary): a second sample.
+REWRITES = """
+import json, sys
+from openai import OpenAI
+client = OpenAI(max_retries=0)
+client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "first 1"}])
+client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "summary 2"}])
+print(json.dumps({"reward": 1.0}))
+"""
+
+
+class LoopThread:
+    """The rollout worker's event loop, running in a thread so the test can drive episodes on it."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coroutine, timeout=120):
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout)
+
+    def close(self):
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory):
+    from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.gateway.server import Gateway
+    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+
+    model_dir = build_serve_model(tmp_path_factory.mktemp("gateway") / "tiny")
+    tokenizer = load_tokenizer(str(model_dir))
+    engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
+    engine.weight_version = 7
+    loop = LoopThread()
+    made = Gateway(engine, tokenizer, "policy", 1024, "127.0.0.1", 0)
+    loop.loop.call_soon_threadsafe(made.start, loop.loop)
+    deadline = time.monotonic() + 30
+    while made.server is None or not made.server.started:
+        assert time.monotonic() < deadline, "the gateway did not start"
+        time.sleep(0.02)
+    made.loop_thread, made.tokenizer, made.engine = loop, tokenizer, engine
+    yield made
+    made.server.should_exit = True
+    time.sleep(0.3)
+    loop.close()
+    engine.shutdown()
+
+
+def agent(command, timeout_s=60.0):
+    return SimpleNamespace(command=command, service=False, timeout_s=timeout_s, cwd=None)
+
+
+def episode(group=0, **row):
+    return Episode(group=group, task_seed=0, task_id="t", task_options=row or {"question": "hi", "answer": 1})
+
+
+def run(gateway, config, made=None, sampling=SAMPLING):
+    made = made or episode()
+    return gateway.loop_thread.run(run_agent_episode(gateway, config, made, sampling))
+
+
+def test_an_agent_program_trains_on_the_exact_tokens_of_its_calls_merged_into_one_sample(gateway):
+    done = run(gateway, agent([sys.executable, "-c", TWO_TURNS]))
+    assert done.error is None, done.error
+    assert done.reward == 0.25 and done.success and done.turns == 2 and done.more_samples == []
+    assert done.weight_version == 7 and done.finish == "terminated"
+    (first_span, second_span) = done.turn_spans
+    generated = [t for t, m in zip(done.tokens, done.loss_mask, strict=True) if m]
+    assert len(generated) == (first_span[1] - first_span[0]) + (second_span[1] - second_span[0])
+    assert set(done.token_versions[s] for s in range(*first_span)) == {7}
+    # the second prompt is the first prompt, the first reply's tokens, then the template's tokens for "again"
+    tail = gateway.tokenizer.decode(done.tokens[first_span[1] : second_span[0]])
+    assert "again" in tail
+    assert gateway.tokenizer.decode(done.tokens[: done.prompt_len]).count("hi") == 1
+
+
+def test_a_rewritten_history_trains_as_two_samples_sharing_the_reward(gateway):
+    done = run(gateway, agent([sys.executable, "-c", REWRITES]))
+    assert done.error is None, done.error
+    (extra,) = done.more_samples
+    assert done.reward == extra.reward == 1.0 and extra.group == done.group and extra.sample == 1
+    assert "first 1" in gateway.tokenizer.decode(done.tokens) and "summary 2" in gateway.tokenizer.decode(extra.tokens)
+
+
+@pytest.mark.parametrize(
+    ("code", "timeout_s", "expected"),
+    [
+        ("import sys; sys.exit(4)", 30, "exited 4"),
+        ("import time; time.sleep(30)", 1.0, "timeout_s=1"),
+        ("print('{\"reward\": 1}')", 30, "never called the model"),
+    ],
+)
+def test_a_crashing_hanging_or_idle_agent_fails_its_episode(gateway, code, timeout_s, expected):
+    done = run(gateway, agent([sys.executable, "-c", code], timeout_s))
+    assert done.finish == "error" and expected in done.error and done.reward == 0.0
+
+
+def test_an_agent_without_a_reward_fails_with_the_three_ways_to_give_one(gateway):
+    code = "from openai import OpenAI; OpenAI(max_retries=0).completions.create(model='policy', prompt='hi')"
+    done = run(gateway, agent([sys.executable, "-c", code]))
+    assert done.finish == "error" and "/reward" in done.error and "reward_fn" in done.error
+
+
+def test_a_session_key_opens_its_own_session_only(gateway):
+    async def check():
+        first, second = gateway.table.open({}), gateway.table.open({})
+        body = {"model": "policy", "prompt": "hi", "max_tokens": 2}
+        try:
+            async with httpx.AsyncClient() as client:
+
+                async def status(session, key):
+                    url = f"{session.base_url}/completions"
+                    reply = await client.post(url, json=body, headers={"Authorization": f"Bearer {key}"})
+                    return reply.status_code, reply.json()
+
+                assert (await status(first, first.key))[0] == 200
+                assert (await status(first, "wrong"))[0] == 401
+                code, error = await status(second, first.key)
+                assert code == 403 and error["error"]["code"] == "wrong_session"
+                gateway.table.close(first)
+                assert (await status(first, first.key))[0] == 404
+                malformed = await client.post(
+                    f"{second.base_url}/chat/completions",
+                    content=b"{",
+                    headers={"Authorization": f"Bearer {second.key}"},
+                )
+                assert malformed.status_code == 400 and "not valid JSON" in malformed.json()["error"]["message"]
+        finally:
+            gateway.table.close(first)
+            gateway.table.close(second)
+
+    gateway.loop_thread.run(check())
+
+
+def test_a_long_lived_service_claims_the_session_calls_the_model_and_ends_it(gateway):
+    service_key = gateway.table.service_key
+
+    def service():
+        with httpx.Client(timeout=30) as client:
+            claim = client.post(f"{gateway.url}/sessions/claim", headers={"Authorization": f"Bearer {service_key}"})
+            session = claim.json()
+            model = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+            model.chat.completions.create(model="policy", messages=[{"role": "user", "content": session["task"]["q"]}])
+            end = f"{session['base_url'].removesuffix('/v1')}/end"
+            headers = {"Authorization": f"Bearer {session['api_key']}"}
+            client.post(end, json={"reward": 0.5}, headers=headers).raise_for_status()
+
+    wrong = httpx.post(f"{gateway.url}/sessions/claim", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    thread = threading.Thread(target=service)
+    thread.start()
+    config = SimpleNamespace(command=None, service=True, timeout_s=30.0, cwd=None)
+    done = run(gateway, config, episode(q="from the service"))
+    thread.join(10)
+    assert done.error is None and done.reward == 0.5 and done.turns == 1
+    assert "from the service" in gateway.tokenizer.decode(done.tokens[: done.prompt_len])
+
+
+def test_a_shell_agent_with_curl_and_jq_runs_episodes(gateway, tmp_path):
+    missing = apt.ensure(("jq", "bc", "curl"), lambda: all(shutil.which(p) for p in ("jq", "bc", "curl")))
+    if missing:
+        pytest.skip(missing)
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "examples" / "shell_agent" / "agent.sh"
+    done = run(gateway, agent(["bash", str(script)]), episode(question="What is 2 + 3?", answer=5))
+    assert done.error is None, done.error
+    assert done.reward in (0.0, 1.0) and done.turns >= 1
+    assert "What is 2 + 3?" in gateway.tokenizer.decode(done.tokens[: done.prompt_len])
+
+
+def test_256_concurrent_sessions_lose_no_call_and_mix_no_tokens(gateway):
+    """Each session asks with its own marker; every recorded call holds that session's marker only, and the reply
+    each client got is the text of its own session's generated tokens."""
+    sessions = 256
+
+    async def one(index: int, client: httpx.AsyncClient):
+        session = gateway.table.open({})
+        session.sampling = SAMPLING
+        marker = f"s{index}x"
+        try:
+            reply = await client.post(
+                f"{session.base_url}/chat/completions",
+                json={"model": "policy", "messages": [{"role": "user", "content": marker}]},
+                headers={"Authorization": f"Bearer {session.key}"},
+            )
+            reply.raise_for_status()
+            return marker, session, reply.json()["choices"][0]["message"]["content"]
+        finally:
+            gateway.table.close(session)
+
+    async def all_of_them():
+        limits = httpx.Limits(max_connections=sessions)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            return await asyncio.gather(*(one(i, client) for i in range(sessions)))
+
+    results = gateway.loop_thread.run(all_of_them(), timeout=300)
+    for marker, session, content in results:
+        (call,) = session.calls
+        prompt = gateway.tokenizer.decode(call.prompt_ids)
+        assert marker in prompt and sum(f"s{i}x" in prompt for i in range(sessions)) == 1
+        assert content == call.text
+    assert len({json.dumps(session.calls[0].prompt_ids) for _, session, _ in results}) == sessions
