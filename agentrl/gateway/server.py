@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 from dataclasses import replace
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -26,6 +28,7 @@ from agentrl.gateway.sessions import Session, SessionError, SessionTable
 from agentrl.gateway.stitch import PromptStitcher
 from agentrl.gateway.trace import SessionCall
 
+GATEWAY_DIR = "gateway"  # in run_dir: one rollout-N.json per rollout rank while it trains
 CLAIM_WAIT_S = 30.0  # a service's claim waits this long for a session before an empty answer
 
 
@@ -54,7 +57,20 @@ class Gateway:
         self.server = _QuietServer(config)
         self.serving = loop.create_task(self.server.serve(sockets=[self.socket]))
 
+    def announce(self, run_dir: Path, rollout_index: int) -> None:
+        """Write run_dir/gateway/rollout-N.json (the URL and the service key, readable by this user only), where a
+        long-lived agent service finds the gateways to claim sessions from."""
+        folder = run_dir / GATEWAY_DIR
+        folder.mkdir(parents=True, exist_ok=True)
+        self.announced = folder / f"rollout-{rollout_index}.json"
+        descriptor = os.open(self.announced, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as file:
+            json.dump({"url": self.url, "service_key": self.table.service_key, "pid": os.getpid()}, file)
+        print(f"agentrl: gateway of rollout rank {rollout_index}: {self.url} (sessions announced in {folder})")
+
     def stop(self, loop: asyncio.AbstractEventLoop) -> None:
+        if getattr(self, "announced", None) is not None:
+            self.announced.unlink(missing_ok=True)
         if self.server is None:
             return
         self.server.should_exit = True

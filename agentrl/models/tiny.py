@@ -11,9 +11,17 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+# Tool results as Qwen2.5 renders them: a run of `tool` messages is one user turn of <tool_response> blocks (what
+# ToolEnv's observations and the SFT transcripts hold, so a model sees one format through an env or the gateway).
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
+    "{% if message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n<tool_response>\\n' + message['content'] + '\\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}"
     "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

@@ -9,6 +9,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -82,6 +83,7 @@ class RolloutWorker:
                 self.engine, self.chat.tokenizer, agent.model_name, rc.max_episode_tokens, agent.host, port
             )
             self.gateway.start(self.loop)
+            self.gateway.announce(Path(config.run_dir), rollout_index)
         self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=_no_trainer_reduce))
         self.generated: list[Episode] = []  # the last step's episodes, trained or dropped (for episode dumps)
         self.kept_groups: set[int] = set()

@@ -1,23 +1,25 @@
 """A calculator agent written only against the `openai` SDK, with function calling: no agentrl import.
 
-agentrl starts it once per episode (agent.command). It reads its task, a row like
-{"question": "...", "answer": 42}, as JSON on stdin; OPENAI_BASE_URL and OPENAI_API_KEY point it at
-its session of the policy under training. It prints its reward as its last line.
+Run once per episode (agent.command), it reads its task, a row like {"question": "...", "answer": "42"},
+as JSON on stdin; OPENAI_BASE_URL and OPENAI_API_KEY point it at its session of the policy under
+training, and it prints its reward as its last line. service.py runs the same `solve` for many
+sessions at once, as a long-lived service.
 
-    echo '{"question": "What is 6 * 7?", "answer": 42}' | OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py
+    echo '{"question": "What is 6 * 7?", "answer": "42"}' | OPENAI_BASE_URL=... OPENAI_API_KEY=... python agent.py
 """
 
 import ast
+import asyncio
 import json
 import operator
 import os
 import re
 import sys
 
-from openai import OpenAI
+from openai import AsyncOpenAI
 
 MODEL = os.environ.get("AGENT_MODEL", "policy")
-MAX_TURNS = int(os.environ.get("AGENT_MAX_TURNS", "3"))
+MAX_CALLS = int(os.environ.get("AGENT_MAX_CALLS", "3"))
 CALCULATOR = {
     "type": "function",
     "function": {
@@ -25,7 +27,9 @@ CALCULATOR = {
         "description": "Evaluate an arithmetic expression with + - * / and parentheses.",
         "parameters": {
             "type": "object",
-            "properties": {"expression": {"type": "string", "description": "e.g. (12 - 4) * 2"}},
+            "properties": {
+                "expression": {"type": "string", "description": 'the expression, for example "(12 + 3) * 4"'}
+            },
             "required": ["expression"],
         },
     },
@@ -41,43 +45,48 @@ def calculate(expression: str) -> str:
             return -value(node.operand)
         if isinstance(node, ast.BinOp) and type(node.op) in OPERATORS:
             return OPERATORS[type(node.op)](value(node.left), value(node.right))
-        raise ValueError(f"not arithmetic: {ast.unparse(node)}")
+        raise ValueError(f"only numbers, + - * / and parentheses are allowed: {expression!r}")
 
     try:
-        result = value(ast.parse(expression, mode="eval").body)
+        result = value(ast.parse(expression.strip(), mode="eval").body)
     except (SyntaxError, ValueError, ZeroDivisionError) as error:
         return f"error: {error}"
     return str(int(result)) if float(result).is_integer() else f"{result:.6f}".rstrip("0")
 
 
-def last_number(text: str) -> float | None:
-    numbers = re.findall(r"-?\d+(?:\.\d+)?", text or "")
-    return float(numbers[-1]) if numbers else None
-
-
-def solve(client: OpenAI, question: str) -> str:
-    """The agent's final answer: call the model, run the calculator when it asks, until it answers."""
+async def solve(client: AsyncOpenAI, question: str) -> tuple[str, int]:
+    """The final answer and the number of tool calls: call the model, run the calculator when asked, repeat."""
     messages = [{"role": "user", "content": question}]
-    for _ in range(MAX_TURNS):
-        reply = client.chat.completions.create(model=MODEL, messages=messages, tools=[CALCULATOR]).choices[0].message
+    calls = 0
+    for _ in range(MAX_CALLS):
+        response = await client.chat.completions.create(model=MODEL, messages=messages, tools=[CALCULATOR])
+        reply = response.choices[0].message
         if not reply.tool_calls:
-            return reply.content or ""
+            return reply.content or "", calls
         messages.append(reply.model_dump(exclude_none=True))
         for call in reply.tool_calls:
-            arguments = json.loads(call.function.arguments or "{}")
-            known = call.function.name == "calculator"
-            result = calculate(str(arguments.get("expression", ""))) if known else "no such tool"
+            calls += 1
+            try:
+                expression = str(json.loads(call.function.arguments or "{}").get("expression", ""))
+            except (json.JSONDecodeError, AttributeError):
+                expression = ""
+            result = calculate(expression) if call.function.name == "calculator" else "error: no such tool"
             messages.append({"role": "tool", "tool_call_id": call.id, "name": call.function.name, "content": result})
-    return ""
+    return "", calls
 
 
-def main() -> None:
+def score(answer: str, expected) -> bool:
+    """Right when the last number in the answer is the expected one."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", answer or "")
+    return bool(numbers) and abs(float(numbers[-1]) - float(expected)) < 1e-6
+
+
+async def main() -> None:
     task = json.load(sys.stdin)
-    answer = solve(OpenAI(), task["question"])
-    guess = last_number(answer)
-    correct = guess is not None and abs(guess - float(task["answer"])) < 1e-6
+    answer, _ = await solve(AsyncOpenAI(max_retries=0), task["question"])
+    correct = score(answer, task["answer"])
     print(json.dumps({"reward": 1.0 if correct else 0.0, "success": correct}))
 
 
 if __name__ == "__main__":
-    main()
+    asyncio.run(main())
