@@ -203,6 +203,12 @@ class AgentConfig(Section):
         description="Gateway port of the first rollout rank on a node (the next ranks: +1, ...); 0: free ports.",
     )
     model_name: str = Field("policy", description="The model id the gateway serves (the requests' `model`).")
+    list_tools: bool = Field(
+        True,
+        description="Put the request's `tools` in the prompt (the template's way, or a system message for a template "
+        "without tools); false for a model that learnt the call format in training, as the calculator env's "
+        "`list_tools: false`. Replies are parsed for tool calls either way.",
+    )
 
     @property
     def enabled(self) -> bool:

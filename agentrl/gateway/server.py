@@ -33,11 +33,14 @@ CLAIM_WAIT_S = 30.0  # a service's claim waits this long for a session before an
 
 
 class Gateway:
-    def __init__(self, engine, tokenizer, model_name: str, max_model_len: int, host: str, port: int):
+    def __init__(
+        self, engine, tokenizer, model_name: str, max_model_len: int, host: str, port: int, list_tools: bool = True
+    ):
         from agentrl.serve.completions import Completions
         from agentrl.serve.generation import LocalBackend
 
         self.host = host
+        self.list_tools = list_tools  # false: the request's tools are not shown to the model, only parsed for
         self.socket = _bind(host, port)
         self.port = self.socket.getsockname()[1]
         self.table = SessionTable(f"http://{_url_host(host)}:{self.port}")
@@ -97,7 +100,7 @@ class Gateway:
         def hook_for(request: Request):
             session = session_of(request)
             stitcher = session.renders.setdefault("stitcher", PromptStitcher(self.completions.renderer))
-            return _SessionCalls(session, stitcher)
+            return _SessionCalls(session, stitcher, self.list_tools)
 
         app.include_router(openai_router(self.completions, hook_for), prefix="/sessions/{session_id}/v1")
 
@@ -137,9 +140,10 @@ class Gateway:
 class _SessionCalls:
     """The `on_call` hook of one session's request (and its prompt stitching)."""
 
-    def __init__(self, session: Session, stitcher: PromptStitcher):
+    def __init__(self, session: Session, stitcher: PromptStitcher, list_tools: bool = True):
         self.session = session
         self.stitcher = stitcher
+        self.list_tools = list_tools
 
     def __call__(self, record) -> None:
         from agentrl.serve.render import reply_message
@@ -162,10 +166,10 @@ class _SessionCalls:
             request=request,
         )
         self.session.record(call)
-        self.stitcher.remember(record)
+        self.stitcher.remember(record, getattr(request, "tools", None) if self.list_tools else None)
 
     def prompt_ids(self, messages, tools) -> list[int]:
-        return self.stitcher.prompt_ids(messages, tools)
+        return self.stitcher.prompt_ids(messages, tools if self.list_tools else None)
 
     def sampling_for(self, asked):
         """The episode's sampling (the rollout's, or evaluation's) whatever the agent asks; its token cap too."""

@@ -60,8 +60,9 @@ class PromptStitcher:
             return None
         return self.tokenizer(full[cut:], add_special_tokens=False)["input_ids"]
 
-    def remember(self, record) -> None:
-        """After a chat call: its messages, prompt, output and the reply the client saw."""
+    def remember(self, record, shown_tools) -> None:
+        """After a chat call: its messages, the tools its prompt showed, its prompt, output and the reply the client
+        saw."""
         request = getattr(record, "request", None)
         if record.endpoint != "chat.completions" or request is None:
             return
@@ -77,7 +78,7 @@ class PromptStitcher:
         reply, _ = reply_message(text, with_tools)
         closed = output if output and output[-1] in stop_ids else [*output, stop_ids[0]]
         messages = [self.renderer.plain_message(m) for m in request.messages]
-        self.turns.append(_Turn(messages, _tools_key(request.tools), list(record.prompt_ids), closed, reply))
+        self.turns.append(_Turn(messages, _tools_key(shown_tools), list(record.prompt_ids), closed, reply))
 
 
 def same_reply(sent: dict, reply: dict) -> bool:

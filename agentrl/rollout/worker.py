@@ -80,7 +80,13 @@ class RolloutWorker:
             agent = config.agent
             port = agent.port + rollout_index if agent.port else 0
             self.gateway = Gateway(
-                self.engine, self.chat.tokenizer, agent.model_name, rc.max_episode_tokens, agent.host, port
+                self.engine,
+                self.chat.tokenizer,
+                agent.model_name,
+                rc.max_episode_tokens,
+                agent.host,
+                port,
+                list_tools=agent.list_tools,
             )
             self.gateway.start(self.loop)
             self.gateway.announce(Path(config.run_dir), rollout_index)

@@ -43,7 +43,7 @@ def tokenizer(tmp_path_factory):
     return load_tokenizer(str(build_serve_model(tmp_path_factory.mktemp("stitch") / "tiny")))
 
 
-def session_calls(tokenizer, replies, conversation):
+def session_calls(tokenizer, replies, conversation, list_tools=True):
     """Run `conversation(client)` against a gateway whose engine answers `replies`; the session's calls."""
     from agentrl.gateway.server import Gateway
 
@@ -54,7 +54,7 @@ def session_calls(tokenizer, replies, conversation):
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    gateway = Gateway(engine, tokenizer, "policy", 1024, "127.0.0.1", 0)
+    gateway = Gateway(engine, tokenizer, "policy", 1024, "127.0.0.1", 0, list_tools=list_tools)
     loop.call_soon_threadsafe(gateway.start, loop)
     while gateway.server is None or not gateway.server.started:
         time.sleep(0.02)
@@ -114,3 +114,12 @@ def test_a_reply_cut_by_the_token_limit_is_closed_with_the_end_of_turn_token_bef
     assert second.prompt_ids[: len(closed)] == closed
     (sample,) = samples_from_calls(calls)
     assert sample.loss_mask[len(first.prompt_ids) + len(first.output_ids)] == 0  # the closing eos is not trained
+
+
+@pytest.mark.parametrize("list_tools", [True, False])
+def test_list_tools_false_keeps_the_tools_out_of_the_prompt_and_still_parses_calls(tokenizer, list_tools):
+    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
+    calls = session_calls(tokenizer, [(CALL, [eos]), ("5", [eos])], tool_round, list_tools=list_tools)
+    first = calls[0]
+    assert ("calculator" in tokenizer.decode(first.prompt_ids)) == list_tools
+    assert first.tool_calls == 1 and len(samples_from_calls(calls)) == 1
