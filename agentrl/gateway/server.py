@@ -29,7 +29,8 @@ from agentrl.gateway.stitch import PromptStitcher
 from agentrl.gateway.trace import SessionCall
 
 GATEWAY_DIR = "gateway"  # in run_dir: one rollout-N.json per rollout rank while it trains
-CLAIM_WAIT_S = 30.0  # a service's claim waits this long for a session before an empty answer
+CLAIM_WAIT_S = 30.0
+KEEP_ALIVE_S = 600  # a service's claim waits this long for a session before an empty answer
 
 
 class Gateway:
@@ -56,7 +57,15 @@ class Gateway:
         """Serve on `loop` (the worker's): requests are answered while the loop runs episodes."""
         import uvicorn
 
-        config = uvicorn.Config(self.app(), log_level="warning", lifespan="off", timeout_graceful_shutdown=1)
+        # The loop stands still while the rank trains or takes weights; a keep-alive timer that fires as it wakes
+        # would close connections a client is reusing that moment, so idle connections are kept long.
+        config = uvicorn.Config(
+            self.app(),
+            log_level="warning",
+            lifespan="off",
+            timeout_graceful_shutdown=1,
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
         self.server = _QuietServer(config)
         self.serving = loop.create_task(self.server.serve(sockets=[self.socket]))
 

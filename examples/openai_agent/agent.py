@@ -83,7 +83,7 @@ def score(answer: str, expected) -> bool:
 
 async def main() -> None:
     task = json.load(sys.stdin)
-    answer, _ = await solve(AsyncOpenAI(max_retries=0), task["question"])
+    answer, _ = await solve(AsyncOpenAI(max_retries=2), task["question"])
     correct = score(answer, task["answer"])
     print(json.dumps({"reward": 1.0 if correct else 0.0, "success": correct}))
 

@@ -34,7 +34,7 @@ async def worker(gateway: dict, http: httpx.AsyncClient, counts: dict) -> None:
             continue
         claim.raise_for_status()
         session = claim.json()
-        client = AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0, http_client=http)
+        client = AsyncOpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=2, http_client=http)
         try:
             answer, _ = await solve(client, session["task"]["question"])
             correct = score(answer, session["task"]["answer"])
