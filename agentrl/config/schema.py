@@ -193,7 +193,15 @@ class AgentConfig(Section):
         description="A long-lived agent service claims each episode's session (POST /sessions/claim with the "
         "service key in run_dir/gateway.json) and ends it (POST /sessions/{id}/end); instead of `command`.",
     )
-    timeout_s: float = Field(300.0, gt=0, description="An episode's agent still running after this fails (killed).")
+    timeout_s: float = Field(
+        300.0,
+        gt=0,
+        description="An episode's agent still running after this fails (a command is killed; a service's time counts "
+        "from its claim).",
+    )
+    claim_timeout_s: float = Field(
+        600.0, gt=0, description="agent.service: a session no service claimed within this fails its episode."
+    )
     cwd: str | None = Field(None, description="Working folder of `command` (default: where agentrl was started).")
     host: str = Field("127.0.0.1", description="Address the gateway listens on (0.0.0.0: every interface).")
     port: int = Field(

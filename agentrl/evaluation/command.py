@@ -105,6 +105,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
     if layout.single_process:
         evaluator = _evaluator(config, layout, target, None)
         report = _write(config, target, [evaluator.run(target.step, config.eval.dump_episodes)], layout, started)
+        _close(evaluator.worker)
     elif layout.is_trainer_leader:
         from agentrl.evaluation.report import receive_results
 
@@ -117,7 +118,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
         client = None if env_rank is None else MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
         evaluator = _evaluator(config, layout, target, client)
         send_results(layout, target.step, evaluator.run(target.step, config.eval.dump_episodes))
-        evaluator.worker.env.shutdown()
+        _close(evaluator.worker)
     elif layout.role is Role.ENV:
         from agentrl.roles.env import run_env
 
@@ -126,13 +127,20 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
     return report
 
 
+def _close(worker) -> None:
+    if worker.gateway is not None:
+        worker.gateway.stop(worker.loop)
+    if worker.env is not None:
+        worker.env.shutdown()
+
+
 def _evaluator(config, layout, target: Target, env_client):
     from agentrl.env.client import LocalEnvClient
     from agentrl.evaluation.runner import Evaluator
     from agentrl.rollout.worker import RolloutWorker
     from agentrl.run_start import env_host
 
-    if env_client is None:
+    if env_client is None and not config.agent.enabled:  # agent programs play the env's part, through a gateway
         env_client = LocalEnvClient(env_host(config, check=not layout.single_process))
     shard = 0 if layout.single_process else layout.rollout_ranks.index(layout.rank)
     shards = 1 if layout.single_process else len(layout.rollout_ranks)

@@ -25,13 +25,7 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
             error, printed = run.error, (run.reward, run.success)
         else:
             gateway.table.offer(session)
-            try:
-                await asyncio.wait_for(session.ended.wait(), agent.timeout_s)
-                error = None
-            except asyncio.TimeoutError:
-                error = (
-                    f"the agent service did not end session {session.id} within agent.timeout_s={agent.timeout_s:g} s"
-                )
+            error = await _service_run(session, agent)
             printed = (None, None)
     finally:
         gateway.table.close(session)
@@ -84,6 +78,23 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
         extra.turns, extra.weight_version = sample.calls, episode.weight_version
         episode.more_samples.append(extra)
     return episode
+
+
+async def _service_run(session, agent) -> str | None:
+    """Wait for a service to claim the session (agent.claim_timeout_s: sessions queue while the service is busy),
+    then for it to end the session (agent.timeout_s from the claim); why the run failed, or None."""
+    try:
+        await asyncio.wait_for(session.claimed.wait(), agent.claim_timeout_s)
+    except asyncio.TimeoutError:
+        return (
+            f"no agent service claimed session {session.id} within agent.claim_timeout_s={agent.claim_timeout_s:g} s; "
+            "is the service running, and reading this run's run_dir/gateway/?"
+        )
+    try:
+        await asyncio.wait_for(session.ended.wait(), agent.timeout_s)
+    except asyncio.TimeoutError:
+        return f"the agent service did not end session {session.id} within agent.timeout_s={agent.timeout_s:g} s"
+    return None
 
 
 def task_row(episode: Episode) -> dict:

@@ -30,6 +30,7 @@ class Session:
     calls: list = field(default_factory=list)  # CallRecords, in the order their choices finished
     reward: float | None = None  # posted by the agent to /sessions/{id}/reward
     success: bool | None = None
+    claimed: asyncio.Event = field(default_factory=asyncio.Event)  # a service took it (POST /sessions/claim)
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # the agent (service) said it is done
     renders: dict = field(default_factory=dict)  # the gateway's per-session prompt stitching state
     sampling: object = None  # the episode's SamplingParams: every call samples with them
@@ -109,6 +110,7 @@ class SessionTable:
             except asyncio.TimeoutError:
                 return None
             if session.id in self.sessions:
+                session.claimed.set()
                 return session
 
 

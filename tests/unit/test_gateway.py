@@ -193,11 +193,18 @@ def test_a_long_lived_service_claims_the_session_calls_the_model_and_ends_it(gat
     assert wrong.status_code == 401
     thread = threading.Thread(target=service)
     thread.start()
-    config = SimpleNamespace(command=None, service=True, timeout_s=30.0, cwd=None)
+    config = SimpleNamespace(command=None, service=True, timeout_s=30.0, claim_timeout_s=30.0, cwd=None)
     done = run(gateway, config, episode(q="from the service"))
     thread.join(10)
     assert done.error is None and done.reward == 0.5 and done.turns == 1
     assert "from the service" in gateway.tokenizer.decode(done.tokens[: done.prompt_len])
+
+
+def test_a_session_no_service_claims_fails_naming_the_claim_timeout(gateway):
+    config = SimpleNamespace(command=None, service=True, timeout_s=30.0, claim_timeout_s=0.5, cwd=None)
+    done = run(gateway, config)
+    assert done.finish == "error" and "claim_timeout_s=0.5" in done.error
+    assert not gateway.table.sessions  # closed: a late claim cannot take it
 
 
 def test_a_shell_agent_with_curl_and_jq_runs_episodes(gateway, tmp_path):
