@@ -6,6 +6,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -21,15 +23,30 @@ def mpirun() -> str:
     return found
 
 
-def mpirun_argv(hosts: dict[str, int], argv: list[str]) -> list[str]:
-    """`mpirun` of `argv` with hosts[name] ranks on each node in order (block placement), run from node0."""
+def hydra_argv(hosts: dict[str, int], argv: list[str]) -> list[str]:
+    """`mpirun` of `argv` with hosts[name] ranks on each node in order (block placement); run it on node0."""
     spec = ",".join(f"{name}:{count}" for name, count in hosts.items())
     command = [mpirun(), "-launcher", "ssh", "-launcher-exec", str(cluster.NODE_SSH), "-hosts", spec]
-    return cluster.exec_argv(0, [*command, "-n", str(sum(hosts.values())), *argv], cwd=str(ROOT))
+    return [*command, "-n", str(sum(hosts.values())), *argv]
+
+
+def mpirun_argv(hosts: dict[str, int], argv: list[str]) -> list[str]:
+    """`hydra_argv` run on node0 (hydra resolves the nodes' names through the test bed's hosts file)."""
+    return cluster.exec_argv(0, hydra_argv(hosts, argv), cwd=str(ROOT))
+
+
+def supervised_train_argv(hosts: dict[str, int], overrides: list[str], max_restarts: int = 2) -> list[str]:
+    """`agentrl supervise` on node0 around `mpirun ... agentrl train`: restarts after a crash with resume=true."""
+    train = [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides]
+    supervise = [sys.executable, "-m", "agentrl.cli", "supervise", "--max-restarts", str(max_restarts)]
+    return cluster.exec_argv(0, [*supervise, "--backoff-s", "1", "--", *hydra_argv(hosts, train)], cwd=str(ROOT))
 
 
 def job_env(**extra: str) -> dict[str, str]:
+    """UCX_TLS=tcp,self: MPICH's UCX would otherwise reach another node's ranks by shared memory (one machine,
+    one PID namespace: cross-memory attach works), and nothing would cross the bridge."""
     return {
+        "UCX_TLS": "tcp,self",
         **os.environ,
         "OMP_NUM_THREADS": "1",
         "PYTHONPATH": str(ROOT),
@@ -39,8 +56,46 @@ def job_env(**extra: str) -> dict[str, str]:
     }
 
 
+class Lines:
+    """A started job's stdout and stderr lines, each with the monotonic time it arrived (read by threads)."""
+
+    def __init__(self, process: subprocess.Popen):
+        self.process = process
+        self.lines: list[tuple[float, str]] = []
+        self.threads = [
+            threading.Thread(target=self._read, args=(pipe,), daemon=True) for pipe in (process.stdout, process.stderr)
+        ]
+        for thread in self.threads:
+            thread.start()
+
+    def _read(self, pipe) -> None:
+        for line in pipe:
+            self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def first(self, needle: str) -> float | None:
+        return next((at for at, line in list(self.lines) if needle in line), None)
+
+    def text(self) -> str:
+        return "\n".join(line for _, line in list(self.lines))
+
+    def wait(self, timeout_s: float) -> int:
+        try:
+            code = self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, 9)
+            self.process.wait()
+            raise AssertionError(f"the job did not end within {timeout_s} s:\n{self.text()[-6000:]}") from None
+        for thread in self.threads:
+            thread.join(timeout=5)
+        return code
+
+
+def train_argv_inner(overrides: list[str]) -> list[str]:
+    return [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides]
+
+
 def train_argv(hosts: dict[str, int], overrides: list[str]) -> list[str]:
-    return mpirun_argv(hosts, [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides])
+    return mpirun_argv(hosts, train_argv_inner(overrides))
 
 
 def run(argv: list[str], timeout: float, **env: str) -> subprocess.CompletedProcess:

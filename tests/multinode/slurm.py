@@ -88,6 +88,11 @@ def up(count: int, cpus: int = 4, timeout_s: float = 60) -> dict[str, int]:
         raise RuntimeError(why)
     down()
     cluster.up(count)
+    return start(count, cpus, timeout_s)
+
+
+def start(count: int, cpus: int = 4, timeout_s: float = 60) -> dict[str, int]:
+    """The daemons on nodes that are up (`cluster.up(count)`). Returns {daemon: pid}."""
     for sub in ("munge", "state", "spool", "log"):
         (ROOT_DIR / sub).mkdir(parents=True, exist_ok=True)
     for k in range(count):
@@ -132,7 +137,13 @@ def up(count: int, cpus: int = 4, timeout_s: float = 60) -> dict[str, int]:
 
 
 def down() -> None:
-    """Stop the daemons this module started (by the pids it recorded), then the nodes."""
+    """Stop the daemons, then the nodes."""
+    stop()
+    cluster.down()
+
+
+def stop() -> None:
+    """Stop the daemons this module started (by the pids it recorded) and remove their folder."""
     record = ROOT_DIR / "daemons.json"
     pids = json.loads(record.read_text()) if record.exists() else {}
     for pid in pids.values():  # the nsenter'd daemons are the pids themselves (nsenter execs)
@@ -147,7 +158,6 @@ def down() -> None:
         if Path(f"/proc/{pid}").exists():
             os.kill(pid, signal.SIGKILL)
     record.unlink(missing_ok=True)
-    cluster.down()
     if ROOT_DIR.exists():
         subprocess.run(["rm", "-rf", str(ROOT_DIR)], check=False)
 
