@@ -104,6 +104,7 @@ def test_a_lost_node_ends_the_job_and_the_run_resumes_without_losing_a_step(node
     print(f"\nnode1 killed: the supervisor saw the job end after {ended - killed_at:.2f} s")
 
 
+@pytest.mark.slow  # two more training jobs
 def test_two_nodes_train_exactly_as_one(nodes, shared_model, tmp_path):
     two = jobs.shared_dir("two-nodes") / "run"
     one = jobs.shared_dir("one-node") / "run"

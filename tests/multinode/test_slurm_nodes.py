@@ -16,7 +16,7 @@ from tests.multinode import jobs, slurm
 from tests.multinode.test_nodes import run_settings
 from tests.slurm.cluster import install_packages
 
-pytestmark = [pytest.mark.multinode, pytest.mark.slurm]
+pytestmark = [pytest.mark.multinode, pytest.mark.slurm, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
