@@ -102,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         help="ranks per node (default: $AGENTRL_RANKS_PER_NODE, else all on one node)",
     )
     p.add_argument("--gpus-per-node", type=int, default=0, help="GPUs per node (0: CPU)")
+    p.add_argument(
+        "--hosts",
+        default=None,
+        help="each rank's host as MPICH's -hosts writes it, node0:2,node1:2 (nodes numbered by host, shown by name)",
+    )
     p.add_argument("--eval", action="store_true", help="the plan of `agentrl eval` (trainer ranks report or idle)")
 
     sub.add_parser("envs", help="list registered environment ids")
@@ -243,13 +248,16 @@ def cmd_sweep(args) -> int:
 
 def cmd_layout(args) -> int:
     from agentrl.config import load_config
-    from agentrl.layout import engine_gpus, format_plan, plan, simulated_ranks_per_node
+    from agentrl.layout import engine_gpus, format_plan, parse_hosts, plan, simulated_ranks_per_node
 
     config = load_config(args.config, args.overrides)
+    hosts = parse_hosts(args.hosts) if args.hosts else None
     ranks_per_node = args.ranks_per_node or simulated_ranks_per_node()
     gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
     transport = config.weights.transport  # resolved from the planned placements, as a run resolves it
-    rows = plan(config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, transport, mapped, in_place)
+    rows = plan(
+        config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, transport, mapped, in_place, hosts=hosts
+    )
     print(format_plan(rows, single_process=args.np == 1, evaluating=args.eval))
     if args.np == 1:
         print("world size 1: every role runs in this one process")

@@ -40,6 +40,23 @@ def simulated_ranks_per_node() -> int | None:
     return int(value)
 
 
+def node_ids(hosts: list[str]) -> list[int]:
+    """Each rank's node, numbered 0, 1, ... in the order hosts first appear in rank order."""
+    order = list(dict.fromkeys(hosts))
+    return [order.index(host) for host in hosts]
+
+
+def parse_hosts(spec: str) -> list[str]:
+    """Each rank's host from MPICH's `-hosts` syntax, `node0:2,node1:2` (a bare name: one rank), in rank order."""
+    hosts = []
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, count = item.partition(":")
+        if not name or (count and (not count.isdigit() or int(count) < 1)):
+            raise ConfigError(f"--hosts {spec!r}: write HOST:RANKS,... (e.g. node0:2,node1:2)")
+        hosts += [name] * int(count or 1)
+    return hosts
+
+
 def maps_shared_weights(choice: bool | str, rollout_nodes: list[int]) -> bool:
     """`weights.shm_mapped` resolved: `auto` maps where some node holds two or more rollout ranks."""
     if choice == "auto":
@@ -162,6 +179,7 @@ class RankPlan:
     node: int
     gpu: int | None
     weights: str = "-"
+    host: str = ""
 
 
 def weight_group_placements(
@@ -183,6 +201,7 @@ def plan(
     shm_mapped: bool | str = "auto",
     in_place: bool | str = False,
     nodes: list[int] | None = None,
+    hosts: list[str] | None = None,
 ):
     """The whole job's placement, as `agentrl layout` prints it (no MPI needed).
 
@@ -190,8 +209,13 @@ def plan(
     placements the way every rank resolves it (`agentrl.weights.resolve_weight_sync`), so `auto` shows
     the transport the run uses, and a choice that cannot work raises ConfigError. `nodes`: each
     rank's node where it is known (a running job's `Layout.nodes`), in place of `ranks_per_node`.
+    `hosts`: each rank's host name (a running job's, or `--hosts`); nodes are then numbered by host.
     """
     roles = assign_roles(layout, world_size)
+    if hosts is not None and len(hosts) != world_size:
+        raise ConfigError(f"--hosts places {len(hosts)} ranks but the job has {world_size}; make the counts add up")
+    if hosts is not None and nodes is None:
+        nodes = node_ids(hosts)
     if nodes is None:
         per_node = ranks_per_node or world_size
         nodes = [rank // per_node for rank in range(world_size)]
@@ -210,7 +234,8 @@ def plan(
     counters: dict[Role, int] = {}
     rows = []
     for rank, (role, node, gpu, part) in enumerate(zip(roles, nodes, gpus, parts, strict=True)):
-        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu, part))
+        host = hosts[rank] if hosts is not None else ""
+        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu, part, host))
         counters[role] = counters.get(role, 0) + 1
     return rows
 
@@ -218,14 +243,16 @@ def plan(
 def format_plan(rows: list[RankPlan], single_process: bool = False, evaluating: bool = False) -> str:
     """`evaluating` (`agentrl eval`): the trainer leader only gathers results and writes the report, and the
     other trainer ranks idle; they load no model and no rank syncs weights."""
-    lines = ["rank  role     role_rank  node  device  weights"]
+    width = max((len(row.host) for row in rows), default=0)
+    lines = ["rank  role     role_rank  node  " + (f"{'host':<{width}}  " if width else "") + "device  weights"]
     for row in rows:
         device = f"cuda:{row.gpu}" if row.gpu is not None else "cpu"
         role = "all" if single_process else row.role.value
         weights = "-" if evaluating else row.weights
         if evaluating and row.role is Role.TRAINER and not single_process:
             role, device = ("report" if row.role_rank == 0 else "idle"), "-"
-        lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {device:<6}  {weights}")
+        host = f"{row.host:<{width}}  " if width else ""
+        lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {host}{device:<6}  {weights}")
     return "\n".join(lines)
 
 
@@ -250,10 +277,11 @@ class Layout:
         in_weight_group = self.rank == self.trainer_ranks[0] or self.role is Role.ROLLOUT
         self.weight_comm = self.world.Split(color=0 if in_weight_group else MPI.UNDEFINED, key=self.rank)
         per_node = simulated_ranks_per_node()
+        self.hosts: list[str] | None = None  # each rank's host name, where nodes are real
         if per_node is None:
             node_comm = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-            hosts = self.world.allgather(MPI.Get_processor_name())
-            self.nodes = [hosts.index(host) for host in hosts]  # a node's id: its first rank
+            self.hosts = self.world.allgather(MPI.Get_processor_name())
+            self.nodes = [self.hosts.index(host) for host in self.hosts]  # a node's id: its first rank
         else:
             self.nodes = [rank // per_node for rank in range(self.size)]
             node_comm = self.world.Split(color=self.nodes[self.rank], key=self.rank)

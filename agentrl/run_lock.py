@@ -3,8 +3,10 @@
 Rank 0 takes it before touching the folder and gives it back on every way out (normal
 end, exception, stop signal, interpreter exit). A `kill -9` or a lost node leaves it
 behind; the next run takes it over when its owner is certainly gone: same host and that
-process no longer runs (or the pid now belongs to a process started later), or the same
-SLURM job (a requeued or restarted job is never running twice). Otherwise the new run is
+process no longer runs (or the pid now belongs to a process started later), the same
+SLURM job (a requeued or restarted job is never running twice), or an earlier start under
+the same `agentrl supervise` (it starts a job only after the last one exited), whichever
+node its rank 0 ran on. Otherwise the new run is
 refused with the owner's host, pid, start time and command.
 
 The lock is created complete and atomically with `os.link` of a written temp file, which
@@ -26,6 +28,9 @@ from pathlib import Path
 from agentrl.errors import UserError
 
 LOCK_FILE = ".lock"
+# Set by `agentrl supervise` for the jobs it starts (agentrl.supervise names them; imported there).
+SUPERVISOR_VARIABLE = "AGENTRL_SUPERVISOR"
+RESTART_COUNT_VARIABLE = "AGENTRL_RESTART_COUNT"
 
 
 class RunDirInUse(UserError):
@@ -63,7 +68,14 @@ def owner_record(command: list[str] | None = None) -> dict:
         "started": time.strftime("%Y-%m-%d %H:%M:%S %z"),
         "command": shlex.join(command if command is not None else sys.argv),
         "slurm_job": os.environ.get("SLURM_JOB_ID"),
+        "supervisor": os.environ.get(SUPERVISOR_VARIABLE),
+        "restart": _restart_number(),
     }
+
+
+def _restart_number() -> int | None:
+    text = os.environ.get(RESTART_COUNT_VARIABLE, "")
+    return int(text) if text.isdigit() else None
 
 
 def why_stale(holder: dict) -> str | None:
@@ -80,6 +92,12 @@ def why_stale(holder: dict) -> str | None:
             return f"pid {pid} now belongs to another process"
     if job and holder.get("slurm_job") == job and not same_host:
         return f"it was an earlier start of this SLURM job ({job}) on {holder.get('host')}"
+    supervisor, restart, held = os.environ.get(SUPERVISOR_VARIABLE), _restart_number(), holder.get("restart")
+    if supervisor and holder.get("supervisor") == supervisor and isinstance(held, int) and (restart or 0) > held:
+        return (
+            f"it was start {held} of this `agentrl supervise` ({supervisor}), on {holder.get('host')}; "
+            f"this is start {restart}, begun after that one exited"
+        )
     return None
 
 

@@ -40,7 +40,8 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
     gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
     transport = config.weights.transport
-    rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes)
+    hosts = layout.hosts if layout.hosts and len(set(layout.hosts)) > 1 else None  # several nodes: show their names
+    rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes, hosts)
     print(format_plan(rows, layout.single_process), flush=True)
     return start_step
 

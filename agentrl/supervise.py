@@ -4,7 +4,9 @@ The supervised command is a whole launch (`mpirun -n 4 agentrl train CONFIG ...`
 same with srun): when it fails (a rank killed, out of memory, a lost node) it is started
 again, up to N times, after a backoff that doubles from `--backoff-s`, with `resume=true`
 appended, so it continues from its last checkpoint. Each restart prints one line and sets
-AGENTRL_RESTART_COUNT for the new job (the trainer leader logs it as `run/restarts`).
+AGENTRL_RESTART_COUNT for the new job (the trainer leader logs it as `run/restarts`), and
+AGENTRL_SUPERVISOR to this supervisor's identity (host, pid, start time): a run lock left
+by an earlier start, whichever node its rank 0 ran on, is then known to be stale.
 
 Not restarted: success (0), a graceful stop by a signal (75), a user error (2), Ctrl-C
 (130), and anything after this process itself got a stop signal, which it passes on to
@@ -21,9 +23,9 @@ import time
 
 from agentrl.errors import EXIT_USER_ERROR, UserError
 from agentrl.preempt import EXIT_STOPPED
+from agentrl.run_lock import RESTART_COUNT_VARIABLE, SUPERVISOR_VARIABLE, owner_record
 from agentrl.transport import EXIT_INTERRUPTED
 
-RESTART_COUNT_VARIABLE = "AGENTRL_RESTART_COUNT"
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 FINAL_EXITS = {
     0: "finished",
@@ -73,6 +75,8 @@ class Supervisor:
         self.backoff_base_s = backoff_base_s
         self.child: subprocess.Popen | None = None
         self.signalled: list[int] = []
+        me = owner_record()
+        self.identity = f"{me['host']}:{me['pid']}:{me['pid_start_ticks']}"
 
     def _forward(self, signum, frame) -> None:
         self.signalled.append(signum)
@@ -106,7 +110,7 @@ class Supervisor:
 
     def _launch(self, restarts: int) -> tuple[int, float]:
         command = self.command if restarts == 0 else with_resume(self.command)
-        env = {**os.environ, RESTART_COUNT_VARIABLE: str(restarts)}
+        env = {**os.environ, RESTART_COUNT_VARIABLE: str(restarts), SUPERVISOR_VARIABLE: self.identity}
         started = time.monotonic()
         # Its own session: a terminal's Ctrl-C reaches this process only, which passes it on once.
         self.child = subprocess.Popen(command, env=env, start_new_session=True)

@@ -52,8 +52,12 @@ nodes=${SLURM_JOB_NUM_NODES:-1}
 per_node=${SLURM_NTASKS_PER_NODE:-$(( (ntasks + nodes - 1) / nodes ))}
 per_node=${per_node%%(*}  # "4(x2)" -> "4"
 echo "agentrl: job ${SLURM_JOB_ID:-none} restart ${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST:-$(hostname)}: $(date -u)"
+hosts=()  # several nodes: the plan names them, as the job's own table will (block placement, per_node each)
+if [ "$nodes" -gt 1 ] && [ -n "${SLURM_JOB_NODELIST:-}" ]; then
+  hosts=(--hosts "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | sed "s/\$/:$per_node/" | paste -sd,)")
+fi
 agentrl layout "$config" "$@" --np "$ntasks" --ranks-per-node "$per_node" --gpus-per-node "${SLURM_GPUS_ON_NODE:-0}" \
-  || exit 2
+  "${hosts[@]}" || exit 2
 
 launcher=${AGENTRL_LAUNCHER:-mpirun}
 max_restarts=${AGENTRL_MAX_RESTARTS:-0}

@@ -266,3 +266,18 @@ def test_pinned_cores_give_trainers_their_own_share():
     assert pinned_cores([4, 5, 6], two_trainers, Role.TRAINER) == [4, 5]  # a share of the cores it was given
     assert pinned_cores([0], quickstart, Role.TRAINER) is None  # nothing to split
     assert pinned_cores([0, 1], [Role.ROLLOUT, Role.ENV], Role.ROLLOUT) is None  # no trainer on this node
+
+
+def test_hosts_number_nodes_in_rank_order_and_show_by_name():
+    from agentrl.layout import format_plan, node_ids, parse_hosts, plan
+
+    assert parse_hosts("node1:2,node0,node2:1") == ["node1", "node1", "node0", "node2"]
+    assert node_ids(["b", "b", "a", "b"]) == [0, 0, 1, 0]
+    with pytest.raises(ConfigError, match="HOST:RANKS"):
+        parse_hosts("node0:x")
+    hosts = parse_hosts("node0:2,node1:2")
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, hosts=hosts)
+    assert [(row.node, row.host) for row in rows] == [(0, "node0"), (0, "node0"), (1, "node1"), (1, "node1")]
+    assert "host" in format_plan(rows).splitlines()[0] and "node1  cpu     bcast+shm" in format_plan(rows)
+    with pytest.raises(ConfigError, match="--hosts places 2 ranks"):
+        plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, hosts=["a", "b"])

@@ -82,3 +82,14 @@ def test_a_restart_waits_for_its_previous_start_to_exit(tmp_path):
     assert f"pid {previous.pid} is no longer running" in note
     lock.release()
     previous.wait()
+
+
+def test_an_earlier_start_under_the_same_supervisor_on_another_node_is_stale(monkeypatch):
+    monkeypatch.setenv("AGENTRL_SUPERVISOR", "node0:100:5")
+    monkeypatch.setenv("AGENTRL_RESTART_COUNT", "1")
+    holder = {"host": "node1", "pid": 7, "supervisor": "node0:100:5", "restart": 0}
+    assert "start 0 of this `agentrl supervise` (node0:100:5), on node1" in why_stale(holder)
+    assert why_stale({**holder, "supervisor": "node0:101:5"}) is None  # another supervisor's job may be alive
+    assert why_stale({**holder, "restart": 1}) is None  # this very start (or a later one): never stale
+    monkeypatch.delenv("AGENTRL_SUPERVISOR")
+    assert why_stale(holder) is None
