@@ -53,8 +53,10 @@ def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    peft_config.base_model_name_or_path = base_folder(base_path)
-    return get_peft_model(model, peft_config)
+    model.name_or_path = base_folder(base_path)  # what PEFT records as the checkpoint's base
+    wrapped = get_peft_model(model, peft_config)
+    wrapped.peft_config["default"].base_model_name_or_path = model.name_or_path
+    return wrapped
 
 
 def base_folder(path: str) -> str:

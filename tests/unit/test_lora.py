@@ -218,3 +218,43 @@ def test_resume_refuses_a_checkpoint_of_the_other_kind(tiny_model_dir, tmp_path)
         load_policy(str(folder), plain, "float32", "cpu")
     with pytest.raises(UserError, match=r"full-model checkpoint but model\.lora is set"):
         load_policy(str(tmp_path), trainer.config, "float32", "cpu")
+
+
+def test_a_relative_model_path_is_recorded_absolute(tiny_model_dir, tmp_path, monkeypatch):
+    from agentrl.config.schema import LoraConfig
+    from agentrl.trainer.lora import apply_lora
+
+    monkeypatch.chdir(tiny_model_dir.parent)
+    model = apply_lora(load_causal_lm(tiny_model_dir.name), LoraConfig(rank=2), tiny_model_dir.name)
+    model.save_pretrained(tmp_path / "adapter")
+    recorded = json.loads((tmp_path / "adapter" / ADAPTER_CONFIG).read_text())["base_model_name_or_path"]
+    assert recorded == str(tiny_model_dir.resolve())  # a checkpoint loads from any working directory
+
+
+def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_path):
+    from types import SimpleNamespace
+
+    from agentrl.sft.config import SFTConfig
+    from agentrl.sft.run import final_path, save_final
+    from agentrl.sft.trainer import SFTTrainer
+
+    config = SFTConfig.model_validate(
+        {
+            "run_dir": str(tmp_path),
+            "model": {"path": str(tiny_model_dir), "lora": {"rank": 4, "alpha": 8}},
+            "sft": {"train": "t.jsonl", "batch_size": 4, "micro_batch_size": 4},
+            "optimizer": {"lr": 0.05},
+        }
+    )
+    trainer = SFTTrainer(config, str(tiny_model_dir), "cpu", total_steps=10)
+    rows = [([1, 5, 9, 12, 7, 3], [0, 0, 1, 1, 1, 1]), ([2, 6, 8, 4], [0, 1, 1, 1])]
+    losses = [trainer.train_step(rows)["sft/loss"] for _ in range(6)]
+    assert losses[-1] < losses[0]
+    assert all("lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
+    ids = torch.tensor([[1, 5, 9, 12, 7, 3]])
+    with torch.no_grad():
+        adapted = trainer.model(input_ids=ids).logits
+    save_final(tmp_path, SimpleNamespace(model=trainer.model), load_tokenizer(str(tiny_model_dir)), leader=True)
+    final = final_path(tmp_path)
+    assert (final / "config.json").is_file() and not (final / ADAPTER_CONFIG).exists()  # an RL model.path
+    torch.testing.assert_close(load_causal_lm(str(final))(input_ids=ids).logits, adapted, rtol=1e-4, atol=1e-5)
