@@ -610,18 +610,12 @@ class Config(Section):
         return self
 
     def _check_lora(self) -> None:
-        """LoRA needs what can take adapter-only syncs: the torch engine over the CPU transports, unsharded."""
+        """LoRA needs what can take adapter-only syncs: the CPU transports, unsharded trainers."""
         if self.parallelism.fsdp:
             raise ValueError(
                 "model.lora with parallelism.fsdp=true is not supported yet (PEFT adapters under FSDP2 sharding); "
                 "set parallelism.fsdp=false: the adapters and their optimizer state are small, and the frozen base "
                 "model is the only large part"
-            )
-        if self.rollout.engine.backend != "torch":
-            raise ValueError(
-                f"model.lora with rollout.engine.backend={self.rollout.engine.backend}: adapter syncs into SGLang (its "
-                "LoRA adapter API) are not wired yet; use rollout.engine.backend=torch, or drop model.lora for full "
-                "fine-tuning"
             )
         if self.weights.transport not in ("auto", "shm", "mpi"):
             raise ValueError(

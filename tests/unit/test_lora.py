@@ -58,7 +58,6 @@ def trained(model_dir, run_dir="runs/x", steps=2, **lora) -> PolicyTrainer:
     ("overrides", "fix"),
     [
         ({"parallelism": {"fsdp": True}, "layout": {"trainer": 2}}, "parallelism.fsdp=false"),
-        ({"rollout": {"engine": {"backend": "sglang"}}}, "rollout.engine.backend=torch"),
         ({"weights": {"transport": "nccl"}}, "weights.transport=shm or mpi"),
         ({"weights": {"shm_in_place": True}}, "weights.shm_in_place=auto or false"),
     ],
@@ -258,3 +257,16 @@ def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_p
     final = final_path(tmp_path)
     assert (final / "config.json").is_file() and not (final / ADAPTER_CONFIG).exists()  # an RL model.path
     torch.testing.assert_close(load_causal_lm(str(final))(input_ids=ids).logits, adapted, rtol=1e-4, atol=1e-5)
+
+
+def test_sglang_gets_each_version_as_a_peft_folder_that_peft_loads(tiny_model_dir, tmp_path):
+    from peft import PeftModel
+
+    from agentrl.engine.sglang_lora import write_adapter_folder
+
+    trainer = trained(tiny_model_dir, steps=2)
+    folder = write_adapter_folder(tmp_path / "v2", trainer.named_weights(), trainer.config.model.lora, "base")
+    loaded = PeftModel.from_pretrained(load_causal_lm(str(tiny_model_dir)), str(folder))
+    ids = torch.tensor([[1, 5, 9, 12]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, trainer.model(input_ids=ids).logits)
