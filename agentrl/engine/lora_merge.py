@@ -72,7 +72,10 @@ class LoraMerge:
             base = self.base.get(module)
             if base is None:
                 base = self.base[module] = weight.detach().to(torch.float32, copy=True)
-            delta = b.to(weight.device, torch.float32) @ a.to(weight.device, torch.float32)
+            b, a = b.to(weight.device, torch.float32), a.to(weight.device, torch.float32)
             with torch.no_grad():
-                weight.copy_(torch.add(base, delta, alpha=self.scaling))
+                if weight.dtype == torch.float32:  # one fused pass, straight into the weight
+                    torch.addmm(base, b, a, alpha=self.scaling, out=weight.data)
+                else:
+                    weight.copy_(torch.addmm(base, b, a, alpha=self.scaling))
         self.loaded_checksum = adapter_checksum(self.adapters.items())
