@@ -65,6 +65,13 @@ class LoraConfig(Section):
         "dotted name; a name that matches no module is an error listing the model's module names.",
     )
 
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained whole beside the adapters (PEFT's modules_to_save), by the last part of their "
+        "name; synced whole. `[norm]` trains the RMS norms (a few hundred numbers): a randomly initialised model "
+        "needs them to sharpen its output distribution (docs/lora.md#learning-parity-on-the-quickstart).",
+    )
+
     @property
     def scaling(self) -> float:
         return self.alpha / self.rank
@@ -616,6 +623,11 @@ class Config(Section):
                 "model.lora with parallelism.fsdp=true is not supported yet (PEFT adapters under FSDP2 sharding); "
                 "set parallelism.fsdp=false: the adapters and their optimizer state are small, and the frozen base "
                 "model is the only large part"
+            )
+        if self.model.lora.modules_to_save and self.rollout.engine.backend == "sglang":
+            raise ValueError(
+                "model.lora.modules_to_save with rollout.engine.backend=sglang: SGLang's LoRA adapters take lora_A / "
+                "lora_B only; set model.lora.modules_to_save=[] or rollout.engine.backend=torch"
             )
         if self.weights.transport not in ("auto", "shm", "mpi"):
             raise ValueError(

@@ -39,17 +39,22 @@ class LoraMerge:
         self.scaling = float(scaling)
         self.base: dict[str, torch.Tensor] = {}  # weight name -> W0 (float32 copy)
         self.adapters: dict[str, torch.Tensor] = {}  # adapter name -> its tensor, copied out of the transport
+        self.whole: dict[str, torch.Tensor] = {}  # parameters trained whole (model.lora.modules_to_save)
         self.loaded_checksum: int | None = None
 
     def take(self, named_tensors) -> None:
-        """Copy adapter tensors out of the transport's buffer (it is reused for the next bucket)."""
+        """Copy adapter tensors (and parameters trained whole) out of the transport's buffer (reused for the next
+        bucket)."""
         params = dict(self.model.named_parameters(remove_duplicate=False))
         for name, tensor in named_tensors:
             if not is_adapter_name(name):
-                raise ValueError(
-                    f"weight sync sent {name!r} to an engine that takes LoRA adapters only (model.lora is set): the "
-                    "trainer and the rollout ranks disagree about model.lora; run both from the same config"
-                )
+                if name not in params:
+                    raise ValueError(
+                        f"weight sync sent {name!r}, which the rollout model does not have: the trainer and the "
+                        "rollout ranks disagree about model.lora or model.path; run both from the same config"
+                    )
+                self.whole[name] = tensor.detach().clone()
+                continue
             weight = name.rsplit(".", 1)[0] + ".weight"
             if weight not in params:
                 raise ValueError(f"adapter {name!r} adapts {weight!r}, which the rollout model does not have")
@@ -78,4 +83,7 @@ class LoraMerge:
                     torch.addmm(base, b, a, alpha=self.scaling, out=weight.data)
                 else:
                     weight.copy_(torch.addmm(base, b, a, alpha=self.scaling))
-        self.loaded_checksum = adapter_checksum(self.adapters.items())
+        with torch.no_grad():
+            for name, tensor in self.whole.items():
+                params[name].copy_(tensor)
+        self.loaded_checksum = adapter_checksum([*self.adapters.items(), *self.whole.items()])

@@ -18,6 +18,7 @@ from agentrl.errors import UserError
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PARAM = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<part>lora_A|lora_B)\.default\.weight$")
+SAVED_PARAM = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.modules_to_save\.default\.(?P<param>\w+)$")
 
 
 def is_adapter_folder(path: str | Path) -> bool:
@@ -29,8 +30,9 @@ def module_names(model: torch.nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
 
 
-def check_targets(model: torch.nn.Module, targets: list[str]) -> None:
-    """Every target names at least one Linear module (by its last part or its full dotted name)."""
+def check_targets(model: torch.nn.Module, targets: list[str], saved: list[str] = ()) -> None:
+    """Every target names at least one Linear module, every module to save at least one module (by its last part
+    or its full dotted name)."""
     linear = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
     unmatched = [t for t in targets if not any(name == t or name.endswith("." + t) for name in linear)]
     if unmatched:
@@ -38,18 +40,27 @@ def check_targets(model: torch.nn.Module, targets: list[str]) -> None:
             f"model.lora.target_modules {unmatched} match no Linear module of this model; its Linear modules are "
             f"named {module_names(model)}: set model.lora.target_modules to some of those"
         )
+    every = [name for name, _ in model.named_modules() if name]
+    unmatched = [t for t in saved if not any(name == t or name.endswith(t) for name in every)]
+    if unmatched:
+        names = sorted({name.rsplit(".", 1)[-1] for name in every})
+        raise UserError(
+            f"model.lora.modules_to_save {unmatched} match no module of this model; its modules are named {names}: "
+            "set model.lora.modules_to_save to some of those"
+        )
 
 
 def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:
     """`model` with fresh adapters (B = 0: the same outputs as the base); only the adapters require grad."""
     LoraConfig, get_peft_model = _peft("LoraConfig", "get_peft_model")
 
-    check_targets(model, list(lora.target_modules))
+    check_targets(model, list(lora.target_modules), list(lora.modules_to_save))
     peft_config = LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
         target_modules=list(lora.target_modules),
+        modules_to_save=list(lora.modules_to_save) or None,
         bias="none",
         task_type="CAUSAL_LM",
     )
@@ -101,12 +112,14 @@ def _peft(*names: str) -> tuple:
 
 
 def adapter_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """(sync name, tensor) of every adapter tensor, in the model's order (what an adapter sync sends)."""
+    """(sync name, tensor) of every adapter tensor, in the model's order (what an adapter sync sends); a module
+    trained whole (modules_to_save) goes by its own parameter names."""
     named = []
     for name, param in model.named_parameters():
-        match = PEFT_PARAM.match(name)
-        if match:
+        if match := PEFT_PARAM.match(name):
             named.append((f"{match['module']}.{match['part']}", param.detach()))
+        elif (match := SAVED_PARAM.match(name)) and param.requires_grad:
+            named.append((f"{match['module']}.{match['param']}", param.detach()))
     if not named:
         raise ValueError("the model has no LoRA adapter tensors (lora_A / lora_B): was apply_lora called?")
     return named

@@ -72,6 +72,9 @@ def test_target_modules_that_match_nothing_list_the_models_modules(tiny_model_di
     with pytest.raises(UserError, match=r"\['qkv'\] match no Linear module") as error:
         PolicyTrainer(lora_config(tiny_model_dir, target_modules=["q_proj", "qkv"]), str(tiny_model_dir), "cpu")
     assert "'q_proj'" in str(error.value) and "'down_proj'" in str(error.value)
+    with pytest.raises(UserError, match=r"modules_to_save \['nrm'\] match no module") as error:
+        PolicyTrainer(lora_config(tiny_model_dir, modules_to_save=["nrm"]), str(tiny_model_dir), "cpu")
+    assert "'norm'" in str(error.value)
 
 
 def test_only_adapters_train_and_the_sync_sends_only_them(tiny_model_dir):
@@ -115,8 +118,11 @@ def assert_engine_holds_peft_merge(engine, trainer) -> None:
         torch.testing.assert_close(ours[name], param, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_engine_merges_each_version_from_the_base_as_peft_does(tiny_model_dir):
-    trainer = trained(tiny_model_dir, steps=2)
+@pytest.mark.parametrize("saved", [[], ["norm"]])
+def test_engine_merges_each_version_from_the_base_as_peft_does(tiny_model_dir, saved):
+    trainer = trained(tiny_model_dir, steps=2, modules_to_save=saved)
+    whole = [n for n, _ in trainer.named_weights() if not n.endswith((".lora_A", ".lora_B"))]
+    assert ("model.norm.weight" in whole) == bool(saved) and bool(whole) == bool(saved)  # norms synced whole
     engine = engine_for(tiny_model_dir, trainer.config.model.lora.scaling)
     base_q = engine.model.model.layers[0].self_attn.q_proj.weight.detach().clone()
     load_bucketed(engine, trainer.named_weights(), version=2)
@@ -133,11 +139,11 @@ def test_engine_merges_each_version_from_the_base_as_peft_does(tiny_model_dir):
     assert_engine_holds_peft_merge(engine, trainer)
 
 
-def test_engine_refuses_full_weights_when_it_takes_adapters(tiny_model_dir):
+def test_engine_refuses_names_its_model_lacks(tiny_model_dir):
     engine = engine_for(tiny_model_dir, 2.0)
     engine.begin_weight_update()
     with pytest.raises(ValueError, match=r"disagree about model\.lora"):
-        engine.load_weight_bucket([("model.norm.weight", torch.ones(32))])
+        engine.load_weight_bucket([("model.extra.weight", torch.ones(32))])
 
 
 def test_a_sync_that_did_not_arrive_stops_with_the_cause():
