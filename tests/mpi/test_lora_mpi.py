@@ -1,4 +1,5 @@
-"""A real `mpirun -n 4 agentrl train` with model.lora: adapter-only syncs over shm, then a resume over mpi."""
+"""A real `mpirun -n 4 agentrl train` with model.lora (adapters, and the norms trained whole): adapter-only syncs
+over shm, then a resume over mpi."""
 
 import json
 
@@ -11,7 +12,8 @@ pytest.importorskip("peft")
 
 
 def test_lora_trains_checkpoints_adapters_and_resumes(tmp_path, tiny_model_dir):
-    lora = {"model.lora.rank": 4, "model.lora.alpha": 8, "optimizer.lr": 0.05, "checkpoint.every": 1}
+    lora = {"model.lora.rank": 4, "model.lora.alpha": 8, "model.lora.modules_to_save": "[norm]", "optimizer.lr": 0.05}
+    lora["checkpoint.every"] = 1
     layout = {"layout.env": 1, "layout.rollout": 2}
     assert_ok(train(4, small_run(tmp_path, tiny_model_dir, steps=2, **layout, **lora)))
     run = tmp_path / "run"
@@ -19,7 +21,7 @@ def test_lora_trains_checkpoints_adapters_and_resumes(tmp_path, tiny_model_dir):
     assert (step / "adapter_model.safetensors").is_file() and not (step / "model.safetensors").exists()
     recorded = json.loads((step / "adapter_config.json").read_text())
     assert recorded["base_model_name_or_path"] == str(tiny_model_dir.resolve())
-    assert recorded["r"] == 4 and recorded["lora_alpha"] == 8
+    assert recorded["r"] == 4 and recorded["lora_alpha"] == 8 and recorded["modules_to_save"] == ["norm"]
 
     resumed = {**lora, "weights.transport": "mpi", "resume": "true"}
     assert_ok(train(4, small_run(tmp_path, tiny_model_dir, steps=4, **layout, **resumed)))
