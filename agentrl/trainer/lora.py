@@ -40,6 +40,13 @@ def check_targets(model: torch.nn.Module, targets: list[str], saved: list[str] =
             f"model.lora.target_modules {unmatched} match no Linear module of this model; its Linear modules are "
             f"named {module_names(model)}: set model.lora.target_modules to some of those"
         )
+    tied = _tied_linears(model)
+    tied_targets = sorted(n for n in tied if any(n == t or n.endswith("." + t) for t in targets))
+    if tied_targets:
+        raise UserError(
+            f"model.lora.target_modules adapts {tied_targets}, whose weight is tied to another (the input "
+            "embedding): a merged adapter would change both; leave them out of model.lora.target_modules"
+        )
     every = [name for name, _ in model.named_modules() if name]
     unmatched = [t for t in saved if not any(name == t or name.endswith(t) for name in every)]
     if unmatched:
@@ -48,6 +55,18 @@ def check_targets(model: torch.nn.Module, targets: list[str], saved: list[str] =
             f"model.lora.modules_to_save {unmatched} match no module of this model; its modules are named {names}: "
             "set model.lora.modules_to_save to some of those"
         )
+
+
+def _tied_linears(model: torch.nn.Module) -> list[str]:
+    """Linear modules whose weight shares its storage with another parameter (a tied output head)."""
+    owners: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        owners[param.data_ptr()] = owners.get(param.data_ptr(), 0) + 1
+    return [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and owners.get(m.weight.data_ptr(), 0) > 1
+    ]
 
 
 def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:

@@ -72,6 +72,8 @@ def test_target_modules_that_match_nothing_list_the_models_modules(tiny_model_di
     with pytest.raises(UserError, match=r"\['qkv'\] match no Linear module") as error:
         PolicyTrainer(lora_config(tiny_model_dir, target_modules=["q_proj", "qkv"]), str(tiny_model_dir), "cpu")
     assert "'q_proj'" in str(error.value) and "'down_proj'" in str(error.value)
+    with pytest.raises(UserError, match=r"adapts \['lm_head'\], whose weight is tied"):
+        PolicyTrainer(lora_config(tiny_model_dir, target_modules=["q_proj", "lm_head"]), str(tiny_model_dir), "cpu")
     with pytest.raises(UserError, match=r"modules_to_save \['nrm'\] match no module") as error:
         PolicyTrainer(lora_config(tiny_model_dir, modules_to_save=["nrm"]), str(tiny_model_dir), "cpu")
     assert "'norm'" in str(error.value)
