@@ -1,5 +1,5 @@
-"""The `agentrl` command: train | eval | serve | sft | episodes-to-sft | supervise | sweep | layout | envs |
-algorithms | check-env | config-doc."""
+"""The `agentrl` command: train | eval | serve | sft | episodes-to-sft | export-merged | supervise | sweep | layout |
+envs | algorithms | check-env | config-doc."""
 
 from __future__ import annotations
 
@@ -70,6 +70,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", help="torch device for the torch engine (default cuda if available, else cpu)")
     p.add_argument("--seed", type=int, default=0, help="the engines' sampling seed (rank r uses seed + r)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info prints every request)")
+
+    p = sub.add_parser(
+        "export-merged",
+        help="write a LoRA checkpoint (adapter folder) merged into its base as a plain Hugging Face model folder",
+        description="agentrl export-merged CHECKPOINT OUT [--dtype float32|bfloat16]",
+    )
+    p.add_argument("checkpoint", help="a LoRA run's RUN_DIR/checkpoints/step_N (or the run folder: its newest)")
+    p.add_argument("out", help="folder to write (config.json, model.safetensors, tokenizer)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="dtype of the written weights")
 
     p = sub.add_parser(
         "supervise",
@@ -233,6 +242,14 @@ def cmd_serve(args) -> int:
     return serve(args)
 
 
+def cmd_export_merged(args) -> int:
+    from agentrl.trainer.export import export_merged
+
+    out = export_merged(args.checkpoint, args.out, args.dtype)
+    print(f"agentrl: wrote the merged model to {out} (load it with from_pretrained, or as model.path)")
+    return 0
+
+
 def cmd_supervise(args) -> int:
     from agentrl.supervise import supervise
 
@@ -253,7 +270,7 @@ def cmd_layout(args) -> int:
     config = load_config(args.config, args.overrides)
     hosts = parse_hosts(args.hosts) if args.hosts else None
     ranks_per_node = args.ranks_per_node or simulated_ranks_per_node()
-    gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
+    gpus, mapped, in_place = engine_gpus(config), config.maps_weights, config.trains_in_window
     transport = config.weights.transport  # resolved from the planned placements, as a run resolves it
     rows = plan(
         config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, transport, mapped, in_place, hosts=hosts
@@ -331,6 +348,7 @@ COMMANDS = {
     "train": cmd_train,
     "eval": cmd_eval,
     "serve": cmd_serve,
+    "export-merged": cmd_export_merged,
     "sft": cmd_sft,
     "episodes-to-sft": cmd_episodes_to_sft,
     "supervise": cmd_supervise,

@@ -38,7 +38,7 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     # This job's real nodes (numbered 0, 1, ... in rank order) and GPUs: the table shows what each rank binds and
     # the weight transport every rank resolves from those placements.
     nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
-    gpus, mapped, in_place = engine_gpus(config), config.weights.shm_mapped, config.trains_in_window
+    gpus, mapped, in_place = engine_gpus(config), config.maps_weights, config.trains_in_window
     transport = config.weights.transport
     hosts = layout.hosts if layout.hosts and len(set(layout.hosts)) > 1 else None  # several nodes: show their names
     rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes, hosts)

@@ -47,6 +47,36 @@ class TinyModelConfig(Section):
     seed: int = Field(0, description="Seed of the random initialisation.")
 
 
+LORA_TARGETS_DEFAULT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class LoraConfig(Section):
+    """LoRA adapters (PEFT): the trainer trains only them; weight syncs send only them (docs/lora.md)."""
+
+    rank: int = Field(8, ge=1, description="Rank r of each adapter (A: r x in, B: out x r).")
+    alpha: float = Field(
+        16.0, gt=0, description="Scale numerator: the adapter adds (alpha / rank) * B @ A to each target weight."
+    )
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter's input while training.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: list(LORA_TARGETS_DEFAULT),
+        min_length=1,
+        description="Linear modules that get adapters, by the last part of their name (`q_proj`) or a full "
+        "dotted name; a name that matches no module is an error listing the model's module names.",
+    )
+
+    modules_to_save: list[str] = Field(
+        default_factory=list,
+        description="Modules trained whole beside the adapters (PEFT's modules_to_save), by the last part of their "
+        "name; synced whole. `[norm]` trains the RMS norms (a few hundred numbers): a randomly initialised model "
+        "needs them to sharpen its output distribution (docs/lora.md#learning-parity-on-the-quickstart).",
+    )
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.rank
+
+
 class ModelConfig(Section):
     """The policy: any transformers causal LM loadable with `from_pretrained`."""
 
@@ -55,6 +85,11 @@ class ModelConfig(Section):
         None, description="If set and `path` does not exist, build a tiny model there first (no network needed)."
     )
     dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype for training and rollout.")
+    lora: LoraConfig | None = Field(
+        None,
+        description="Train LoRA adapters instead of every weight (`model.lora.rank=8` on the command line, or "
+        "`lora: {}` under model:); None: full fine-tuning.",
+    )
 
 
 class EnvConfig(Section):
@@ -565,6 +600,8 @@ class Config(Section):
             )
         self._default_async_correction()
         transport = self.weights.transport
+        if self.model.lora is not None:
+            self._check_lora()
         # Whether cuda_ipc can serve is known once ranks have GPUs: weights.resolve_weight_sync checks it at start.
         if transport == "nccl" and self.layout.colocate:
             raise ValueError(
@@ -586,6 +623,30 @@ class Config(Section):
                 "uses none; set weights.transport=shm (or auto on CPU), or leave weights.shm_mapped=auto"
             )
         return self
+
+    def _check_lora(self) -> None:
+        """LoRA needs what can take adapter-only syncs: the CPU transports, unsharded trainers."""
+        if self.parallelism.fsdp:
+            raise ValueError(
+                "model.lora with parallelism.fsdp=true is not supported yet (PEFT adapters under FSDP2 sharding); "
+                "set parallelism.fsdp=false: the adapters and their optimizer state are small, and the frozen base "
+                "model is the only large part"
+            )
+        if self.model.lora.modules_to_save and self.rollout.engine.backend == "sglang":
+            raise ValueError(
+                "model.lora.modules_to_save with rollout.engine.backend=sglang: SGLang's LoRA adapters take lora_A / "
+                "lora_B only; set model.lora.modules_to_save=[] or rollout.engine.backend=torch"
+            )
+        if self.weights.transport not in ("auto", "shm", "mpi"):
+            raise ValueError(
+                f"model.lora sends only the adapters, over weights.transport=auto, shm or mpi (CPU); "
+                f"weights.transport={self.weights.transport} cannot take them yet: set weights.transport=shm or mpi"
+            )
+        if self.weights.shm_in_place is True:
+            raise ValueError(
+                "model.lora with weights.shm_in_place=true: the trainer's adapters are not the engines' weights, so "
+                "they cannot live in the window the engines view; set weights.shm_in_place=auto or false"
+            )
 
     def _default_async_correction(self) -> None:
         """Asynchronous rollouts train on episodes of older weights: unless the algorithm's correction was
@@ -611,7 +672,14 @@ class Config(Section):
 
     @property
     def trains_in_window(self) -> bool | str:
-        """`weights.shm_in_place` as far as the config decides it: False running ahead or sharded (FSDP)."""
-        if self.rollout.max_staleness or self.parallelism.fsdp:
+        """`weights.shm_in_place` as far as the config decides it: False running ahead, sharded (FSDP) or with
+        LoRA (the trainer's adapters are not the engines' weights)."""
+        if self.rollout.max_staleness or self.parallelism.fsdp or self.model.lora is not None:
             return False
         return self.weights.shm_in_place
+
+    @property
+    def maps_weights(self) -> bool | str:
+        """`weights.shm_mapped` as far as the config decides it: False with LoRA (engines merge adapters into
+        weights of their own, never view them)."""
+        return False if self.model.lora is not None else self.weights.shm_mapped

@@ -20,7 +20,10 @@ def make_engine(config, device: str, seed: int):
 
     model = load_causal_lm(config.model.path, config.model.dtype, device)
     tokenizer = load_tokenizer(config.model.path)
-    return build_torch_engine(model, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
+    built = build_torch_engine(model, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
+    if config.model.lora is not None:  # syncs bring adapters only, merged into these weights
+        built.use_lora(config.model.lora.scaling)
+    return built
 
 
 def build_torch_engine(model, config, *, pad_token_id: int, seed: int):

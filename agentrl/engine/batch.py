@@ -96,6 +96,7 @@ class TorchEngine(Engine):
         self.generator = seeded_generator(seed, self.device)
         self.weight_version = -1
         self.weights_mapped = False  # parameters view memory given to map_weights
+        self.lora = None  # a LoraMerge once use_lora is called: syncs then bring adapters only
         self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "largest_batch": 0}
         self._keeps_last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._takes_ready_masks = takes_ready_made_sdpa_masks(model)
@@ -210,9 +211,26 @@ class TorchEngine(Engine):
 
     # ---- weights --------------------------------------------------------------------
 
+    def use_lora(self, scaling: float) -> None:
+        """From now on weight syncs bring LoRA adapters only, merged into the base weights (engine/lora_merge.py)."""
+        from agentrl.engine.lora_merge import LoraMerge
+
+        self.lora = LoraMerge(self.model, scaling)
+
+    @property
+    def loaded_checksum(self) -> int | None:
+        """LoRA: the checksum of the adapters the last sync merged (weights/lora.py confirms it)."""
+        return None if self.lora is None else self.lora.loaded_checksum
+
     def load_weights(self, named_tensors, version: int) -> None:
         """Copy every parameter in place from `named_tensors` (a mapping or (name, tensor) pairs)."""
         incoming = dict(named_tensors.items() if hasattr(named_tensors, "items") else named_tensors)
+        if self.lora is not None:
+            with self._model_lock:
+                self.lora.take(incoming.items())
+                self.lora.merge()
+                self.weight_version = version
+            return
         targets = {
             **dict(self.model.named_parameters(remove_duplicate=False)),
             **dict(self.model.named_buffers(remove_duplicate=False)),
@@ -267,6 +285,11 @@ class TorchEngine(Engine):
     def load_weight_bucket(self, named_tensors: list) -> None:
         if not hasattr(self, "_names_updated"):
             raise RuntimeError("load_weight_bucket outside an update; call begin_weight_update first")
+        if self.lora is not None:
+            with self._model_lock:
+                self.lora.take(named_tensors)
+                self._names_updated.update(name for name, _ in named_tensors)
+            return
         names = tuple(name for name, _ in named_tensors)
         sources = [tensor for _, tensor in named_tensors]
         targets = self._bucket_targets(names, [tensor.shape for tensor in sources])
@@ -296,6 +319,11 @@ class TorchEngine(Engine):
         updated = self.__dict__.pop("_names_updated", None)
         if updated is None:
             raise RuntimeError("end_weight_update without begin_weight_update")
+        if self.lora is not None:
+            with self._model_lock:
+                self.lora.merge()
+                self.weight_version = version
+            return
         if updated != vars(self).get("_complete_update"):  # a set of names once found complete is complete again
             named = self.model.named_parameters(remove_duplicate=False)
             given = {id(param) for name, param in named if name in updated}
@@ -307,6 +335,8 @@ class TorchEngine(Engine):
 
     def map_weights(self, named_tensors: list, version: int) -> bool:
         """Every parameter becomes the given tensor itself (same name, shape, dtype and device), no copy."""
+        if self.lora is not None:
+            return False  # adapters are merged, never viewed
         params = dict(self.model.named_parameters(remove_duplicate=False))
         named_tensors = list(named_tensors)
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.sglang_lora import SGLangAdapters, server_kwargs
 from agentrl.transport import MPI_VARIABLE_PREFIXES
 
 MISSING_SGLANG = (
@@ -65,6 +66,9 @@ SGLANG_CALLS = (
             "random_seed",
             "dtype",
             "custom_sigquit_handler",
+            "enable_lora",
+            "max_lora_rank",
+            "lora_target_modules",
         ),
     ),
     SGLangCall(
@@ -73,7 +77,11 @@ SGLANG_CALLS = (
         "fields",
         ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "no_stop_trim", "sampling_seed"),
     ),
-    SGLangCall(ENGINE_SOURCE, "Engine", "async_generate", ("input_ids", "sampling_params", "return_logprob")),
+    SGLangCall(
+        ENGINE_SOURCE, "Engine", "async_generate", ("input_ids", "sampling_params", "return_logprob", "lora_path")
+    ),
+    SGLangCall(ENGINE_SOURCE, "Engine", "load_lora_adapter", ("lora_name", "lora_path")),
+    SGLangCall(ENGINE_SOURCE, "Engine", "unload_lora_adapter", ("lora_name",)),
     SGLangCall(
         ENGINE_SOURCE,
         "Engine",
@@ -217,7 +225,9 @@ class SGLangEngine(Engine):
         seed: int = 0,
         dtype: str = "bfloat16",
         sglang_kwargs: dict | None = None,
+        lora=None,
     ):
+        """`lora` (a LoraConfig): weight syncs bring adapters only, loaded through SGLang's LoRA adapter API."""
         sglang = import_sglang()
         self.colocate = colocate
         self.weight_group_size = tp_size
@@ -237,8 +247,10 @@ class SGLangEngine(Engine):
                 random_seed=seed,
                 dtype=dtype,
                 custom_sigquit_handler=abort_job_on_child_crash,
+                **(server_kwargs(lora) if lora is not None else {}),
                 **(sglang_kwargs or {}),
             )
+        self.adapters = SGLangAdapters(self.engine, lora, str(model_path)) if lora is not None else None
         # Bind SGLang's receive task to its loop now (it takes the running loop, else makes a new one).
         self.engine.loop.run_until_complete(_bind_handle_loop(self.engine.tokenizer_manager))
         if self.engine.tokenizer_manager.event_loop is not self.engine.loop:
@@ -272,6 +284,7 @@ class SGLangEngine(Engine):
             seed=seed,
             dtype=config.model.dtype,
             sglang_kwargs=engine.kwargs,
+            lora=config.model.lora,
         )
 
     @property
@@ -284,10 +297,11 @@ class SGLangEngine(Engine):
         if asyncio.get_running_loop() is not self.engine.loop:
             raise RuntimeError("await SGLangEngine.generate on engine.event_loop (SGLang binds its requests there)")
         prompt = np.asarray(input_ids, dtype=np.int64).reshape(-1).tolist()
+        adapter = {"lora_path": self.adapters.current} if self.adapters is not None and self.adapters.current else {}
         self._start_busy()
         try:
             result = await self.engine.async_generate(
-                input_ids=prompt, sampling_params=sampling_params_for_sglang(sampling), return_logprob=True
+                input_ids=prompt, sampling_params=sampling_params_for_sglang(sampling), return_logprob=True, **adapter
             )
         finally:
             self._end_busy()
@@ -318,6 +332,13 @@ class SGLangEngine(Engine):
     def shutdown(self) -> None:
         """Stop SGLang; note it kills every child process of this process (see the module docstring)."""
         self.engine.shutdown()
+        if self.adapters is not None:
+            self.adapters.close()
+
+    @property
+    def loaded_checksum(self) -> int | None:
+        """LoRA: the checksum of the adapters the last sync loaded (weights/lora.py confirms it)."""
+        return None if self.adapters is None else self.adapters.loaded_checksum
 
     # ---- weights (called between steps, while the engine loop is idle) ---------------
 
@@ -342,7 +363,7 @@ class SGLangEngine(Engine):
         succeeded(result, "init_weights_update_group")
 
     def begin_weight_update(self) -> None:
-        if hasattr(self.engine, "begin_weight_update"):
+        if self.adapters is None and hasattr(self.engine, "begin_weight_update"):
             self.engine.begin_weight_update()
 
     def receive_weight_bucket(self, specs: list[tuple[str, tuple[int, ...], str]], group_name: str) -> None:
@@ -357,11 +378,16 @@ class SGLangEngine(Engine):
         succeeded(result, "update_weights_from_distributed")
 
     def load_weight_bucket(self, named_tensors: list) -> None:
+        if self.adapters is not None:
+            self.adapters.take(named_tensors)
+            return
         result = self.engine.update_weights_from_tensor(named_tensors=list(named_tensors), flush_cache=False)
         succeeded(result, "update_weights_from_tensor")
 
     def end_weight_update(self, version: int) -> None:
-        if hasattr(self.engine, "end_weight_update"):
+        if self.adapters is not None:
+            self.adapters.load(version)
+        elif hasattr(self.engine, "end_weight_update"):
             self.engine.end_weight_update()
         self.engine.flush_cache()  # cached prefixes were computed with the old weights
         self.weight_version = version

@@ -179,7 +179,10 @@ def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
     final = final_path(run_dir)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    trainer.model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
+    model = trainer.model
+    if hasattr(model, "merge_and_unload"):  # LoRA: final/ is the merged plain model an RL config can load
+        model = model.merge_and_unload()
+    model.save_pretrained(tmp, state_dict=state, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     if final.exists():
         shutil.rmtree(final)

@@ -9,8 +9,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from agentrl.config import ConfigError
 from agentrl.trainer import parallel
-from agentrl.trainer.model import load_causal_lm
+from agentrl.trainer.model import load_policy
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 
 
@@ -22,9 +23,13 @@ class SFTTrainer:
         self.parallelism = config.parallelism
         self.sharded = self.parallelism.fsdp
         dtype = "float32" if self.parallelism.mixed_precision == "bf16" else config.model.dtype
-        self.model = load_causal_lm(weights_path, dtype, device)
-        if self.parallelism.activation_checkpointing:
-            parallel.enable_activation_checkpointing(self.model)
+        if config.model.lora is not None and self.sharded:
+            raise ConfigError(
+                "model.lora with parallelism.fsdp=true is not supported yet (PEFT adapters under FSDP2 sharding); "
+                "set parallelism.fsdp=false"
+            )
+        prepare = parallel.enable_activation_checkpointing if self.parallelism.activation_checkpointing else None
+        self.model = load_policy(weights_path, config, dtype, device, prepare)
         if self.sharded:
             parallel.shard(self.model, group, device, self.parallelism.mixed_precision)
         self.model.train()

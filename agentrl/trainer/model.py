@@ -23,8 +23,14 @@ def load_tokenizer(path: str):
 
 
 def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu"):
+    """A plain causal LM; a LoRA adapter folder (a LoRA run's checkpoint) loads its recorded base, merged."""
     from transformers import AutoModelForCausalLM
 
+    from agentrl.trainer import lora
+
+    if lora.is_adapter_folder(path):
+        base = AutoModelForCausalLM.from_pretrained(lora.recorded_base(path), dtype=getattr(torch, dtype))
+        return lora.load_adapter_model(path, base).to(device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     return model.to(device)
 
@@ -84,3 +90,35 @@ def init_trainer_group(role_comm, device: str):
     backend = "nccl" if device.startswith("cuda") else "gloo"
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=role_comm.Get_rank(), world_size=size)
     return dist.group.WORLD
+
+
+def load_policy(path: str, config, dtype: str, device: str, prepare=None):
+    """The model a trainer trains: `load_causal_lm(path)`, or with `model.lora` set, the base at `model.path`
+    with adapters (fresh, or those of `path` when it is a LoRA checkpoint); only the adapters then require grad.
+    `prepare(model)`, if given, runs on the plain model before adapters wrap it (activation checkpointing)."""
+    from agentrl.trainer import lora
+
+    lora_config = config.model.lora
+    adapter_checkpoint = lora.is_adapter_folder(path) and str(path) != str(config.model.path)
+    if lora_config is None:
+        if adapter_checkpoint:
+            raise UserError(
+                f"{path} is a LoRA adapter checkpoint but model.lora is not set; resume it with the run's model.lora "
+                "section, or export it with `agentrl export-merged` and fine-tune that"
+            )
+        return _prepared(load_causal_lm(path, dtype, device), prepare)
+    if adapter_checkpoint:
+        base = _prepared(load_causal_lm(config.model.path, dtype, device), prepare)
+        return lora.load_adapter_model(path, base, trainable=True)
+    if path != config.model.path:
+        raise UserError(
+            f"{path} is a full-model checkpoint but model.lora is set; resume it without model.lora, or start a new "
+            "run_dir for LoRA"
+        )
+    return lora.apply_lora(_prepared(load_causal_lm(path, dtype, device), prepare), lora_config, path)
+
+
+def _prepared(model, prepare):
+    if prepare is not None:
+        prepare(model)
+    return model

@@ -27,7 +27,7 @@ from agentrl.algorithms.base import AlgorithmContext, ExtraModel, LossInputs, Pr
 from agentrl.algorithms.losses import entropy, token_logprobs
 from agentrl.config import ConfigError
 from agentrl.trainer import parallel
-from agentrl.trainer.model import load_causal_lm
+from agentrl.trainer.model import load_causal_lm, load_policy
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 from agentrl.trajectory import num_episodes
 
@@ -80,17 +80,23 @@ class PolicyTrainer:
         says; model.dtype then only sets the rollout engine's dtype.
         """
         dtype = "float32" if self.parallelism.mixed_precision == "bf16" else self.config.model.dtype
-        model = load_causal_lm(path, dtype, self.device)
         if reference:
+            model = load_causal_lm(path, dtype, self.device)
             model.requires_grad_(False)
-        elif self.parallelism.activation_checkpointing:
-            parallel.enable_activation_checkpointing(model)
+        else:
+            prepare = parallel.enable_activation_checkpointing if self.parallelism.activation_checkpointing else None
+            model = load_policy(path, self.config, dtype, self.device, prepare)
         if self.sharded:
             parallel.shard(model, self.group, self.device, self.parallelism.mixed_precision)
         return model
 
     def named_weights(self):
-        """(name, tensor) in a fixed order; DTensor shards under FSDP (weights.full_tensors gathers them)."""
+        """(name, tensor) in a fixed order; DTensor shards under FSDP (weights.full_tensors gathers them).
+        With model.lora, only the adapter tensors (agentrl/trainer/lora.py names them)."""
+        if self.config.model.lora is not None:
+            from agentrl.trainer.lora import adapter_weights
+
+            return adapter_weights(self.model)
         return [(name, p.detach()) for name, p in self.model.named_parameters()]
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:

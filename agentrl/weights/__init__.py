@@ -5,16 +5,28 @@
 - `nccl`: a torch.distributed process group (NCCL on GPUs, gloo on CPU), the way SGLang's workers join one;
 - `cuda_ipc`: one writer and any number of readers on its GPU;
 - `choice`: which of them `weights.transport=auto` picks, from where the weight group sits;
-- `announce`: the version announcement that lets rollout ranks running ahead take new weights.
+- `announce`: the version announcement that lets rollout ranks running ahead take new weights;
+- `lora`: with `model.lora`, adapter-only syncs confirmed by every engine (version and checksum).
 """
 
 from __future__ import annotations
 
+from agentrl.config import ConfigError
 from agentrl.weights.base import WeightSync
 from agentrl.weights.choice import resolve_weight_sync
 
 
 def make_weight_sync(config, layout, engine=None) -> WeightSync:
+    """The job's transport (`transport_for`); with `model.lora`, wrapped so each version's adapters are confirmed."""
+    sync = transport_for(config, layout, engine)
+    if config.model.lora is None:
+        return sync
+    from agentrl.weights.lora import ConfirmedAdapterSync
+
+    return ConfirmedAdapterSync(sync, layout.weight_comm)
+
+
+def transport_for(config, layout, engine=None) -> WeightSync:
     """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine).
 
     Every rank of the weight group resolves `weights.transport` from the whole job's placements
@@ -25,6 +37,11 @@ def make_weight_sync(config, layout, engine=None) -> WeightSync:
     leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)
     rollout_gpus = engine_gpus(config)
     choice = resolve_weight_sync(config.weights.transport, config.layout.colocate, leader, rollouts, rollout_gpus)
+    if config.model.lora is not None and choice not in ("mpi", "shm"):
+        raise ConfigError(
+            f"model.lora sends adapters over the CPU transports only, but weights.transport={config.weights.transport} "
+            f"resolves to {choice} here; set weights.transport=shm or mpi"
+        )
     bucket_mb = config.weights.bucket_mb
     if choice == "mpi":
         from agentrl.weights.mpi import MPIWeightBroadcast
@@ -33,7 +50,7 @@ def make_weight_sync(config, layout, engine=None) -> WeightSync:
     if choice == "shm":
         from agentrl.weights.shm import SharedMemoryWeights
 
-        mapped, in_place = config.weights.shm_mapped, config.trains_in_window
+        mapped, in_place = config.maps_weights, config.trains_in_window
         return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb, mapped, in_place)
     if choice in ("nccl", "gloo"):
         from agentrl.weights.nccl import DistributedWeightBroadcast

@@ -1,0 +1,148 @@
+"""LoRA adapters on the policy (PEFT): wrap a model, name its adapter tensors for syncs, load adapter folders.
+
+A sync names each adapter tensor after the base weight it adapts: `model.layers.0.self_attn.q_proj.lora_A`
+and `...q_proj.lora_B` for the weight `model.layers.0.self_attn.q_proj.weight` (agentrl/engine/lora_merge.py
+merges them there). A checkpoint is a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
+whose `base_model_name_or_path` is the base model's absolute path.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+
+from agentrl.errors import UserError
+
+ADAPTER_CONFIG = "adapter_config.json"
+PEFT_PARAM = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<part>lora_A|lora_B)\.default\.weight$")
+SAVED_PARAM = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.modules_to_save\.default\.(?P<param>\w+)$")
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    return (Path(path) / ADAPTER_CONFIG).is_file()
+
+
+def module_names(model: torch.nn.Module) -> list[str]:
+    """The distinct last parts of the model's Linear module names (what target_modules usually lists)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)})
+
+
+def check_targets(model: torch.nn.Module, targets: list[str], saved: list[str] = ()) -> None:
+    """Every target names at least one Linear module, every module to save at least one module (by its last part
+    or its full dotted name)."""
+    linear = [name for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    unmatched = [t for t in targets if not any(name == t or name.endswith("." + t) for name in linear)]
+    if unmatched:
+        raise UserError(
+            f"model.lora.target_modules {unmatched} match no Linear module of this model; its Linear modules are "
+            f"named {module_names(model)}: set model.lora.target_modules to some of those"
+        )
+    tied = _tied_linears(model)
+    tied_targets = sorted(n for n in tied if any(n == t or n.endswith("." + t) for t in targets))
+    if tied_targets:
+        raise UserError(
+            f"model.lora.target_modules adapts {tied_targets}, whose weight is tied to another (the input "
+            "embedding): a merged adapter would change both; leave them out of model.lora.target_modules"
+        )
+    every = [name for name, _ in model.named_modules() if name]
+    unmatched = [t for t in saved if not any(name == t or name.endswith(t) for name in every)]
+    if unmatched:
+        names = sorted({name.rsplit(".", 1)[-1] for name in every})
+        raise UserError(
+            f"model.lora.modules_to_save {unmatched} match no module of this model; its modules are named {names}: "
+            "set model.lora.modules_to_save to some of those"
+        )
+
+
+def _tied_linears(model: torch.nn.Module) -> list[str]:
+    """Linear modules whose weight shares its storage with another parameter (a tied output head)."""
+    owners: dict[int, int] = {}
+    for _, param in model.named_parameters(remove_duplicate=False):
+        owners[param.data_ptr()] = owners.get(param.data_ptr(), 0) + 1
+    return [
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and owners.get(m.weight.data_ptr(), 0) > 1
+    ]
+
+
+def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:
+    """`model` with fresh adapters (B = 0: the same outputs as the base); only the adapters require grad."""
+    LoraConfig, get_peft_model = _peft("LoraConfig", "get_peft_model")
+
+    check_targets(model, list(lora.target_modules), list(lora.modules_to_save))
+    peft_config = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=list(lora.target_modules),
+        modules_to_save=list(lora.modules_to_save) or None,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    model.name_or_path = base_folder(base_path)  # what PEFT records as the checkpoint's base
+    wrapped = get_peft_model(model, peft_config)
+    wrapped.peft_config["default"].base_model_name_or_path = model.name_or_path
+    return wrapped
+
+
+def base_folder(path: str) -> str:
+    """What a checkpoint records as its base: the absolute path of a local folder, else the hub id as given."""
+    return str(Path(path).resolve()) if Path(path).exists() else path
+
+
+def recorded_base(adapter_path: str | Path) -> str:
+    """The base model an adapter folder records; UserError naming the fix when it is missing."""
+    config = json.loads((Path(adapter_path) / ADAPTER_CONFIG).read_text())
+    base = config.get("base_model_name_or_path")
+    if not base:
+        raise UserError(
+            f"{adapter_path} is a LoRA adapter folder without base_model_name_or_path in {ADAPTER_CONFIG}; add the "
+            "base model's folder there"
+        )
+    from agentrl.trainer.model import HUB_ID
+
+    if not Path(base).exists() and (Path(base).is_absolute() or not HUB_ID.fullmatch(base)):
+        raise UserError(
+            f"{adapter_path} is a LoRA adapter for the base model {base}, which does not exist here; put the base "
+            f"model back at {base}, or edit base_model_name_or_path in {Path(adapter_path) / ADAPTER_CONFIG} to "
+            "where it is now"
+        )
+    return base
+
+
+def load_adapter_model(adapter_path: str | Path, base, trainable: bool = False):
+    """`base` (a loaded causal LM) with the adapter of `adapter_path`: a PeftModel (trainable adapters), or
+    merged into a plain model when not trainable."""
+    (PeftModel,) = _peft("PeftModel")
+    model = PeftModel.from_pretrained(base, str(adapter_path), is_trainable=trainable)
+    return model if trainable else model.merge_and_unload()
+
+
+def _peft(*names: str) -> tuple:
+    try:
+        import peft
+    except ImportError:
+        raise UserError("model.lora and LoRA checkpoints need PEFT: pip install 'agentrl[lora]' (peft)") from None
+    return tuple(getattr(peft, name) for name in names)
+
+
+def adapter_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """(sync name, tensor) of every adapter tensor, in the model's order (what an adapter sync sends); a module
+    trained whole (modules_to_save) goes by its own parameter names."""
+    named = []
+    for name, param in model.named_parameters():
+        if match := PEFT_PARAM.match(name):
+            named.append((f"{match['module']}.{match['part']}", param.detach()))
+        elif (match := SAVED_PARAM.match(name)) and param.requires_grad:
+            named.append((f"{match['module']}.{match['param']}", param.detach()))
+    if not named:
+        raise ValueError("the model has no LoRA adapter tensors (lora_A / lora_B): was apply_lora called?")
+    return named
+
+
+def adapter_nbytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for _, t in adapter_weights(model))
