@@ -85,6 +85,7 @@ class Gateway:
             self.announced.unlink(missing_ok=True)
         if self.server is None:
             return
+        self.table.release_claims()
         self.server.should_exit = True
         with contextlib.suppress(Exception):
             loop.run_until_complete(asyncio.wait_for(self.serving, 5))

@@ -48,8 +48,9 @@ class SessionTable:
         self.service_key = service_key or secrets.token_urlsafe(24)
         self.sessions: dict[str, Session] = {}
         self._by_key: dict[str, str] = {}
-        self._offered: asyncio.Queue[Session] | None = None
+        self._offered: asyncio.Queue[Session | None] | None = None
         self.opened = 0
+        self.claiming = 0  # services' claims waiting for a session
 
     def open(self, task: dict) -> Session:
         session_id = secrets.token_hex(8)
@@ -99,19 +100,30 @@ class SessionTable:
         self.offered.put_nowait(session)
 
     async def claim(self, wait_s: float) -> Session | None:
-        """The next offered session still open, or None after `wait_s` seconds without one."""
+        """The next offered session still open, or None after `wait_s` seconds without one (or at shutdown)."""
         deadline = asyncio.get_running_loop().time() + wait_s
-        while True:
-            left = deadline - asyncio.get_running_loop().time()
-            if left <= 0:
-                return None
-            try:
-                session = await asyncio.wait_for(self.offered.get(), left)
-            except asyncio.TimeoutError:
-                return None
-            if session.id in self.sessions:
-                session.claimed.set()
-                return session
+        self.claiming += 1
+        try:
+            while True:
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    return None
+                try:
+                    session = await asyncio.wait_for(self.offered.get(), left)
+                except asyncio.TimeoutError:
+                    return None
+                if session is None:
+                    return None
+                if session.id in self.sessions:
+                    session.claimed.set()
+                    return session
+        finally:
+            self.claiming -= 1
+
+    def release_claims(self) -> None:
+        """Answer every waiting claim at once (empty): the gateway is stopping."""
+        for _ in range(self.claiming):
+            self.offered.put_nowait(None)
 
 
 def bearer(authorization: str | None) -> str | None:
