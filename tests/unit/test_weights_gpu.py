@@ -247,6 +247,7 @@ def test_make_weight_sync_resolves_from_the_layouts_placements(monkeypatch):
             weights=SimpleNamespace(transport="auto", bucket_mb=8.0),
             layout=SimpleNamespace(colocate=colocate),
             rollout=SimpleNamespace(engine=SimpleNamespace()),
+            model=SimpleNamespace(lora=None),
         )
         make_weight_sync(config, layout)
     assert made == [("comm", 8.0, "cuda:0", False), ("comm", 8.0, "cuda:0", True)]
