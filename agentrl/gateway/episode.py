@@ -131,7 +131,7 @@ def _transcript(calls) -> list[tuple[str, str]]:
     """(reply text, next user or tool message) per call, for reward functions."""
     out = []
     for index, call in enumerate(calls):
-        reply = _reply_text(call)
+        reply = call.text
         following = ""
         if index + 1 < len(calls):
             messages = getattr(calls[index + 1].request, "messages", None) or []
@@ -142,11 +142,7 @@ def _transcript(calls) -> list[tuple[str, str]]:
     return out
 
 
-def _reply_text(call) -> str:
-    return getattr(call, "text", None) or ""
-
-
 def _messages(calls) -> list[dict]:
     request = getattr(calls[-1], "request", None)
     messages = [m.model_dump(exclude_none=True) for m in getattr(request, "messages", None) or []]
-    return [*messages, {"role": "assistant", "content": _reply_text(calls[-1])}]
+    return [*messages, {"role": "assistant", "content": calls[-1].text}]

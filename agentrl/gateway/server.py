@@ -21,6 +21,7 @@ import socket
 from dataclasses import replace
 from pathlib import Path
 
+import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
@@ -55,8 +56,6 @@ class Gateway:
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Serve on `loop` (the worker's): requests are answered while the loop runs episodes."""
-        import uvicorn
-
         # The loop stands still while the rank trains or takes weights; a keep-alive timer that fires as it wakes
         # would close connections a client is reusing that moment, so idle connections are kept long.
         config = uvicorn.Config(
@@ -176,7 +175,7 @@ class _SessionCalls:
             request=request,
         )
         self.session.record(call)
-        self.stitcher.remember(record, getattr(request, "tools", None) if self.list_tools else None)
+        self.stitcher.remember(record, getattr(request, "tools", None) if self.list_tools else None, text, reply)
 
     def prompt_ids(self, messages, tools) -> list[int]:
         return self.stitcher.prompt_ids(messages, tools if self.list_tools else None)
@@ -213,17 +212,11 @@ def _reward_body(raw: bytes, required: bool = True) -> tuple[float | None, bool 
     return reward_value, success
 
 
-class _QuietServer:
+class _QuietServer(uvicorn.Server):
     """uvicorn's server without its signal handlers: SIGTERM and SIGINT stay agentrl's graceful stop."""
 
-    def __new__(cls, config):
-        import uvicorn
-
-        class Server(uvicorn.Server):
-            def capture_signals(self):
-                return contextlib.nullcontext()
-
-        return Server(config)
+    def capture_signals(self):
+        return contextlib.nullcontext()
 
 
 def _bind(host: str, port: int) -> socket.socket:

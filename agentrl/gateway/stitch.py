@@ -60,22 +60,15 @@ class PromptStitcher:
             return None
         return self.tokenizer(full[cut:], add_special_tokens=False)["input_ids"]
 
-    def remember(self, record, shown_tools) -> None:
-        """After a chat call: its messages, the tools its prompt showed, its prompt, output and the reply the client
-        saw."""
+    def remember(self, record, shown_tools, text: str, reply: dict) -> None:
+        """After a chat call: its messages, the tools its prompt showed, its prompt and output, and the reply's text
+        and message as the client saw them."""
         request = getattr(record, "request", None)
         if record.endpoint != "chat.completions" or request is None:
             return
-        from agentrl.serve.render import reply_message
-
-        output = list(record.output_ids)
-        stop_ids = self.renderer.stop_ids
-        visible = output[:-1] if output and output[-1] in stop_ids else output
-        text = self.renderer.text(visible)
         if request.stop_strings() and text != _cut(text, request.stop_strings()):
             return  # the client saw less than the model wrote: its history cannot extend these tokens
-        with_tools = bool(request.tools) and request.tool_choice != "none"
-        reply, _ = reply_message(text, with_tools)
+        output, stop_ids = list(record.output_ids), self.renderer.stop_ids
         closed = output if output and output[-1] in stop_ids else [*output, stop_ids[0]]
         messages = [self.renderer.plain_message(m) for m in request.messages]
         self.turns.append(_Turn(messages, _tools_key(shown_tools), list(record.prompt_ids), closed, reply))

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from agentrl.errors import UserError
+from agentrl.models.hub import HUB_ID
 
 ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PARAM = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<part>lora_A|lora_B)\.default\.weight$")
@@ -103,8 +104,6 @@ def recorded_base(adapter_path: str | Path) -> str:
             f"{adapter_path} is a LoRA adapter folder without base_model_name_or_path in {ADAPTER_CONFIG}; add the "
             "base model's folder there"
         )
-    from agentrl.trainer.model import HUB_ID
-
     if not Path(base).exists() and (Path(base).is_absolute() or not HUB_ID.fullmatch(base)):
         raise UserError(
             f"{adapter_path} is a LoRA adapter for the base model {base}, which does not exist here; put the base "

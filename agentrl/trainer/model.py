@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import torch
 
 from agentrl import transport
 from agentrl.errors import UserError
-
-HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # "name" or "namespace/name"
+from agentrl.models.hub import HUB_ID
 
 
 def load_tokenizer(path: str):
