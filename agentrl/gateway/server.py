@@ -108,8 +108,9 @@ class Gateway:
 
         def hook_for(request: Request):
             session = session_of(request)
-            stitcher = session.renders.setdefault("stitcher", PromptStitcher(self.completions.renderer))
-            return _SessionCalls(session, stitcher, self.list_tools)
+            if session.stitcher is None:
+                session.stitcher = PromptStitcher(self.completions.renderer)
+            return _SessionCalls(session, session.stitcher, self.list_tools)
 
         app.include_router(openai_router(self.completions, hook_for), prefix="/sessions/{session_id}/v1")
 

@@ -32,7 +32,7 @@ class Session:
     success: bool | None = None
     claimed: asyncio.Event = field(default_factory=asyncio.Event)  # a service took it (POST /sessions/claim)
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # the agent (service) said it is done
-    renders: dict = field(default_factory=dict)  # the gateway's per-session prompt stitching state
+    stitcher: object = None  # the gateway's PromptStitcher of this session, made at its first call
     sampling: object = None  # the episode's SamplingParams: every call samples with them
 
     def record(self, call) -> None:
