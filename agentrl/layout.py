@@ -12,6 +12,8 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import Enum
 
+import numpy as np
+
 from agentrl.config import ConfigError, LayoutConfig
 
 
@@ -289,8 +291,15 @@ class Layout:
         self.node_rank, self.node_size = node_comm.Get_rank(), node_comm.Get_size()
         node_comm.Free()
         if gpus_per_node is None:
-            gpus_per_node = _visible_gpus()
-        self.gpus_per_node = gpus_per_node  # this node's; every node is taken to have as many
+            # Counted by the ranks that may use a GPU (env ranks then never import torch); every rank takes the most
+            # any of them sees, so all bind the same GPUs.
+            from agentrl.transport import wait
+
+            counted = np.array([-1 if self.role is Role.ENV else _visible_gpus()], dtype=np.int64)
+            most = np.empty_like(counted)
+            wait(self.world.Iallreduce(counted, most, op=MPI.MAX), what="the GPU count")  # polled: no spinning
+            gpus_per_node = max(0, int(most[0]))
+        self.gpus_per_node = gpus_per_node  # every node is taken to have as many
         colocate = layout.colocate and not self.single_process
         # The whole job's GPU per rank (None: CPU): where the weight group sits decides its transport.
         self.gpus = bind_gpus(self.roles, self.nodes, gpus_per_node, colocate, rollout_gpus)

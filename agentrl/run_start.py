@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import random
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -153,9 +154,9 @@ def env_host(config: Config, check: bool = True) -> EnvHost:
     return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
 
 
-def set_threads(config: Config, layout: Layout) -> None:
-    import torch
-
+def set_threads(config: Config, layout: Layout, only_if_loaded: bool = False) -> None:
+    """torch's threads, and with runtime.pin_cores this rank's cores; `only_if_loaded`: torch's threads only where
+    something imported it (an env rank whose envs do without torch)."""
     threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // layout.node_size)
     if config.runtime.pin_cores and layout.gpu is None and hasattr(os, "sched_setaffinity"):
         roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
@@ -168,12 +169,25 @@ def set_threads(config: Config, layout: Layout) -> None:
                 print(f"agentrl: runtime.pin_cores: trainer ranks on cores {cores}, the others on {others}", flush=True)
             sharing = sum((role is Role.TRAINER) == (layout.role is Role.TRAINER) for role in roles_on_node)
             threads = config.runtime.torch_threads or max(1, len(cores) // sharing)
+    if only_if_loaded and "torch" not in sys.modules:
+        return
+    import torch
+
     torch.set_num_threads(threads)
 
 
-def seed_everything(seed: int) -> None:
-    import torch
-
+def seed_everything(seed: int, torch_too: bool = True) -> None:
+    """Python's, numpy's and (`torch_too`) torch's generators."""
     random.seed(seed)
     np.random.seed(seed % 2**32)
+    if torch_too:
+        seed_torch(seed)
+
+
+def seed_torch(seed: int, only_if_loaded: bool = False) -> None:
+    """torch's generator; `only_if_loaded`: only where something imported torch (an env rank's plugin, say)."""
+    if only_if_loaded and "torch" not in sys.modules:
+        return
+    import torch
+
     torch.manual_seed(seed)

@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.preempt import stopped_message
-from agentrl.trainer import checkpoint
 
 
 def format_duration(seconds: float) -> str:
@@ -67,6 +66,8 @@ class RunSummary:
         trend = success_trend(success_by_step)
         if trend:
             lines.append(f"  success rate  {trend}")
+        from agentrl.trainer import checkpoint  # torch: only rank 0, a trainer, prints the summary
+
         saved = checkpoint.step_path(run_dir, self.done)
         if saved.is_dir():
             lines.append(f"  checkpoint    {saved}")

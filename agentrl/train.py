@@ -8,10 +8,6 @@ from agentrl import preempt, transport
 from agentrl.config import Config
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus
-from agentrl.roles.env import run_env
-from agentrl.roles.rollout import run_rollout
-from agentrl.roles.single import run_single_process
-from agentrl.roles.trainer import run_trainer
 from agentrl.run_start import data_positions, data_shards, prepare_run_dir, seed_everything, set_threads
 from agentrl.run_summary import RunSummary
 
@@ -22,10 +18,7 @@ def train(config: Config, command: list[str] | None = None) -> int:
     The caller holds the run_dir lock (`agentrl.run_dir.claim`); `command` is how the user
     started the run, for the resume hint.
     """
-    from transformers.utils import logging as hf_logging
-
     started = time.monotonic()
-    hf_logging.disable_progress_bar()
     preempt.install()
     try:
         layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
@@ -42,18 +35,30 @@ def train(config: Config, command: list[str] | None = None) -> int:
     if config.data.train:  # the same on every rank
         shards = data_shards(config, layout)
         data_start = transport.agree_on_root(layout.world, lambda: data_positions(config, start_step, shards))
-    set_threads(config, layout)
-    seed_everything(config.seed + layout.rank)
 
     done, success_by_step = None, None
-    if layout.single_process:
-        done, success_by_step = run_single_process(config, layout, start_step, data_start)
-    elif layout.role is Role.TRAINER:
-        done, success_by_step = run_trainer(config, layout, start_step)
-    elif layout.role is Role.ROLLOUT:
-        run_rollout(config, layout, start_step, data_start)
+    if layout.role is Role.ENV and not layout.single_process:
+        from agentrl.roles.env import run_env
+
+        run_env(config, layout)  # no torch here unless an env loads it (run_env then seeds it)
     else:
-        run_env(config, layout)
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+        set_threads(config, layout)
+        seed_everything(config.seed + layout.rank)
+        if layout.single_process:
+            from agentrl.roles.single import run_single_process
+
+            done, success_by_step = run_single_process(config, layout, start_step, data_start)
+        elif layout.role is Role.TRAINER:
+            from agentrl.roles.trainer import run_trainer
+
+            done, success_by_step = run_trainer(config, layout, start_step)
+        else:
+            from agentrl.roles.rollout import run_rollout
+
+            run_rollout(config, layout, start_step, data_start)
     transport.barrier(layout.world)
     if layout.is_trainer_leader and not layout.single_process:
         preempt.take_forwarded(layout.world)  # a request that came after the last step boundary

@@ -32,14 +32,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
-import torch
 from pydantic import Field
 
 from agentrl.config.base import AlgorithmSection as AlgorithmOptions
 from agentrl.config.base import Section
+
+if TYPE_CHECKING:  # torch loads with the trainer: validating a config (any rank's first act) does without it
+    import torch
 
 Reduce = Callable[[np.ndarray], np.ndarray]  # sums a float64 array over trainer ranks
 
@@ -114,7 +116,7 @@ class LossInputs:
 
 
 Forward = Callable[[str], np.ndarray]  # ExtraModel name -> its flat per-token output, no grad (see `prepare`)
-Place = Callable[[torch.nn.Module], torch.nn.Module]  # see `Algorithm.extra_models`
+Place = Callable[["torch.nn.Module"], "torch.nn.Module"]  # see `Algorithm.extra_models`
 
 
 @dataclass
@@ -169,6 +171,8 @@ class ExtraModel:
         folder = Path(step_folder) / self.name
         folder.mkdir(parents=True, exist_ok=True)
         self.write_weights(weights, folder)
+        import torch
+
         torch.save({"optimizer": optimizer, "optimizer_format": form}, folder / self.OPTIMIZER_FILE)
 
     def load(self, step_folder: Path) -> None:
@@ -182,6 +186,8 @@ class ExtraModel:
                 "trains; resume it with the algorithm that wrote it, or start a new run_dir"
             )
         weights = self.read_weights(folder)
+        import torch
+
         state = torch.load(folder / self.OPTIMIZER_FILE, weights_only=False)
         sharded = parallel.is_sharded(self.module)
         if sharded:

@@ -21,7 +21,6 @@ from agentrl.algorithms.advantages import (
 )
 from agentrl.algorithms.base import LOSS_AGGREGATIONS, LossInputs, PolicyGradient, PolicyGradientOptions
 from agentrl.algorithms.grpo import GRPO
-from agentrl.algorithms.losses import cispo_loss, gspo_loss
 
 
 def trained_tokens_per_episode(batch: dict[str, np.ndarray]) -> np.ndarray:
@@ -133,6 +132,8 @@ class GSPO(GRPO):
 
     def token_loss(self, inputs: LossInputs):
         options = self.options
+        from agentrl.algorithms.losses import gspo_loss
+
         return gspo_loss(
             inputs.logp, inputs.old_logp, inputs.advantages, inputs.mask, options.clip_eps_low, options.clip_eps_high
         )
@@ -160,4 +161,6 @@ class CISPO(GRPO):
 
     def token_loss(self, inputs: LossInputs):
         options = self.options
+        from agentrl.algorithms.losses import cispo_loss
+
         return cispo_loss(inputs.logp, inputs.old_logp, inputs.advantages, options.clip_eps_low, options.clip_eps_high)

@@ -10,15 +10,20 @@ from agentrl.config import Config
 from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost
 from agentrl.layout import Layout
-from agentrl.run_start import env_host
+from agentrl.run_start import env_host, seed_everything, seed_torch, set_threads
 from agentrl.transport import Tag
 
 
 def run_env(config: Config, layout: Layout) -> None:
     leader = layout.trainer_ranks[0]
+    seed = config.seed + layout.rank
+    seed_everything(seed, torch_too=False)
+    host = env_host(config)  # builds one env, so its plugin's imports (torch or not) have happened
+    set_threads(config, layout, only_if_loaded=True)
+    seed_torch(seed, only_if_loaded=True)
     serve(
         layout.world,
-        env_host(config),
+        host,
         layout.rollout_ranks_served_by(layout.rank),
         after_batch=lambda: preempt.forward(layout.world, leader),
     )
