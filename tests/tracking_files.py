@@ -10,6 +10,7 @@ so this one checks every CRC and follows the pieces itself.
 from __future__ import annotations
 
 import json
+import math
 import struct
 import zlib
 from pathlib import Path
@@ -114,9 +115,24 @@ class WandbRun:
 
 
 def mlflow_scalars(tracking_uri: str, run_id: str) -> dict[str, list[tuple[int, float]]]:
-    """{name: [(step, value), ...]} of every metric of an MLflow run, each in step order."""
-    from mlflow.tracking import MlflowClient
+    """{name: [(step, value), ...]} of every metric of an MLflow run, in step order (a step logged twice, by a
+    resumed run: in the order logged)."""
+    from agentrl.tracking.mlflow_run import client as mlflow_client
 
-    client = MlflowClient(tracking_uri=tracking_uri)
+    client = mlflow_client(tracking_uri)
     names = client.get_run(run_id).data.metrics
-    return {name: sorted((m.step, m.value) for m in client.get_metric_history(run_id, name)) for name in sorted(names)}
+    found = {}
+    for name in sorted(names):
+        history = sorted(client.get_metric_history(run_id, name), key=lambda m: (m.step, m.timestamp))
+        found[name] = [(m.step, m.value) for m in history]
+    return found
+
+
+def same(left: list[tuple[int, float]], right: list[tuple[int, float]]) -> bool:
+    """Equal (step, value) lists, NaN equal to NaN, values equal to float32 precision (TensorBoard stores those)."""
+    if [step for step, _ in left] != [step for step, _ in right]:
+        return False
+    return all(
+        (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7)
+        for (_, a), (_, b) in zip(left, right, strict=True)
+    )

@@ -53,8 +53,14 @@ def tracking_uri(logging, run_dir: str | Path) -> str:
     )
 
 
-def is_file_store(uri: str) -> bool:
-    return urlparse(uri).scheme in ("", "file")
+def client(uri: str):
+    """An MlflowClient of the store at `uri`; a folder store (a `file:` URI or a path) is opened with MLflow 3's
+    opt-in, MLFLOW_ALLOW_FILE_STORE=true, unless the environment says otherwise."""
+    from mlflow.tracking import MlflowClient
+
+    if urlparse(uri).scheme in ("", "file"):
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return MlflowClient(tracking_uri=uri)
 
 
 class MlflowTracker:
@@ -62,9 +68,6 @@ class MlflowTracker:
         from mlflow.exceptions import MlflowException
 
         self.uri = tracking_uri(logging, run_dir)
-        if is_file_store(self.uri):
-            # MLflow 3 asks for this opt-in before it opens a folder store (it recommends a database instead)
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         saved = read_ids(run_dir).get("mlflow", {}) if start_step else {}
         try:
             self._open(logging, run_dir, saved if saved.get("tracking_uri") == self.uri else {})
@@ -78,9 +81,8 @@ class MlflowTracker:
 
     def _open(self, logging, run_dir, saved: dict) -> None:
         from mlflow.entities import RunStatus
-        from mlflow.tracking import MlflowClient
 
-        self.client = MlflowClient(tracking_uri=self.uri)
+        self.client = client(self.uri)
         self.experiment = logging.group or logging.project
         if saved.get("run_id"):
             self.run_id = saved["run_id"]

@@ -3,9 +3,9 @@ W&B run folder and the MLflow file store and checked against TensorBoard's own e
 
 from __future__ import annotations
 
-import math
 import subprocess
 import sys
+import time
 
 import pytest
 import yaml
@@ -14,9 +14,10 @@ from agentrl.config import LoggingConfig
 from agentrl.errors import UserError
 from agentrl.logging import RunLogger
 from agentrl.tracking import check_installed, open_trackers, read_ids
+from agentrl.tracking.mlflow_run import client as mlflow_client
 from agentrl.tracking.mlflow_run import flatten, metric_name
 from tests.mpi.helpers import scalars as tensorboard_scalars
-from tests.tracking_files import WandbRun, mlflow_scalars, wandb_run_folder
+from tests.tracking_files import WandbRun, mlflow_scalars, same, wandb_run_folder
 
 pytest.importorskip("wandb", reason="the wandb extra: pip install 'agentrl[wandb]'")
 pytest.importorskip("mlflow", reason="the mlflow extra: pip install 'agentrl[mlflow]'")
@@ -34,16 +35,6 @@ def offline(monkeypatch):
 
 def both(**fields) -> LoggingConfig:
     return LoggingConfig(backends=["wandb", "mlflow"], **fields)
-
-
-def same(left: list[tuple[int, float]], right: list[tuple[int, float]]) -> bool:
-    """Equal (step, value) lists, NaN equal to NaN, values compared as float32 (TensorBoard stores those)."""
-    if [step for step, _ in left] != [step for step, _ in right]:
-        return False
-    return all(
-        (math.isnan(a) and math.isnan(b)) or math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-7)
-        for (_, a), (_, b) in zip(left, right, strict=True)
-    )
 
 
 def test_backends_always_hold_tensorboard_first_and_refuse_unknown_or_repeated_names():
@@ -137,9 +128,7 @@ def test_every_backend_gets_the_same_scalars_config_and_samples(tmp_path, offlin
     for name, points in board.items():
         assert same(stored[metric_name(name)], points), (name, stored[metric_name(name)], points)
 
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=uri)
+    client = mlflow_client(uri)
     run = client.get_run(run_id)
     assert run.info.status == "FINISHED" and run.info.run_name == "trial-7"
     assert client.get_experiment(run.info.experiment_id).name == "lr-sweep"
@@ -157,8 +146,12 @@ def test_every_backend_gets_the_same_scalars_config_and_samples(tmp_path, offlin
 
 def test_a_resumed_run_continues_the_same_runs_and_keeps_its_first_params(tmp_path, offline):
     first = open_trackers(both(), tmp_path, 0, CONFIG)
-    RunLogger(str(tmp_path), 4, 0, progress=False, trackers=first).close()
+    logger = RunLogger(str(tmp_path), 4, 0, progress=False, trackers=first)
+    for step in range(3):  # a checkpoint at step 2, then a crash after step 2's scalars
+        logger.log(step, {"episode/success_rate": 0.1 * step})
+    logger.close()
     ids = read_ids(tmp_path)
+    time.sleep(1.1)  # W&B names an offline run's folder by the second it started; a real resume takes longer
     changed = {**CONFIG, "seed": 4, "steps": 8}  # a resumed run may raise steps; MLflow refuses to change a param
     second = open_trackers(both(), tmp_path, 2, changed)
     logger = RunLogger(str(tmp_path), 4, 2, progress=False, trackers=second)
@@ -166,14 +159,15 @@ def test_a_resumed_run_continues_the_same_runs_and_keeps_its_first_params(tmp_pa
     logger.close()
     assert read_ids(tmp_path) == ids
 
-    from mlflow.tracking import MlflowClient
-
-    run = MlflowClient(tracking_uri=ids["mlflow"]["tracking_uri"]).get_run(ids["mlflow"]["run_id"])
+    run = mlflow_client(ids["mlflow"]["tracking_uri"]).get_run(ids["mlflow"]["run_id"])
     assert run.data.params["seed"] == "3" and run.data.params["steps"] == "8"
     assert run.info.status == "FINISHED"
     offline_runs = sorted((tmp_path / "wandb").glob(f"offline-run-*-{ids['wandb']['id']}"))
     assert len(offline_runs) == 2  # offline, W&B writes a second folder with the same run id
+    assert same(WandbRun(offline_runs[0]).scalars()["episode/success_rate"], [(0, 0.0), (1, 0.1), (2, 0.2)])
     assert WandbRun(offline_runs[1]).scalars()["episode/success_rate"] == [(2, 0.5)]
+    metrics = mlflow_scalars(ids["mlflow"]["tracking_uri"], ids["mlflow"]["run_id"])
+    assert same(metrics["episode/success_rate"], [(0, 0.0), (1, 0.1), (2, 0.2), (2, 0.5)])  # MLflow keeps both
 
 
 def test_runs_of_one_group_share_one_mlflow_experiment(tmp_path, monkeypatch):
@@ -186,9 +180,7 @@ def test_runs_of_one_group_share_one_mlflow_experiment(tmp_path, monkeypatch):
         (tracker,) = open_trackers(logging, run_dir, 0, CONFIG)
         tracker.log_scalars(0, {"episode/success_rate": float(trial)})
         tracker.close()
-    from mlflow.tracking import MlflowClient
-
-    client = MlflowClient(tracking_uri=store)
+    client = mlflow_client(store)
     experiment = client.get_experiment_by_name("sweep-a")
     runs = client.search_runs([experiment.experiment_id])
     assert sorted(run.info.run_name for run in runs) == ["0000", "0001"]
