@@ -197,6 +197,7 @@ def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
 
 def summary(config, start, done, total, wall_s, losses, val_loss, command, world_size) -> str:
     from agentrl.run_summary import format_duration, resume_command
+    from agentrl.tracking import summary_lines
 
     resumed = f", resumed at step {start}" if start else ""
     took = f"{done}/{total} steps in {format_duration(wall_s)}{resumed}"
@@ -210,6 +211,7 @@ def summary(config, start, done, total, wall_s, losses, val_loss, command, world
     if done >= total:
         lines.append(f"  model         {final_path(run_dir)}  (an RL config's model.path)")
     lines.append(f"  tensorboard   tensorboard --logdir {run_dir / 'tb'}")
+    lines += summary_lines(run_dir, config.logging.backends)
     if done < total:
         lines.append(f"  continue      {resume_command(command, world_size)}")
     return "\n".join(lines)

@@ -70,6 +70,22 @@ def write_ids(run_dir: str | Path, backend: str, ids: dict) -> None:
     tmp.replace(path)
 
 
+def summary_lines(run_dir: str | Path, backends: list[str]) -> list[str]:
+    """The end-of-run summary's lines for W&B and MLflow: where this run went, and how to upload an offline one."""
+    ids, lines = read_ids(run_dir), []
+    if "wandb" in backends and "wandb" in ids:
+        run_id = ids["wandb"]["id"]
+        offline = sorted((Path(run_dir) / "wandb").glob(f"offline-run-*-{run_id}"))
+        if offline:  # `--id` uploads a resumed run's folders, oldest first, into one W&B run
+            lines.append(f"  wandb         wandb sync --id {run_id} {' '.join(str(path) for path in offline)}")
+        else:
+            lines.append(f"  wandb         run {run_id} in project {ids['wandb']['project']}")
+    if "mlflow" in backends and "mlflow" in ids:
+        mlflow = ids["mlflow"]
+        lines.append(f"  mlflow        run {mlflow['run_id']} of {mlflow['experiment']!r} in {mlflow['tracking_uri']}")
+    return lines
+
+
 def open_trackers(logging, run_dir: str | Path, start_step: int, config: dict) -> list[Tracker]:
     """The backends `logging.backends` lists besides TensorBoard, started, each with `config` logged.
 

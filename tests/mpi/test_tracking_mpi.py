@@ -65,3 +65,6 @@ def test_a_training_run_logs_the_same_scalars_config_and_samples_to_wandb_and_ml
     artifacts = experiment / run_id / "artifacts"
     assert yaml.safe_load((artifacts / "config.yaml").read_text()) == saved_config
     assert sorted(os.listdir(artifacts / "samples")) == ["step_000000.md", "step_000001.md"]
+    folder = wandb_run_folder(run_dir)
+    assert f"wandb sync --id {wandb_run.run.run_id} {folder}" in result.stdout  # the run summary: how to upload
+    assert f"mlflow        run {run_id} of 'tracking-test' in {uri}" in result.stdout
