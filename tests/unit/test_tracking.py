@@ -16,6 +16,7 @@ from agentrl.logging import RunLogger
 from agentrl.tracking import check_installed, open_trackers, read_ids
 from agentrl.tracking.mlflow_run import client as mlflow_client
 from agentrl.tracking.mlflow_run import flatten, metric_name
+from tests.conftest import ROOT
 from tests.mpi.helpers import scalars as tensorboard_scalars
 from tests.tracking_files import WandbRun, mlflow_scalars, same, wandb_run_folder
 
@@ -81,9 +82,10 @@ def test_train_refuses_a_missing_extra_before_it_writes_anything(tmp_path, tiny_
         "sys.exit(main(sys.argv[1:]))\n"
     )
     run_dir = tmp_path / "run"
-    args = ["train", "launch/configs/quickstart.yaml", f"run_dir={run_dir}", f"model.path={tiny_model_dir}"]
+    args = ["train", str(ROOT / "launch/configs/quickstart.yaml"), f"run_dir={run_dir}", f"model.path={tiny_model_dir}"]
     args.append("logging.backends=[tensorboard,wandb]")
-    result = subprocess.run([sys.executable, "-c", hide, *args], capture_output=True, text=True, timeout=120)
+    command = [sys.executable, "-c", hide, *args]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode != 0
     assert "pip install 'agentrl[wandb]'" in result.stdout + result.stderr
     assert not (run_dir / "config.yaml").exists() and not (run_dir / "tb").exists()
