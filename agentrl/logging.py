@@ -1,10 +1,10 @@
-"""What the trainer leader shows: TensorBoard scalars and text samples, and a console progress bar."""
+"""What the trainer leader shows: scalars and text samples (TensorBoard, and W&B or MLflow when the config lists
+them: agentrl/tracking/), and a console progress bar."""
 
 from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 # Without a terminal (sbatch, output to a file) the bar's carriage returns would make one line of hundreds of KB:
 # a plain line goes out instead, every PLAIN_EVERY_S seconds or every 1/PLAIN_LINES of the run, and at its end.
@@ -19,9 +19,10 @@ RL_POSTFIX = {
 
 
 class RunLogger:
-    """TensorBoard events in `run_dir/tb` and a progress bar, from `start_step` on.
+    """TensorBoard events in `run_dir/tb`, the same scalars and samples to each of `trackers` (W&B, MLflow:
+    `agentrl.tracking.open_trackers`), and a progress bar, from `start_step` on.
 
-    A resumed run opens its writer with `purge_step=start_step`: TensorBoard then drops the
+    A resumed run opens its TensorBoard writer with `purge_step=start_step`: TensorBoard then drops the
     points an earlier run logged at or after that step (the ones a crash or a stop made it
     redo), so every step is shown once.
     """
@@ -35,13 +36,15 @@ class RunLogger:
         restarts: int = 0,
         postfix: dict[str, tuple[str, str]] | None = None,
         desc: str = "train",
+        trackers: list | None = None,
     ):
         """`postfix`: what the bar shows, {label: (metric name, format)}; RL's reward, success and tokens/s by
-        default."""
-        from torch.utils.tensorboard import SummaryWriter
+        default. `trackers`: more backends, already open; closed with this logger."""
         from tqdm import tqdm
 
-        self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step)
+        from agentrl.tracking.tensorboard import TensorBoardTracker
+
+        self.trackers = [TensorBoardTracker(run_dir, start_step), *(trackers or [])]
         self.plain = progress and not sys.stderr.isatty()
         self.bar = tqdm(
             total=total_steps,
@@ -60,9 +63,9 @@ class RunLogger:
         self.success_by_step: dict[int, float] = {}
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
-        self.writer.add_scalar("run/restarts", self.restarts, step)
+        scalars = {**metrics, "run/restarts": self.restarts}
+        for tracker in self.trackers:
+            tracker.log_scalars(step, scalars)
         if "episode/success_rate" in metrics:
             self.success_by_step[step] = float(metrics["episode/success_rate"])
         for label, (name, spec) in self.postfix.items():
@@ -84,8 +87,8 @@ class RunLogger:
 
     def log_scalars(self, step: int, metrics: dict[str, float]) -> None:
         """Scalars at `step` that are not a training step's (evaluation): the progress bar stays put."""
-        for key, value in metrics.items():
-            self.writer.add_scalar(key, value, step)
+        for tracker in self.trackers:
+            tracker.log_scalars(step, metrics)
 
     def note(self, text: str) -> None:
         """A line on the console that does not break the progress bar."""
@@ -93,14 +96,15 @@ class RunLogger:
         sys.stdout.flush()
 
     def samples(self, step: int, texts: list[str]) -> None:
-        body = "\n\n---\n\n".join(f"```\n{text}\n```" for text in texts)
-        self.writer.add_text("samples", body, step)
+        for tracker in self.trackers:
+            tracker.log_text(step, "samples", texts)
 
     def flush(self) -> None:
         """Write every event logged so far to disk."""
-        self.writer.flush()
+        for tracker in self.trackers:
+            tracker.flush()
 
     def close(self) -> None:
         self.bar.close()
-        self.writer.flush()
-        self.writer.close()
+        for tracker in self.trackers:
+            tracker.close()

@@ -23,11 +23,13 @@ from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
 
 def prepare_run_dir(config: Config, layout: Layout) -> int:
     """Rank 0, in the claimed run folder: decide the start step, save the config, make sure the model loads."""
+    from agentrl.tracking import check_installed
     from agentrl.trainer.model import ensure_model
 
     run_dir = Path(config.run_dir)
     for note in config.notes:
         print(f"agentrl: config: {note}", flush=True)
+    check_installed(config.logging.backends)
     start_step = resume_step(config)
     if dropped := drop_dumps_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl.preempt import stopped_message
+from agentrl.tracking import summary_lines
 
 
 def format_duration(seconds: float) -> str:
@@ -72,6 +73,7 @@ class RunSummary:
         if saved.is_dir():
             lines.append(f"  checkpoint    {saved}")
         lines.append(f"  tensorboard   tensorboard --logdir {run_dir / 'tb'}")
+        lines += summary_lines(run_dir, self.config.logging.backends)
         if not finished:
             lines.append(f"  continue      {resume_command(self.command, self.world_size)}")
         return "\n".join(lines)

@@ -133,8 +133,8 @@ def sft_reference() -> str:
     shared = ", ".join(f"`{name}`" for name in SHARED_SECTIONS)
     out = [
         "\n### SFT config (`agentrl sft CONFIG`)\n",
-        f"{_doc(SFTConfig)} Its sections {shared} are the RL config's, as above (of `logging`, only `progress` "
-        "applies); these fields are its own.\n",
+        f"{_doc(SFTConfig)} Its sections {shared} are the RL config's, as above (of `logging`, all but "
+        "`sample_every` and `num_samples` apply); these fields are its own.\n",
         *_table(top),
         f"\n### `sft`\n\n{_doc(SFTSection)}\n",
         *_table(_section_rows("sft", SFTSection)),

@@ -463,12 +463,64 @@ class CheckpointConfig(Section):
     )
 
 
+TRACKING_BACKENDS = ("tensorboard", "wandb", "mlflow")
+
+
+class WandbConfig(Section):
+    """Weights & Biases, when `logging.backends` lists `wandb` (the `agentrl[wandb]` extra; docs/tracking.md)."""
+
+    mode: Literal["online", "offline"] | None = Field(
+        None,
+        description="online: upload as it trains (needs `wandb login` or WANDB_API_KEY); offline: a run folder in "
+        "run_dir/wandb that `wandb sync` uploads later; null: the WANDB_MODE variable, else online.",
+    )
+    entity: str | None = Field(None, description="W&B team or user; null: the account's default entity.")
+
+
+class MlflowConfig(Section):
+    """MLflow, when `logging.backends` lists `mlflow` (the `agentrl[mlflow]` extra; docs/tracking.md)."""
+
+    tracking_uri: str | None = Field(
+        None,
+        description="Where runs go (a server's http(s)://, a database, a folder); null: the MLFLOW_TRACKING_URI "
+        "variable, else a local file store in run_dir/mlruns (a sweep's trials: one store in its sweep_dir).",
+    )
+
+
 class LoggingConfig(Section):
-    """TensorBoard on the trainer leader and a console progress bar."""
+    """TensorBoard on the trainer leader, a console progress bar, and optionally W&B and MLflow with the same
+    scalars, the resolved config and the text samples (docs/tracking.md)."""
 
     sample_every: int = Field(10, ge=0, description="Write sample episodes as text every N steps; 0: never.")
     num_samples: int = Field(2, ge=0, description="Episodes per text sample.")
     progress: bool = Field(True, description="Show a console progress bar.")
+    backends: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=lambda: ["tensorboard"],
+        description="Where scalars, the config and samples go: tensorboard (always on, listed or not), wandb, "
+        "mlflow; e.g. `logging.backends=[tensorboard,wandb]`. wandb and mlflow are optional extras.",
+    )
+    project: str = Field(
+        "agentrl", min_length=1, description="W&B project; the MLflow experiment when `group` is not set."
+    )
+    group: str | None = Field(
+        None,
+        description="Runs that belong together: the W&B group and the MLflow experiment. `agentrl sweep` sets it "
+        "to the sweep folder's name for every trial.",
+    )
+    run_name: str | None = Field(None, description="The run's name in W&B and MLflow; null: run_dir's folder name.")
+    wandb: WandbConfig = Field(default_factory=WandbConfig)
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+
+    @field_validator("backends", mode="before")
+    @classmethod
+    def _backends(cls, value):
+        if isinstance(value, str):  # logging.backends=wandb
+            value = [value]
+        if isinstance(value, list):  # TensorBoard always writes (agentrl sweep reads its scalars): first, once
+            value = ["tensorboard", *(name for name in value if name != "tensorboard")]
+            if len(set(value)) != len(value):
+                raise ValueError(f"{value[1:]} lists a backend twice; list each of {', '.join(TRACKING_BACKENDS)} once")
+        return value
 
 
 class RuntimeConfig(Section):

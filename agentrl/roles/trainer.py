@@ -80,9 +80,14 @@ def make_trainer(config: Config, layout: Layout, start_step: int, group=None):
 
 
 def make_logger(config: Config, start_step: int):
+    """The trainer leader's RunLogger: TensorBoard, and the W&B/MLflow runs logging.backends lists."""
     from agentrl.logging import RunLogger
+    from agentrl.tracking import open_trackers
 
-    return RunLogger(config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count())
+    trackers = open_trackers(config.logging, config.run_dir, start_step, config.model_dump(mode="json"))
+    return RunLogger(
+        config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count(), trackers=trackers
+    )
 
 
 def receive_from_rollouts(

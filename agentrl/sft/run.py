@@ -50,6 +50,7 @@ def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packe
     """Rank 0: read and check the data, build or check the model, tokenize, decide the start step, save the config."""
     from agentrl.run_start import resume_step
     from agentrl.sft.transcripts import TranscriptTokenizer
+    from agentrl.tracking import check_installed
     from agentrl.trainer.model import ensure_model, load_tokenizer
 
     if config.parallelism.fsdp and world_size < 2:
@@ -57,6 +58,7 @@ def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packe
             "parallelism.fsdp=true needs at least 2 ranks (mpirun -n 2 or more); with one there is nothing to shard: "
             "set parallelism.fsdp=false"
         )
+    check_installed(config.logging.backends)
     train = read_transcripts(config.sft.train)
     val = read_transcripts(config.sft.val) if config.sft.val else None
     ensure_model(config, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else []))
@@ -103,6 +105,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
 
     from agentrl.logging import RunLogger
     from agentrl.supervise import restart_count
+    from agentrl.tracking import open_trackers
     from agentrl.trainer import checkpoint
     from agentrl.trainer.model import init_trainer_group, load_tokenizer
 
@@ -126,7 +129,10 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     logger = None
     if leader:
         postfix = {"loss": ("sft/loss", ".4f"), "val": ("sft/val_loss", ".4f"), "tok_s": ("perf/tokens_per_s", ".0f")}
-        logger = RunLogger(config.run_dir, total, start, config.logging.progress, restart_count(), postfix, "sft")
+        trackers = open_trackers(config.logging, config.run_dir, start, config.model_dump(mode="json"))
+        logger = RunLogger(
+            config.run_dir, total, start, config.logging.progress, restart_count(), postfix, "sft", trackers
+        )
     per_epoch = steps_per_epoch(config, len(data))
     losses: dict[int, float] = {}
     val_loss = None
@@ -191,6 +197,7 @@ def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
 
 def summary(config, start, done, total, wall_s, losses, val_loss, command, world_size) -> str:
     from agentrl.run_summary import format_duration, resume_command
+    from agentrl.tracking import summary_lines
 
     resumed = f", resumed at step {start}" if start else ""
     took = f"{done}/{total} steps in {format_duration(wall_s)}{resumed}"
@@ -204,6 +211,7 @@ def summary(config, start, done, total, wall_s, losses, val_loss, command, world
     if done >= total:
         lines.append(f"  model         {final_path(run_dir)}  (an RL config's model.path)")
     lines.append(f"  tensorboard   tensorboard --logdir {run_dir / 'tb'}")
+    lines += summary_lines(run_dir, config.logging.backends)
     if done < total:
         lines.append(f"  continue      {resume_command(command, world_size)}")
     return "\n".join(lines)

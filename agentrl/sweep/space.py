@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,26 @@ def trial_data(base: dict, params: dict[str, Any], seed: int, run_dir: str | Pat
     for key, value in params.items():
         apply_override(data, key.split("."), value)
     data["seed"], data["run_dir"] = seed, str(run_dir)
+    return data
+
+
+def group_trial(data: dict, sweep_dir: str | Path, number: int) -> dict:
+    """A trial's place in W&B and MLflow, where the base config and overrides leave it open: the sweep folder's
+    name as its group (one W&B group, one MLflow experiment), `<sweep>-NNNN` as its run name, and with mlflow
+    listed but no store named (nor MLFLOW_TRACKING_URI set), one file store for every trial: sweep_dir/mlruns."""
+    sweep_dir = Path(sweep_dir).resolve()
+    data = copy.deepcopy(data)
+    logging = data.setdefault("logging", {})
+    if not isinstance(logging, dict):
+        return data  # the config loader names the problem
+    logging.setdefault("group", sweep_dir.name)
+    logging.setdefault("run_name", f"{sweep_dir.name}-{number:04d}")
+    backends = logging.get("backends") or []
+    listed = "mlflow" in ([backends] if isinstance(backends, str) else backends)
+    if listed and not os.environ.get("MLFLOW_TRACKING_URI"):
+        mlflow = logging.setdefault("mlflow", {})
+        if isinstance(mlflow, dict) and mlflow.get("tracking_uri") is None:
+            mlflow["tracking_uri"] = (sweep_dir / "mlruns").as_uri()
     return data
 
 

@@ -18,7 +18,7 @@ from agentrl.config.load import from_dict
 from agentrl.errors import UserError
 from agentrl.run_lock import LOCK_FILE, owner_record, why_stale
 from agentrl.sweep import require
-from agentrl.sweep.space import base_data, suggest, trial_data
+from agentrl.sweep.space import base_data, group_trial, suggest, trial_data
 from agentrl.sweep.spec import SweepSpec, dump_spec, parse_spec
 
 STUDY_NAME = "sweep"
@@ -203,6 +203,7 @@ class Sweep:
 
     def write_config(self, claim: Claim) -> Path:
         data = trial_data(base_data(self.spec), claim.params, claim.seed, self.trial_dir(claim.number))
+        data = group_trial(data, self.dir, claim.number)
         try:
             from_dict(data, source=f"trial {claim.number}")
         except ConfigError as error:

@@ -139,3 +139,34 @@ def test_a_killed_sweep_resumes_without_losing_or_repeating_a_trial(tmp_path, ti
         assert sorted(step for step, _ in scalars(run_dir)["episode/count"]) == list(range(8))  # each step once
     resumed = [yaml.safe_load((sweep_dir / "runners" / f"{int(r['trial']):04d}.json").read_text()) for r in rows]
     assert any(record["attempt"] == 2 for record in resumed)
+
+
+def test_a_sweeps_trials_are_one_wandb_group_and_one_mlflow_experiment(tmp_path, tiny_model_dir, monkeypatch):
+    pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")
+    from agentrl.tracking.mlflow_run import client
+    from tests.tracking_files import WandbRun, same, wandb_run_folder
+
+    monkeypatch.setenv("WANDB_MODE", "offline")  # the trials inherit the sweep's environment
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    spec = write_spec(tmp_path, tiny_model_dir, trials=2)
+    data = yaml.safe_load(spec.read_text())
+    data["overrides"]["logging.backends"] = ["wandb", "mlflow"]
+    spec.write_text(yaml.safe_dump(data))
+    result = sweep(str(spec))
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep_dir = tmp_path / "sweep"
+    mlflow = client((sweep_dir / "mlruns").as_uri())  # both trials, started together, in one experiment
+    experiment = mlflow.get_experiment_by_name("sweep")
+    runs = {run.info.run_name: run for run in mlflow.search_runs([experiment.experiment_id])}
+    assert sorted(runs) == ["sweep-0000", "sweep-0001"]
+    for number in range(2):
+        run_dir = sweep_dir / "trials" / f"{number:04d}"
+        run = runs[f"sweep-{number:04d}"]
+        assert run.data.tags["agentrl.run_dir"] == str(run_dir)
+        history = [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, "eval/success")]
+        assert same(history, scalars(run_dir)["eval/success"])
+        wandb_run = WandbRun(wandb_run_folder(run_dir))
+        assert (wandb_run.run.run_group, wandb_run.run.display_name) == ("sweep", f"sweep-{number:04d}")
+        assert same(wandb_run.scalars()["eval/success"], scalars(run_dir)["eval/success"])

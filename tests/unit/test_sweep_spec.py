@@ -123,3 +123,36 @@ def test_a_started_sweep_refuses_a_changed_spec_or_a_restart_without_resume(tmp_
     spec_path.write_text(yaml.safe_dump(spec_data(tmp_path, trials=9)))
     with pytest.raises(Exception, match=r"changed: trials"):
         Sweep(load_spec(spec_path)).create_or_check(resume=True)
+
+
+def trial_configs(tmp_path, **changes) -> list:
+    sweep = Sweep(parse_spec(spec_data(tmp_path, trials=2, **changes), "test.yaml"))
+    sweep.create_or_check(resume=False)
+    study = sweep.study()
+    configs = []
+    while (claim := sweep.claim_next(study)) is not None:
+        configs.append(load_config(sweep.config_path(claim.number)))
+        study.tell(claim.number, 0.0)
+    return configs
+
+
+def test_trials_share_one_wandb_group_and_one_mlflow_experiment_and_store(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    overrides = {"steps": 6, "eval.every": 2, "logging.backends": ["wandb", "mlflow"]}
+    configs = trial_configs(tmp_path, sweep_dir=str(tmp_path / "lr-sweep"), overrides=overrides)
+    assert [c.logging.group for c in configs] == ["lr-sweep", "lr-sweep"]
+    assert [c.logging.run_name for c in configs] == ["lr-sweep-0000", "lr-sweep-0001"]
+    store = (tmp_path / "lr-sweep" / "mlruns").as_uri()
+    assert [c.logging.mlflow.tracking_uri for c in configs] == [store, store]
+
+
+def test_a_group_or_store_named_by_the_spec_or_the_environment_is_kept(tmp_path, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    overrides = {"logging.group": "mine", "logging.backends": ["mlflow"], "logging.mlflow.tracking_uri": "http://x"}
+    (config, _) = trial_configs(tmp_path / "a", overrides=overrides)
+    assert (config.logging.group, config.logging.mlflow.tracking_uri) == ("mine", "http://x")
+    (config, _) = trial_configs(tmp_path / "b")  # no mlflow listed: no store named
+    assert config.logging.group == "sweep" and config.logging.mlflow.tracking_uri is None
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
+    (config, _) = trial_configs(tmp_path / "c", overrides={"logging.backends": ["mlflow"]})
+    assert config.logging.mlflow.tracking_uri is None  # the trial's environment names it

@@ -1,0 +1,34 @@
+"""TensorBoard events in run_dir/tb: every scalar, and the samples as markdown text (always on)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.tracking import samples_markdown
+
+
+class TensorBoardTracker:
+    """A resumed run opens its writer with `purge_step=start_step`: TensorBoard then drops the points an earlier
+    run logged at or after that step (the ones a crash or a stop made it redo), so every step is shown once."""
+
+    def __init__(self, run_dir: str | Path, start_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step)
+
+    def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
+        for key, value in scalars.items():
+            self.writer.add_scalar(key, value, step)
+
+    def log_text(self, step: int, tag: str, texts: list[str]) -> None:
+        self.writer.add_text(tag, samples_markdown(texts), step)
+
+    def log_config(self, config: dict) -> None:
+        """The resolved config is run_dir/config.yaml, beside tb/."""
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()
