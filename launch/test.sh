@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 bash launch/setup.sh
 . .venv/bin/activate
 export OMP_NUM_THREADS=1
-python -m pytest -q "$@" tests
+python -m pytest -q --durations=30 "$@" tests
