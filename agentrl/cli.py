@@ -270,7 +270,7 @@ def cmd_layout(args) -> int:
     config = load_config(args.config, args.overrides)
     hosts = parse_hosts(args.hosts) if args.hosts else None
     ranks_per_node = args.ranks_per_node or simulated_ranks_per_node()
-    gpus, mapped, in_place = engine_gpus(config), config.maps_weights, config.trains_in_window
+    gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
     transport = config.weights.transport  # resolved from the planned placements, as a run resolves it
     rows = plan(
         config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, transport, mapped, in_place, hosts=hosts

@@ -14,7 +14,7 @@ from enum import Enum
 
 import numpy as np
 
-from agentrl.config import ConfigError, LayoutConfig
+from agentrl.config import ConfigError, EngineConfig, LayoutConfig
 
 
 class Role(str, Enum):
@@ -111,9 +111,9 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
     return [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
 
 
-def engine_gpus(config) -> int:
-    """GPUs one rollout engine uses: SGLang's tensor-parallel size; the torch engine uses one."""
-    return getattr(config.rollout.engine, "tp_size", 1)
+def engine_gpus(engine: EngineConfig) -> int:
+    """GPUs one rollout engine (`rollout.engine`) uses: SGLang's tensor-parallel size; the torch engine uses one."""
+    return getattr(engine, "tp_size", 1)
 
 
 def bind_gpus(

@@ -1,5 +1,6 @@
 """What every rank does before its role starts: the run folder, the data positions, threads and seeds, the
-rank's task source and env host."""
+rank's task source and env host; and the parts roles are built from (policy trainer, rollout worker, weight
+sync), each given the config sections it reads."""
 
 from __future__ import annotations
 
@@ -36,12 +37,12 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     if dropped := drop_eval_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} eval report(s) and dump(s) of steps from {start_step} on", flush=True)
     save_config(config, run_dir / "config.yaml")
-    ensure_model(config, lambda: env_texts(config))
+    ensure_model(config.model, lambda: env_texts(config))
     print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
     # This job's real nodes (numbered 0, 1, ... in rank order) and GPUs: the table shows what each rank binds and
     # the weight transport every rank resolves from those placements.
     nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
-    gpus, mapped, in_place = engine_gpus(config), config.maps_weights, config.trains_in_window
+    gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
     transport = config.weights.transport
     hosts = layout.hosts if layout.hosts and len(set(layout.hosts)) > 1 else None  # several nodes: show their names
     rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes, hosts)
@@ -154,6 +155,70 @@ def env_host(config: Config, check: bool = True) -> EnvHost:
     if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
         check_env_config(config.env.id, config.env.kwargs, reset=not (config.data.train or config.data.val))
     return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
+
+
+def algorithm_of(config: Config):
+    """The config's algorithm as PolicyTrainer and RolloutWorker take it: built once they supply the reduce.
+    Algorithms see the whole config (`AlgorithmContext.config`, their plug-in API)."""
+    from agentrl.algorithms import AlgorithmContext, make_algorithm
+
+    return lambda reduce: make_algorithm(config, AlgorithmContext(config=config, reduce=reduce))
+
+
+def policy_trainer(config: Config, weights_path: str, device: str, group=None):
+    """The policy trainer of `weights_path` (the model, or a checkpoint to resume) among the ranks of `group`."""
+    from agentrl.trainer.policy_trainer import PolicyTrainer
+
+    return PolicyTrainer(
+        weights_path,
+        device,
+        group,
+        model=config.model,
+        trainer=config.trainer,
+        optimizer=config.optimizer,
+        lr_scheduler=config.lr_scheduler,
+        parallelism=config.parallelism,
+        temperature=config.rollout.temperature,
+        steps=config.steps,
+        algorithm=algorithm_of(config),
+    )
+
+
+def rollout_worker(config: Config, env_client, index: int, count: int, device: str = "cpu", tasks=None):
+    """Rollout rank `index` of `count`: its engine on `device`, talking to `env_client`, drawing from `tasks`
+    (None: the env's seeds)."""
+    from agentrl.rollout.worker import RolloutWorker
+
+    return RolloutWorker(
+        env_client,
+        index,
+        count,
+        device,
+        tasks,
+        rollout=config.rollout,
+        model=config.model,
+        env=config.env,
+        agent=config.agent,
+        algorithm=algorithm_of(config),
+        seed=config.seed,
+        run_dir=config.run_dir,
+        colocate=config.layout.colocate,
+    )
+
+
+def weight_sync(config: Config, layout: Layout):
+    """This rank's weight sync: the trainer leader's, or a rollout rank's (it meets its engine at each receive)."""
+    from agentrl.weights import make_weight_sync
+
+    return make_weight_sync(
+        config.weights,
+        layout,
+        colocate=config.layout.colocate,
+        rollout_gpus=engine_gpus(config.rollout.engine),
+        lora=config.model.lora,
+        mapped=config.maps_weights,
+        in_place=config.trains_in_window,
+    )
 
 
 def set_threads(config: Config, layout: Layout, only_if_loaded: bool = False) -> None:

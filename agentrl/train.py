@@ -21,7 +21,7 @@ def train(config: Config, command: list[str] | None = None) -> int:
     started = time.monotonic()
     preempt.install()
     try:
-        layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
+        layout = Layout(config.layout, rollout_gpus=engine_gpus(config.rollout.engine))
     except UserError as error:  # the same sizes on every rank, so the same error everywhere
         raise RefusedOnEveryRank(str(error)) from None
     if layout.single_process and config.rollout.max_staleness:

@@ -93,13 +93,13 @@ def make_sync(kind: str, comm, lora: bool):
 def measure(comm, folder: Path, rank: int | None, reps: int, vocab: int) -> dict | None:
     """Every rank: rank 0 trains and sends, the others receive into engines; rank 0 returns the row."""
     from agentrl.engine.batch import TorchEngine
+    from agentrl.run_start import policy_trainer
     from agentrl.trainer.model import load_causal_lm
-    from agentrl.trainer.policy_trainer import PolicyTrainer
 
     config = config_for(folder, rank)
     row = {}
     if comm.Get_rank() == 0:
-        trainer = PolicyTrainer(config, str(folder), "cpu")
+        trainer = policy_trainer(config, str(folder), "cpu")
         data = batch(vocab)
         trainer.train_step(data)  # warm-up; also creates gradients and optimizer state
         row["trainer_bytes"] = trainer_memory(trainer)

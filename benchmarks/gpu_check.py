@@ -223,9 +223,9 @@ def sync_device(device: str) -> None:
 
 
 def time_grpo_step(model_dir: Path, device: str, dtype: str, small: bool) -> dict:
-    from agentrl.trainer.policy_trainer import PolicyTrainer
+    from agentrl.run_start import policy_trainer
 
-    trainer = PolicyTrainer(agentrl_config(model_dir, dtype), str(model_dir), device)
+    trainer = policy_trainer(agentrl_config(model_dir, dtype), str(model_dir), device)
     episodes, prompt_len, response_len = (8, 16, 16) if small else (32, 256, 512)
     batch = random_batch(160, episodes, prompt_len, response_len)
     trainer.train_step(batch)  # warm-up: allocator, kernels

@@ -20,6 +20,7 @@ from agentrl.config.load import (
 )
 from agentrl.config.reference import config_reference
 from agentrl.config.schema import (
+    AgentConfig,
     CheckpointConfig,
     Config,
     DataConfig,
@@ -28,6 +29,7 @@ from agentrl.config.schema import (
     EvalConfig,
     LayoutConfig,
     LoggingConfig,
+    LoraConfig,
     LRSchedulerConfig,
     ModelConfig,
     OptimizerConfig,
@@ -43,6 +45,7 @@ from agentrl.config.schema import (
 )
 
 __all__ = [
+    "AgentConfig",
     "AlgorithmSection",
     "CheckpointConfig",
     "Config",
@@ -54,6 +57,7 @@ __all__ = [
     "LRSchedulerConfig",
     "LayoutConfig",
     "LoggingConfig",
+    "LoraConfig",
     "ModelConfig",
     "OptimizerConfig",
     "ParallelismConfig",

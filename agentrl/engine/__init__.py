@@ -9,20 +9,23 @@
 
 from __future__ import annotations
 
+from agentrl.config import EngineConfig, ModelConfig
 
-def make_engine(config, device: str, seed: int):
-    engine = config.rollout.engine
+
+def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int, *, colocate: bool):
+    """The engine `engine` (`rollout.engine`) asks for, serving `model`; `colocate` (`layout.colocate`): an SGLang
+    engine shares its GPU with a trainer and sleeps while it trains."""
     if engine.backend == "sglang":
         from agentrl.engine.sglang import SGLangEngine
 
-        return SGLangEngine.from_config(config, device, seed)
+        return SGLangEngine.from_config(engine, model, device, seed, colocate=colocate)
     from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
-    model = load_causal_lm(config.model.path, config.model.dtype, device)
-    tokenizer = load_tokenizer(config.model.path)
-    built = build_torch_engine(model, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
-    if config.model.lora is not None:  # syncs bring adapters only, merged into these weights
-        built.use_lora(config.model.lora.scaling)
+    loaded = load_causal_lm(model.path, model.dtype, device)
+    tokenizer = load_tokenizer(model.path)
+    built = build_torch_engine(loaded, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
+    if model.lora is not None:  # syncs bring adapters only, merged into these weights
+        built.use_lora(model.lora.scaling)
     return built
 
 

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentrl.config import ModelConfig, SGLangEngineConfig
 from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
 from agentrl.engine.sglang_lora import SGLangAdapters, server_kwargs
 from agentrl.transport import MPI_VARIABLE_PREFIXES
@@ -267,24 +268,26 @@ class SGLangEngine(Engine):
         signal.signal(signal.SIGQUIT, abort_job_on_child_crash)
 
     @classmethod
-    def from_config(cls, config, device: str, seed: int) -> SGLangEngine:
+    def from_config(
+        cls, engine: SGLangEngineConfig, model: ModelConfig, device: str, seed: int, *, colocate: bool
+    ) -> SGLangEngine:
+        """The engine of `rollout.engine` serving `model`; `colocate` is `layout.colocate`."""
         import_sglang()
         if not device.startswith("cuda"):
             raise ValueError(
                 f"rollout.engine.backend=sglang needs a GPU for this rollout rank, but it got {device!r}; "
                 "run on GPU nodes or use rollout.engine.backend=torch"
             )
-        engine = config.rollout.engine
         return cls(
-            config.model.path,
+            model.path,
             base_gpu_id=int(device.partition(":")[2] or 0),
             tp_size=engine.tp_size,
             mem_fraction_static=engine.mem_fraction_static,
-            colocate=config.layout.colocate,
+            colocate=colocate,
             seed=seed,
-            dtype=config.model.dtype,
+            dtype=model.dtype,
             sglang_kwargs=engine.kwargs,
-            lora=config.model.lora,
+            lora=model.lora,
         )
 
     @property

@@ -40,7 +40,7 @@ def resolve_target(config, checkpoint: str | None, out: str | None) -> Target:
         from agentrl.run_start import env_texts
         from agentrl.trainer.model import ensure_model
 
-        ensure_model(config, lambda: env_texts(config))  # the config's own model.path (a tiny one is built)
+        ensure_model(config.model, lambda: env_texts(config))  # the config's own model.path (a tiny one is built)
         model, step = config.model.path, 0
     else:
         path = Path(checkpoint)
@@ -103,7 +103,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
-    layout = Layout(config.layout, rollout_gpus=engine_gpus(config))
+    layout = Layout(config.layout, rollout_gpus=engine_gpus(config.rollout.engine))
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
     report = None
@@ -142,16 +142,15 @@ def _close(worker) -> None:
 def _evaluator(config, layout, target: Target, env_client):
     from agentrl.env.client import LocalEnvClient
     from agentrl.evaluation.runner import Evaluator
-    from agentrl.rollout.worker import RolloutWorker
-    from agentrl.run_start import env_host
+    from agentrl.run_start import env_host, rollout_worker
 
     if env_client is None and not config.agent.enabled:  # agent programs play the env's part, through a gateway
         env_client = LocalEnvClient(env_host(config, check=not layout.single_process))
     shard = 0 if layout.single_process else layout.rollout_ranks.index(layout.rank)
     shards = 1 if layout.single_process else len(layout.rollout_ranks)
-    worker = RolloutWorker(config, env_client, shard, shards, layout.device)
+    worker = rollout_worker(config, env_client, shard, shards, layout.device)
     worker.engine.weight_version = target.step  # episodes and dumps say which checkpoint they came from
-    return Evaluator(config, worker, shard, shards)
+    return Evaluator(worker, shard, shards, eval_config=config.eval, data_val=config.data.val)
 
 
 def _write(config, target: Target, messages: list[dict], layout, started: float) -> dict:
@@ -161,7 +160,10 @@ def _write(config, target: Target, messages: list[dict], layout, started: float)
     from agentrl.rollout.episode_dump import write_step
 
     out = Path(target.out)
-    report = summarize(config, target.step, messages, target.model, max(m["wall_s"] for m in messages))
+    wall = max(m["wall_s"] for m in messages)
+    report = summarize(
+        target.step, messages, target.model, wall, eval_config=config.eval, env=config.env, rollout=config.rollout
+    )
     report["command_wall_time_s"] = time.monotonic() - started
     report["world_size"] = layout.size
     write_json(out / "report.json", report)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from agentrl import transport
+from agentrl.config import EnvConfig, EvalConfig, RolloutConfig
 from agentrl.evaluation.metrics import TaskResult, aggregate
 from agentrl.rollout.episode_dump import write_step
 from agentrl.transport import Tag
@@ -42,23 +43,32 @@ def send_results(layout, step: int, message: dict) -> None:
     transport.send(layout.world, {**message, "step": step}, layout.trainer_ranks[0], Tag.EVAL)
 
 
-def summarize(config, step: int, messages: list[dict], model: str, wall_s: float) -> dict:
-    """The report: aggregate metrics, per-task results (in split order), what was evaluated and how."""
+def summarize(
+    step: int,
+    messages: list[dict],
+    model: str,
+    wall_s: float,
+    *,
+    eval_config: EvalConfig,
+    env: EnvConfig,
+    rollout: RolloutConfig,
+) -> dict:
+    """The report: aggregate metrics, per-task results (in split order), what was evaluated and how (the `eval`
+    and `env` sections, the episode limits of `rollout`)."""
     tasks = sorted((task for m in messages for task in m["tasks"]), key=lambda task: task["index"])
-    metrics = aggregate([TaskResult(**task) for task in tasks], config.eval.n)
+    metrics = aggregate([TaskResult(**task) for task in tasks], eval_config.n)
     metrics["time"] = wall_s
-    rc = config.rollout
     return {
         "step": step,
         "model": model,
         "split": messages[0]["split"],
         "metrics": metrics,
-        "eval": config.eval.model_dump(mode="json"),
-        "env": config.env.model_dump(mode="json"),
+        "eval": eval_config.model_dump(mode="json"),
+        "env": env.model_dump(mode="json"),
         "limits": {
-            "max_turns": rc.max_turns,
-            "max_new_tokens": rc.max_new_tokens,
-            "max_episode_tokens": rc.max_episode_tokens,
+            "max_turns": rollout.max_turns,
+            "max_new_tokens": rollout.max_new_tokens,
+            "max_episode_tokens": rollout.max_episode_tokens,
         },
         "rollout_ranks": len(messages),
         "wall_time_s": wall_s,
@@ -113,21 +123,37 @@ def drop_from(run_dir: str | Path, step: int) -> int:
 
 class RunEvaluation:
     """The trainer leader in a training run: at a step due for evaluation, take the rollout ranks' results
-    (`results(step)`), log `eval/` scalars at that step, write the report and the episodes, print a line."""
+    (`results(step)`), log `eval/` scalars at that step, write the report and the episodes, print a line.
 
-    def __init__(self, config, results: Callable[[int], list[dict]], logger):
-        self.config, self.results, self.logger = config, results, logger
+    `run_dir` and `model_path` (`model.path`) are the run's; `eval_config`, `env` and `rollout` are the sections
+    the report describes the evaluation with."""
+
+    def __init__(
+        self,
+        results: Callable[[int], list[dict]],
+        logger,
+        *,
+        run_dir: str,
+        model_path: str,
+        eval_config: EvalConfig,
+        env: EnvConfig,
+        rollout: RolloutConfig,
+    ):
+        self.results, self.logger = results, logger
+        self.run_dir, self.model_path = Path(run_dir), model_path
+        self.eval_config, self.env, self.rollout = eval_config, env, rollout
 
     def __call__(self, step: int) -> dict:
         messages = self.results(step)
         wall = max(m["wall_s"] for m in messages)  # the ranks evaluate side by side
-        run_dir = Path(self.config.run_dir)
-        report = summarize(self.config, step, messages, self.config.model.path, wall)
+        report = summarize(
+            step, messages, self.model_path, wall, eval_config=self.eval_config, env=self.env, rollout=self.rollout
+        )
         report["weight_version"] = step
         self.logger.log_scalars(step, scalars(report))
         self.logger.flush()  # scalars on disk before the report appears: `agentrl sweep` reads them then
-        write_json(run_dir / EVAL_DIR / REPORT_FILE.format(step=step), report)
-        if self.config.eval.dump_episodes:
-            write_step(run_dir / EVAL_DIR, step, [r for m in messages for r in m["episodes"]])
+        write_json(self.run_dir / EVAL_DIR / REPORT_FILE.format(step=step), report)
+        if self.eval_config.dump_episodes:
+            write_step(self.run_dir / EVAL_DIR, step, [r for m in messages for r in m["episodes"]])
         self.logger.note(f"agentrl: {headline(report)}")
         return report

@@ -20,6 +20,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from agentrl.config import EvalConfig
 from agentrl.data.tasks import ID_COLUMN, Task
 from agentrl.evaluation.metrics import TaskResult
 from agentrl.failures import error_kind
@@ -30,23 +31,23 @@ from agentrl.trajectory import Episode
 EVAL_STREAM = 2**32 + 11  # keeps eval's seeds apart from the task, engine and shuffle streams
 
 
-def split_tasks(config) -> tuple[list[Task], str]:
-    """Every task of the evaluated split, in order (at most eval.max_tasks), and a line that says what it is."""
-    ec = config.eval
-    if ec.split_of(config.data.val) == "val":
+def split_tasks(eval_config: EvalConfig, data_val: str | None) -> tuple[list[Task], str]:
+    """Every task of the evaluated split, in order (at most eval.max_tasks), and a line that says what it is;
+    `data_val` is `data.val`, the held-out rows."""
+    if eval_config.split_of(data_val) == "val":
         from agentrl.data.loading import load_rows
 
-        rows = load_rows(config.data.val, "data.val")
-        count = min(len(rows), ec.max_tasks or len(rows))
+        rows = load_rows(data_val, "data.val")
+        count = min(len(rows), eval_config.max_tasks or len(rows))
         has_ids = ID_COLUMN in rows.column_names
         tasks = []
         for index in range(count):
             row = rows[index]
             row_id = row.get(ID_COLUMN) if has_ids else None
-            tasks.append(Task(str(index if row_id is None else row_id), env_seed(ec.seed, index), row))
-        return tasks, f"data.val={config.data.val} ({count} of {len(rows)} rows)"
-    first, count = ec.seeds
-    count = min(count, ec.max_tasks or count)
+            tasks.append(Task(str(index if row_id is None else row_id), env_seed(eval_config.seed, index), row))
+        return tasks, f"data.val={data_val} ({count} of {len(rows)} rows)"
+    first, count = eval_config.seeds
+    count = min(count, eval_config.max_tasks or count)
     return [Task(str(first + i), first + i) for i in range(count)], f"env seeds {first}..{first + count - 1}"
 
 
@@ -83,22 +84,23 @@ def training_streams_kept(engine):
 
 class Evaluator:
     """Runs this rollout rank's share of the split (tasks shard, shard + shards, ...) on a RolloutWorker's engine,
-    chat format, env client and reward function."""
+    chat format, env client and reward function; `eval_config` is the `eval` section, `data_val` is `data.val`."""
 
-    def __init__(self, config, worker, shard: int = 0, shards: int = 1):
-        self.config, self.worker = config, worker
-        tasks, self.split = split_tasks(config)
+    def __init__(self, worker, shard: int = 0, shards: int = 1, *, eval_config: EvalConfig, data_val: str | None):
+        self.eval_config, self.worker = eval_config, worker
+        tasks, self.split = split_tasks(eval_config, data_val)
         self.indices = list(range(shard, len(tasks), shards))
         self.tasks = [tasks[i] for i in self.indices]
         self.total_tasks = len(tasks)
-        ec = config.eval
-        self.sampling = replace(worker.sampling, temperature=ec.temperature, top_p=ec.top_p, top_k=ec.top_k)
+        self.sampling = replace(
+            worker.sampling, temperature=eval_config.temperature, top_p=eval_config.top_p, top_k=eval_config.top_k
+        )
         self.errors_seen: set[str] = set()
 
     def run(self, step: int, dump: bool = False) -> dict:
         """This rank's results at `step`: {"tasks": [TaskResult dict], "episodes": [dump records], "wall_s"}."""
         started = time.perf_counter()
-        n, seed = self.config.eval.n, self.config.eval.seed
+        n, seed = self.eval_config.n, self.eval_config.seed
         episodes, runs = [], []
         for index, task in zip(self.indices, self.tasks, strict=True):
             for sample in range(n):

@@ -33,7 +33,7 @@ from agentrl.rollout.agent_loop import Stopped
 from agentrl.rollout.dispatch import DispatchClient, DispatchServer
 from agentrl.rollout.shipping import batch_messages
 from agentrl.rollout.worker import RolloutWorker
-from agentrl.run_start import data_shards, env_host, task_source
+from agentrl.run_start import data_shards, env_host, rollout_worker, task_source, weight_sync
 from agentrl.transport import Tag
 
 END_OF_BATCHES = {"end": True}  # after a stop: this rollout rank sends no more batches
@@ -47,8 +47,6 @@ def run_rollout(config: Config, layout: Layout, start_step: int, data_start: lis
     evaluation (`eval:`), this rank's share of the eval split runs first, on the same weights, and its
     results go to the trainer leader; after the last step that needs the last weights, sent for it.
     """
-    from agentrl.weights import make_weight_sync
-
     env_rank = layout.env_rank_for(layout.rank)
     if config.agent.enabled:
         env_client = None  # agent programs play the env's part, through this rank's gateway
@@ -56,22 +54,24 @@ def run_rollout(config: Config, layout: Layout, start_step: int, data_start: lis
         env_client = LocalEnvClient(env_host(config))
     else:
         env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
-    weight_sync = make_weight_sync(config, layout)  # a process-group sync connects at its first receive
+    sync = weight_sync(config, layout)  # a process-group sync connects at its first receive
     shards = data_shards(config, layout)
     index = layout.rollout_ranks.index(layout.rank)
     tasks = task_source(config, index if shards > 1 else 0, shards, data_start)
-    worker = RolloutWorker(config, env_client, index, len(layout.rollout_ranks), layout.device, tasks)
+    worker = rollout_worker(config, env_client, index, len(layout.rollout_ranks), layout.device, tasks)
     if config.rollout.dispatch == "dynamic" and len(layout.rollout_ranks) > 1:
         worker.dispatch = task_queue(config, layout, worker)
     evaluator = None
     if config.eval.enabled:
         from agentrl.evaluation.runner import Evaluator
 
-        evaluator = Evaluator(config, worker, index, len(layout.rollout_ranks))
+        evaluator = Evaluator(
+            worker, index, len(layout.rollout_ranks), eval_config=config.eval, data_val=config.data.val
+        )
     pace = (
-        RunningAhead(config, layout, worker, weight_sync)
+        RunningAhead(config, layout, worker, sync)
         if config.rollout.max_staleness
-        else Lockstep(config, layout, worker, weight_sync)
+        else Lockstep(config, layout, worker, sync)
     )
     rollout_loop(config, layout, start_step, worker, evaluator, pace)
     close(worker, env_client)

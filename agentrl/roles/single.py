@@ -5,8 +5,8 @@ from __future__ import annotations
 from agentrl.config import Config
 from agentrl.env.client import LocalEnvClient
 from agentrl.layout import Layout
-from agentrl.roles.trainer import make_logger, make_trainer, train_loop
-from agentrl.run_start import env_host, task_source
+from agentrl.roles.trainer import make_evaluation, make_logger, make_trainer, train_loop
+from agentrl.run_start import env_host, rollout_worker, task_source
 
 
 def run_single_process(config: Config, layout: Layout, start_step: int, data_start) -> tuple[int, dict[int, float]]:
@@ -14,14 +14,13 @@ def run_single_process(config: Config, layout: Layout, start_step: int, data_sta
     from agentrl.data.recorder import StepRecorder
     from agentrl.failures import FailureTally, abort_if_failing
     from agentrl.rollout.shipping import sample_texts
-    from agentrl.rollout.worker import RolloutWorker
     from agentrl.trajectory import pack
     from agentrl.weights.base import InProcessWeightCopy
 
     trainer, tokenizer = make_trainer(config, layout, start_step)
     tasks = task_source(config, 0, 1, data_start)
     env_client = None if config.agent.enabled else LocalEnvClient(env_host(config, check=False))
-    worker = RolloutWorker(config, env_client, 0, 1, layout.device, tasks)
+    worker = rollout_worker(config, env_client, 0, 1, layout.device, tasks)
     sync = InProcessWeightCopy(worker.engine)
     sync.send(trainer.named_weights(), start_step)
     recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes)
@@ -36,11 +35,10 @@ def run_single_process(config: Config, layout: Layout, start_step: int, data_sta
     logger = make_logger(config, start_step)
     evaluate = None
     if config.eval.enabled:
-        from agentrl.evaluation.report import RunEvaluation
         from agentrl.evaluation.runner import Evaluator
 
-        evaluator = Evaluator(config, worker)
-        evaluate = RunEvaluation(config, lambda step: [evaluator.run(step, config.eval.dump_episodes)], logger)
+        evaluator = Evaluator(worker, eval_config=config.eval, data_val=config.data.val)
+        evaluate = make_evaluation(config, lambda step: [evaluator.run(step, config.eval.dump_episodes)], logger)
     done = train_loop(
         config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger, [recorder], evaluate
     )

@@ -24,15 +24,15 @@ from agentrl.transport import Tag
 def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float] | None]:
     """Steps done, and on the leader the success rate logged at each step."""
     from agentrl.data.recorder import StepRecorder
+    from agentrl.run_start import weight_sync
     from agentrl.trainer.model import init_trainer_group
-    from agentrl.weights import make_weight_sync
     from agentrl.weights.base import GatherOnly
 
     group = init_trainer_group(layout.role_comm, layout.device)
     trainer, tokenizer = make_trainer(config, layout, start_step, group)
     weights = GatherOnly()  # other trainer ranks join the leader's gathers of sharded (FSDP) weights
     if layout.is_trainer_leader:
-        weights = make_weight_sync(config, layout)
+        weights = weight_sync(config, layout)
         if config.rollout.max_staleness:
             from agentrl.weights.announce import AnnouncedWeights
 
@@ -45,9 +45,9 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
     extra = [recorder] if recorder is not None else []
     evaluate = None
     if config.eval.enabled and layout.is_trainer_leader:
-        from agentrl.evaluation.report import RunEvaluation, receive_results
+        from agentrl.evaluation.report import receive_results
 
-        evaluate = RunEvaluation(config, receive_results(layout), logger)
+        evaluate = make_evaluation(config, receive_results(layout), logger)
     done = train_loop(
         config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger, extra, evaluate
     )
@@ -67,16 +67,31 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
 
 def make_trainer(config: Config, layout: Layout, start_step: int, group=None):
     """The policy trainer (resumed from the checkpoint of `start_step`, if any) and the tokenizer."""
+    from agentrl.run_start import policy_trainer
     from agentrl.trainer.model import load_tokenizer
-    from agentrl.trainer.policy_trainer import PolicyTrainer
 
     resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
-    trainer = PolicyTrainer(config, str(resumed_from or config.model.path), layout.device, group)
+    trainer = policy_trainer(config, str(resumed_from or config.model.path), layout.device, group)
     if resumed_from is not None:
         checkpoint.load_state(
             resumed_from, trainer.optimizer, trainer.scheduler, trainer.model, extra_state=trainer.extra_state
         )
     return trainer, load_tokenizer(config.model.path)
+
+
+def make_evaluation(config: Config, results: Callable[[int], list[dict]], logger):
+    """The trainer leader's side of evaluation in a training run (`results(step)`: the rollout ranks' results)."""
+    from agentrl.evaluation.report import RunEvaluation
+
+    return RunEvaluation(
+        results,
+        logger,
+        run_dir=config.run_dir,
+        model_path=config.model.path,
+        eval_config=config.eval,
+        env=config.env,
+        rollout=config.rollout,
+    )
 
 
 def make_logger(config: Config, start_step: int):

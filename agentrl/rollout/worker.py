@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from agentrl.algorithms import make_algorithm
-from agentrl.algorithms.base import AlgorithmContext
+from agentrl.algorithms.base import Algorithm, Reduce
+from agentrl.config import AgentConfig, EnvConfig, ModelConfig, RolloutConfig
 from agentrl.data.tasks import SeededTasks, TaskSource
 from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
@@ -41,56 +41,67 @@ def engine_seed(seed: int, rollout_index: int) -> int:
 
 
 class RolloutWorker:
-    """Owns an engine, the chat format and an env client; `collect(step)` runs one step's episodes."""
+    """Owns an engine, the chat format and an env client; `collect(step)` runs one step's episodes.
+
+    It takes the sections it reads, not the whole config: `rollout` (episodes, sampling, the engine), `model`,
+    `env` (system prompt, reward function) and `agent`; the run's `seed` and `run_dir`; `colocate`
+    (`layout.colocate`: the engine shares a trainer's GPU); and `algorithm`, which builds the algorithm given
+    a reduce (on rollout ranks only its `keep_group` and `max_extra_rounds` are used).
+    """
 
     def __init__(
         self,
-        config,
         env_client,
         rollout_index: int,
         rollout_count: int,
         device: str = "cpu",
         task_source: TaskSource | None = None,
+        *,
+        rollout: RolloutConfig,
+        model: ModelConfig,
+        env: EnvConfig,
+        agent: AgentConfig,
+        algorithm: Callable[[Reduce], Algorithm],
+        seed: int,
+        run_dir: str,
+        colocate: bool,
     ):
-        self.config = config
+        self.rollout_config, self.agent_config = rollout, agent
         self.rollout_index = rollout_index
-        self.task_source = task_source or SeededTasks(config.seed)  # a dataset's rows, or the env's seeds
-        rc = config.rollout
+        self.task_source = task_source or SeededTasks(seed)  # a dataset's rows, or the env's seeds
         self.env = env_client
-        self.engine = make_engine(config, device, seed=engine_seed(config.seed, rollout_index))
-        self.chat = ChatFormat(load_tokenizer(config.model.path), config.env.system_prompt)
+        self.engine = make_engine(rollout.engine, model, device, engine_seed(seed, rollout_index), colocate=colocate)
+        self.chat = ChatFormat(load_tokenizer(model.path), env.system_prompt)
         self.sampling = SamplingParams(
-            max_new_tokens=rc.max_new_tokens,
-            temperature=rc.temperature,
-            top_p=rc.top_p,
-            top_k=rc.top_k,
+            max_new_tokens=rollout.max_new_tokens,
+            temperature=rollout.temperature,
+            top_p=rollout.top_p,
+            top_k=rollout.top_k,
             stop_token_ids=self.chat.stop_ids,
         )
-        self.limits = EpisodeLimits(rc.max_turns, rc.max_new_tokens, rc.max_episode_tokens)
-        env_config = config.env
-        self.reward_fn = RewardFunction(env_config.reward_fn, env_config.reward_mode) if env_config.reward_fn else None
+        self.limits = EpisodeLimits(rollout.max_turns, rollout.max_new_tokens, rollout.max_episode_tokens)
+        self.reward_fn = RewardFunction(env.reward_fn, env.reward_mode) if env.reward_fn else None
         self.errors_seen: set[str] = set()
-        self.tasks = rc.tasks_per_step // rollout_count
+        self.tasks = rollout.tasks_per_step // rollout_count
         self.first_task = rollout_index * self.tasks
         self.loop = self.engine.event_loop or asyncio.new_event_loop()  # SGLang serves requests on its own loop
         self.gateway = None  # agent programs (agent:): the policy served over HTTP on this rank
-        if config.agent.enabled:
+        if agent.enabled:
             from agentrl.gateway.server import Gateway
 
-            agent = config.agent
             port = agent.port + rollout_index if agent.port else 0
             self.gateway = Gateway(
                 self.engine,
                 self.chat.tokenizer,
                 agent.model_name,
-                rc.max_episode_tokens,
+                rollout.max_episode_tokens,
                 agent.host,
                 port,
                 list_tools=agent.list_tools,
             )
             self.gateway.start(self.loop)
-            self.gateway.announce(Path(config.run_dir), rollout_index)
-        self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=_no_trainer_reduce))
+            self.gateway.announce(Path(run_dir), rollout_index)
+        self.algorithm = algorithm(_no_trainer_reduce)
         self.generated: list[Episode] = []  # the last step's episodes, trained or dropped (for episode dumps)
         self.kept_groups: set[int] = set()
         # Running ahead: called between engine batches while episodes are in flight (rollout.partial_rollouts; with
@@ -101,11 +112,13 @@ class RolloutWorker:
         # rollout.dispatch=dynamic: where this rank claims its tasks (agentrl/rollout/dispatch.py); set by `run`,
         # else (one rollout rank) a queue of its own.
         self.dispatch = None
-        if rc.dispatch == "dynamic":
-            self.groups_in_flight = rc.groups_in_flight or default_groups_in_flight(rc.tasks_per_step, rollout_count)
+        if rollout.dispatch == "dynamic":
+            self.groups_in_flight = rollout.groups_in_flight or default_groups_in_flight(
+                rollout.tasks_per_step, rollout_count
+            )
             if rollout_count == 1:
                 extra = self.algorithm.max_extra_rounds
-                self.dispatch = DispatchServer(None, [], rc.tasks_per_step, extra, self.task_source)
+                self.dispatch = DispatchServer(None, [], rollout.tasks_per_step, extra, self.task_source)
 
     def collect(self, step: int) -> tuple[list[Episode], dict[str, float]]:
         """This rank's share of `step`'s groups (grouped by task), plus timing and dynamic-sampling stats.
@@ -120,7 +133,7 @@ class RolloutWorker:
         """
         if self.dispatch is not None:
             return self._collect_dispatched(step)
-        rc = self.config.rollout
+        rc = self.rollout_config
         timers = LoopTimers()
         busy_before = self.engine.busy_seconds
         started = time.perf_counter()
@@ -171,7 +184,7 @@ class RolloutWorker:
         wall = self.last_group_ended - started  # this rank's own work: rank 0 also waited for the others' verdicts
         kept = [group for group, keep in groups if keep]
         generated = [e for group, _ in groups for e in group]
-        first_round = [e for e in generated if e.group < self.config.rollout.tasks_per_step]
+        first_round = [e for e in generated if e.group < self.rollout_config.tasks_per_step]
         counts = {
             "rollout/generated_groups": float(len(groups)),
             "rollout/dropped_groups": float(len(groups) - len(kept)),
@@ -225,7 +238,7 @@ class RolloutWorker:
                     for index, position in claims or []:
                         task = self.task_source.at(step, index, position)
                         running.add(asyncio.ensure_future(self._run_group(step, index, task, first_key, timers)))
-                        first_key += self.config.rollout.group_size
+                        first_key += self.rollout_config.group_size
                 if not running:
                     break
                 finished, running = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
@@ -258,7 +271,7 @@ class RolloutWorker:
 
     def _run_tasks(self, step: int, tasks: list[int], first_key: int, timers: LoopTimers) -> list[list[Episode]]:
         """`group_size` episodes of each task, run concurrently; env keys (step, first_key + i) stay unique."""
-        size = self.config.rollout.group_size
+        size = self.rollout_config.group_size
         taken = zip(tasks, self.task_source.take(step, tasks), strict=True)
         episodes = [e for index, task in taken for e in self._episodes(index, task)]
         self._run(self._episode_runs(step, episodes, first_key, timers))
@@ -275,7 +288,7 @@ class RolloutWorker:
                 task_options=task.options,
                 data_source=(task.options or {}).get("data_source"),
             )
-            for _ in range(self.config.rollout.group_size)
+            for _ in range(self.rollout_config.group_size)
         ]
 
     def _episode_runs(self, step: int, episodes: list[Episode], first_key: int, timers: LoopTimers):
@@ -286,7 +299,7 @@ class RolloutWorker:
         if self.gateway is not None:
             from agentrl.gateway.episode import run_agent_episode
 
-            return run_agent_episode(self.gateway, self.config.agent, episode, sampling, self.reward_fn, timers)
+            return run_agent_episode(self.gateway, self.agent_config, episode, sampling, self.reward_fn, timers)
         return run_episode(
             self.engine, self.env, self.chat, sampling, self.limits, episode, key, timers, self.reward_fn
         )

@@ -61,7 +61,9 @@ def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packe
     check_installed(config.logging.backends)
     train = read_transcripts(config.sft.train)
     val = read_transcripts(config.sft.val) if config.sft.val else None
-    ensure_model(config, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else []))
+    ensure_model(
+        config.model, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else [])
+    )
     tokenizer = TranscriptTokenizer(load_tokenizer(config.model.path), config.sft.system_prompt)
     packed = tokenize_all(train, tokenizer, config.sft.max_seq_len)
     if not len(packed):
@@ -121,7 +123,17 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
 
     from agentrl.sft.trainer import SFTTrainer
 
-    trainer = SFTTrainer(config, str(resumed_from or config.model.path), device, total, group)
+    trainer = SFTTrainer(
+        str(resumed_from or config.model.path),
+        device,
+        total,
+        group,
+        model=config.model,
+        sft=config.sft,
+        optimizer=config.optimizer,
+        lr_scheduler=config.lr_scheduler,
+        parallelism=config.parallelism,
+    )
     if resumed_from is not None:
         checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler, trainer.model)
     tokenizer = load_tokenizer(config.model.path)

@@ -9,33 +9,50 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from agentrl.config import ConfigError
+from agentrl.config import ConfigError, LRSchedulerConfig, ModelConfig, OptimizerConfig, ParallelismConfig
+from agentrl.sft.config import SFTSection
 from agentrl.trainer import parallel
 from agentrl.trainer.model import load_policy
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 
 
 class SFTTrainer:
-    def __init__(self, config, weights_path: str, device: str, total_steps: int, group=None):
-        self.config = config
+    """Fine-tunes the model of `weights_path` on `device` among the ranks of `group` (None: alone), for
+    `total_steps` optimizer steps (the learning-rate schedule's length). Takes the sections it reads."""
+
+    def __init__(
+        self,
+        weights_path: str,
+        device: str,
+        total_steps: int,
+        group=None,
+        *,
+        model: ModelConfig,
+        sft: SFTSection,
+        optimizer: OptimizerConfig,
+        lr_scheduler: LRSchedulerConfig,
+        parallelism: ParallelismConfig,
+    ):
+        self.micro_batch_size = sft.micro_batch_size
+        self.max_grad_norm = optimizer.max_grad_norm
         self.device = device
         self.group = group
-        self.parallelism = config.parallelism
+        self.parallelism = parallelism
         self.sharded = self.parallelism.fsdp
-        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else config.model.dtype
-        if config.model.lora is not None and self.sharded:
+        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else model.dtype
+        if model.lora is not None and self.sharded:
             raise ConfigError(
                 "model.lora with parallelism.fsdp=true is not supported yet (PEFT adapters under FSDP2 sharding); "
                 "set parallelism.fsdp=false"
             )
         prepare = parallel.enable_activation_checkpointing if self.parallelism.activation_checkpointing else None
-        self.model = load_policy(weights_path, config, dtype, device, prepare)
+        self.model = load_policy(weights_path, model, dtype, device, prepare)
         if self.sharded:
             parallel.shard(self.model, group, device, self.parallelism.mixed_precision)
         self.model.train()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, config.optimizer)
-        self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, total_steps)
+        self.optimizer = build_optimizer(self.params, optimizer)
+        self.scheduler = build_scheduler(self.optimizer, lr_scheduler, total_steps)
 
     def _allreduce(self, tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         if self.group is None:
@@ -48,7 +65,7 @@ class SFTTrainer:
 
     def _micro_batches(self, rows) -> tuple[list, int]:
         """This rank's micro-batches and how many every rank runs (FSDP's forwards are collectives)."""
-        size = self.config.sft.micro_batch_size
+        size = self.micro_batch_size
         chunks = [rows[start : start + size] for start in range(0, len(rows), size)]
         steps = len(chunks)
         if self.sharded:
@@ -93,7 +110,7 @@ class SFTTrainer:
         for _ in range(steps - len(chunks)):
             self._idle_pass(backward=True)
         self._sync_gradients()
-        norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.params, self.config.optimizer.max_grad_norm))
+        norm = parallel.scalar(torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm))
         lr = self.scheduler.get_last_lr()[0]  # the rate this step uses
         if global_tokens > 0:
             self.optimizer.step()

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from agentrl import transport
+from agentrl.config import ModelConfig
 from agentrl.errors import UserError
 from agentrl.models.hub import HUB_ID
 
@@ -33,26 +34,26 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu"):
     return model.to(device)
 
 
-def ensure_model(config, texts_for_tokenizer) -> None:
-    """Build the tiny model at `model.path` if the config asks for one and it is missing; else check it loads.
+def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
+    """Build the tiny model at `model.path` if `model.tiny` asks for one and it is missing; else check it loads.
 
     Runs on rank 0 before any other rank loads the model, so a wrong `model.path` is one
     message instead of a traceback per rank (and a hub model is downloaded once).
     """
-    path = Path(config.model.path)
-    if not path.exists() and config.model.tiny is None and not HUB_ID.fullmatch(config.model.path):
+    path = Path(model.path)
+    if not path.exists() and model.tiny is None and not HUB_ID.fullmatch(model.path):
         raise UserError(
-            f"model.path={config.model.path} does not exist and model.tiny is not set. Point model.path at a "
+            f"model.path={model.path} does not exist and model.tiny is not set. Point model.path at a "
             "Hugging Face model folder (config.json, weights, tokenizer) or a hub id such as "
             "Qwen/Qwen2.5-0.5B-Instruct, or pass model.tiny={} (in YAML: `tiny: {}` under model:) to build a "
             "tiny random model there"
         )
-    if path.exists() or config.model.tiny is None:
-        _check_loadable(config.model.path)
+    if path.exists() or model.tiny is None:
+        _check_loadable(model.path)
         return
     from agentrl.models.tiny import build_tiny_model
 
-    tiny = config.model.tiny
+    tiny = model.tiny
     build_tiny_model(
         path,
         texts_for_tokenizer(),
@@ -90,14 +91,14 @@ def init_trainer_group(role_comm, device: str):
     return dist.group.WORLD
 
 
-def load_policy(path: str, config, dtype: str, device: str, prepare=None):
+def load_policy(path: str, model: ModelConfig, dtype: str, device: str, prepare=None):
     """The model a trainer trains: `load_causal_lm(path)`, or with `model.lora` set, the base at `model.path`
     with adapters (fresh, or those of `path` when it is a LoRA checkpoint); only the adapters then require grad.
-    `prepare(model)`, if given, runs on the plain model before adapters wrap it (activation checkpointing)."""
+    `prepare(loaded)`, if given, runs on the plain model before adapters wrap it (activation checkpointing)."""
     from agentrl.trainer import lora
 
-    lora_config = config.model.lora
-    adapter_checkpoint = lora.is_adapter_folder(path) and str(path) != str(config.model.path)
+    lora_config = model.lora
+    adapter_checkpoint = lora.is_adapter_folder(path) and str(path) != str(model.path)
     if lora_config is None:
         if adapter_checkpoint:
             raise UserError(
@@ -106,9 +107,9 @@ def load_policy(path: str, config, dtype: str, device: str, prepare=None):
             )
         return _prepared(load_causal_lm(path, dtype, device), prepare)
     if adapter_checkpoint:
-        base = _prepared(load_causal_lm(config.model.path, dtype, device), prepare)
+        base = _prepared(load_causal_lm(model.path, dtype, device), prepare)
         return lora.load_adapter_model(path, base, trainable=True)
-    if path != config.model.path:
+    if path != model.path:
         raise UserError(
             f"{path} is a full-model checkpoint but model.lora is set; resume it without model.lora, or start a new "
             "run_dir for LoRA"

@@ -18,14 +18,21 @@ gradients synced, clipped and stepped with their own optimizers, checkpointed th
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
 
-from agentrl.algorithms import make_algorithm
-from agentrl.algorithms.base import AlgorithmContext, ExtraModel, LossInputs, Prepared, valid_episodes
+from agentrl.algorithms.base import Algorithm, ExtraModel, LossInputs, Prepared, Reduce, valid_episodes
 from agentrl.algorithms.losses import entropy, token_logprobs
-from agentrl.config import ConfigError
+from agentrl.config import (
+    ConfigError,
+    LRSchedulerConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    TrainerConfig,
+)
 from agentrl.trainer import parallel
 from agentrl.trainer.model import load_causal_lm, load_policy
 from agentrl.trainer.optim import build_optimizer, build_scheduler
@@ -33,27 +40,51 @@ from agentrl.trajectory import num_episodes
 
 
 class PolicyTrainer:
-    def __init__(self, config, weights_path: str, device: str, group=None):
-        self.config = config
+    """Trains the policy of `weights_path` on `device`, among the trainer ranks of `group` (None: alone).
+
+    It takes the sections it reads, not the whole config: `model`, `trainer`, `optimizer`, `lr_scheduler` and
+    `parallelism`; of `rollout` the sampling `temperature` (log-probs are of logits / temperature); the run's
+    `steps` (the learning-rate schedule spans steps x trainer.updates_per_step optimizer steps); and `algorithm`,
+    which builds the algorithm given the sum over trainer ranks (agentrl/run_start.py: the config's `algorithm`).
+    """
+
+    def __init__(
+        self,
+        weights_path: str,
+        device: str,
+        group=None,
+        *,
+        model: ModelConfig,
+        trainer: TrainerConfig,
+        optimizer: OptimizerConfig,
+        lr_scheduler: LRSchedulerConfig,
+        parallelism: ParallelismConfig,
+        temperature: float,
+        steps: int,
+        algorithm: Callable[[Reduce], Algorithm],
+    ):
+        self.model_config = model
+        self.micro_batch_size, self.updates_per_step = trainer.micro_batch_size, trainer.updates_per_step
+        self.max_grad_norm = optimizer.max_grad_norm
+        self.temperature = temperature
         self.device = device
         self.group = group  # torch.distributed group of trainer ranks, None when alone
-        self.parallelism = config.parallelism
+        self.parallelism = parallelism
         if self.parallelism.fsdp and group is None:
             raise ConfigError(
                 "parallelism.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one trainer rank there "
                 "is nothing to shard: set parallelism.fsdp=false (parallelism.mixed_precision=bf16 then uses autocast)"
             )
         self.sharded = self.parallelism.fsdp
-        self.algorithm = make_algorithm(config, AlgorithmContext(config=config, reduce=self._reduce))
+        self.algorithm = algorithm(self._reduce)
         self.model = self._load(weights_path)
         self.model.train()
         self.reference = None
         if self.algorithm.needs_reference:
-            self.reference = self._load(config.model.path, reference=True).eval()
+            self.reference = self._load(model.path, reference=True).eval()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = build_optimizer(self.params, config.optimizer)
-        total = config.steps * config.trainer.updates_per_step
-        self.scheduler = build_scheduler(self.optimizer, config.lr_scheduler, total)
+        self.optimizer = build_optimizer(self.params, optimizer)
+        self.scheduler = build_scheduler(self.optimizer, lr_scheduler, steps * trainer.updates_per_step)
         self.extras: list[ExtraModel] = self.algorithm.extra_models(self._place)
         for extra in self.extras:
             extra.module.train()
@@ -65,7 +96,7 @@ class PolicyTrainer:
 
     def _place(self, module: torch.nn.Module) -> torch.nn.Module:
         """An algorithm's extra model onto this trainer's device and dtype, checkpointed and sharded as the policy."""
-        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else self.config.model.dtype
+        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else self.model_config.dtype
         module = module.to(device=self.device, dtype=getattr(torch, dtype))
         if self.parallelism.activation_checkpointing:
             parallel.enable_activation_checkpointing(getattr(module, "base_model", module))
@@ -79,13 +110,13 @@ class PolicyTrainer:
         With mixed_precision=bf16 the weights stay float32 (master weights) whatever model.dtype
         says; model.dtype then only sets the rollout engine's dtype.
         """
-        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else self.config.model.dtype
+        dtype = "float32" if self.parallelism.mixed_precision == "bf16" else self.model_config.dtype
         if reference:
             model = load_causal_lm(path, dtype, self.device)
             model.requires_grad_(False)
         else:
             prepare = parallel.enable_activation_checkpointing if self.parallelism.activation_checkpointing else None
-            model = load_policy(path, self.config, dtype, self.device, prepare)
+            model = load_policy(path, self.model_config, dtype, self.device, prepare)
         if self.sharded:
             parallel.shard(model, self.group, self.device, self.parallelism.mixed_precision)
         return model
@@ -93,7 +124,7 @@ class PolicyTrainer:
     def named_weights(self):
         """(name, tensor) in a fixed order; DTensor shards under FSDP (weights.full_tensors gathers them).
         With model.lora, only the adapter tensors (agentrl/trainer/lora.py names them)."""
-        if self.config.model.lora is not None:
+        if self.model_config.lora is not None:
             from agentrl.trainer.lora import adapter_weights
 
             return adapter_weights(self.model)
@@ -138,11 +169,11 @@ class PolicyTrainer:
         prepared = self.algorithm.prepare(batch, valid, lambda name: self._extra_outputs(batch, name))
         advantages = self.algorithm.advantages(batch, valid)
         old_logp = self._old_logprobs(batch) if self.algorithm.needs_old_logprobs else batch["logprobs"]
-        micro_size = self.config.trainer.micro_batch_size
+        micro_size = self.micro_batch_size
         sums: dict[str, float] = {}
         grad_norms = []
         extra_norms: dict[str, list[float]] = {extra.name: [] for extra in self.extras}
-        for update, minibatch in enumerate(np.array_split(np.arange(n), self.config.trainer.updates_per_step)):
+        for update, minibatch in enumerate(np.array_split(np.arange(n), self.updates_per_step)):
             micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / micro_size))
             trained = [_trained_tokens(batch, i) for i in minibatch]
             counts = torch.tensor([float(sum(trained)), float(sum(t > 0 for t in trained))], dtype=torch.float64)
@@ -168,7 +199,7 @@ class PolicyTrainer:
             for _ in range(micro_steps - len(starts)):
                 self._idle_micro_step()
             self._sync_gradients(self.params)
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.config.optimizer.max_grad_norm)
+            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
             grad_norms.append(parallel.scalar(norm))
             if global_tokens > 0:
                 self.optimizer.step()
@@ -230,7 +261,7 @@ class PolicyTrainer:
 
     def _old_logprobs(self, batch) -> np.ndarray:
         """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
-        temperature = self.config.rollout.temperature
+        temperature = self.temperature
 
         def logprobs(ids, attention):
             with self._compute():
@@ -261,7 +292,7 @@ class PolicyTrainer:
         """
         out = np.zeros(len(batch["tokens"]), dtype=np.float32)
         n = num_episodes(batch)
-        micro_size = self.config.trainer.micro_batch_size
+        micro_size = self.micro_batch_size
         starts = range(0, n, micro_size)
         offsets = batch["offsets"]
         agreed = self._agreed_micro_steps(len(starts))  # before any forward: under FSDP forwards are collectives
@@ -303,7 +334,7 @@ class PolicyTrainer:
             name: _gather_rows(flat, batch["offsets"], episodes, lengths, torch.float32)[:, 1:].to(self.device)
             for name, flat in prepared.per_token.items()
         }
-        temperature = self.config.rollout.temperature
+        temperature = self.temperature
 
         with self._compute():
             logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()

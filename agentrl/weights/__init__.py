@@ -11,38 +11,51 @@
 
 from __future__ import annotations
 
-from agentrl.config import ConfigError
+from agentrl.config import ConfigError, LoraConfig, WeightsConfig
 from agentrl.weights.base import WeightSync
 from agentrl.weights.choice import resolve_weight_sync
 
 
-def make_weight_sync(config, layout, engine=None) -> WeightSync:
-    """The job's transport (`transport_for`); with `model.lora`, wrapped so each version's adapters are confirmed."""
-    sync = transport_for(config, layout, engine)
-    if config.model.lora is None:
+def make_weight_sync(
+    weights: WeightsConfig,
+    layout,
+    engine=None,
+    *,
+    colocate: bool,
+    rollout_gpus: int,
+    lora: LoraConfig | None,
+    mapped: bool | str,
+    in_place: bool | str,
+) -> WeightSync:
+    """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine).
+
+    Every rank of the weight group resolves `weights.transport` from the whole job's placements
+    (`layout.nodes`, `layout.gpus`), so all of them pick the same transport (`transport_for` builds it). The
+    keywords are what other sections decide of it: `layout.colocate`, the GPUs of one engine
+    (`layout.engine_gpus`), `model.lora` (adapter-only syncs, each version confirmed by every engine), and
+    `Config.maps_weights` / `Config.trains_in_window` (`weights.shm_mapped` / `shm_in_place` as resolved).
+    """
+    from agentrl.layout import weight_group_placements
+
+    leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)
+    choice = resolve_weight_sync(weights.transport, colocate, leader, rollouts, rollout_gpus)
+    if lora is not None and choice not in ("mpi", "shm"):
+        raise ConfigError(
+            f"model.lora sends adapters over the CPU transports only, but weights.transport={weights.transport} "
+            f"resolves to {choice} here; set weights.transport=shm or mpi"
+        )
+    sync = transport_for(choice, layout, engine, weights.bucket_mb, colocate=colocate, mapped=mapped, in_place=in_place)
+    if lora is None:
         return sync
     from agentrl.weights.lora import ConfirmedAdapterSync
 
     return ConfirmedAdapterSync(sync, layout.weight_comm)
 
 
-def transport_for(config, layout, engine=None) -> WeightSync:
-    """The weight sync for this rank of `layout.weight_comm` (trainer leader: engine=None; rollout: its engine).
-
-    Every rank of the weight group resolves `weights.transport` from the whole job's placements
-    (`layout.nodes`, `layout.gpus`), so all of them pick the same transport.
-    """
-    from agentrl.layout import engine_gpus, weight_group_placements
-
-    leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)
-    rollout_gpus = engine_gpus(config)
-    choice = resolve_weight_sync(config.weights.transport, config.layout.colocate, leader, rollouts, rollout_gpus)
-    if config.model.lora is not None and choice not in ("mpi", "shm"):
-        raise ConfigError(
-            f"model.lora sends adapters over the CPU transports only, but weights.transport={config.weights.transport} "
-            f"resolves to {choice} here; set weights.transport=shm or mpi"
-        )
-    bucket_mb = config.weights.bucket_mb
+def transport_for(
+    choice: str, layout, engine, bucket_mb: float, *, colocate: bool, mapped: bool | str, in_place: bool | str
+) -> WeightSync:
+    """The transport `choice` (a resolved `weights.transport`) for this rank of `layout.weight_comm`."""
     if choice == "mpi":
         from agentrl.weights.mpi import MPIWeightBroadcast
 
@@ -50,7 +63,6 @@ def transport_for(config, layout, engine=None) -> WeightSync:
     if choice == "shm":
         from agentrl.weights.shm import SharedMemoryWeights
 
-        mapped, in_place = config.maps_weights, config.trains_in_window
         return SharedMemoryWeights(layout.weight_comm, layout.node, bucket_mb, mapped, in_place)
     if choice in ("nccl", "gloo"):
         from agentrl.weights.nccl import DistributedWeightBroadcast
@@ -59,4 +71,4 @@ def transport_for(config, layout, engine=None) -> WeightSync:
     from agentrl.weights.cuda_ipc import CUDAIPCWeightSync
 
     # A colocated engine sleeps (frees its GPU memory) while the trainer trains; one merely sharing the GPU stays awake.
-    return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device, sleeps=config.layout.colocate)
+    return CUDAIPCWeightSync(layout.weight_comm, bucket_mb, layout.device, sleeps=colocate)

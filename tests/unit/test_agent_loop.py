@@ -12,7 +12,7 @@ from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.worker import RolloutWorker
+from agentrl.run_start import rollout_worker
 from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trajectory import Episode, pack
 
@@ -62,7 +62,7 @@ def config_for(model_dir, **rollout):
 
 def test_trainer_sees_exactly_the_engine_tokens(tiny_model_dir):
     config = config_for(tiny_model_dir)
-    worker = RolloutWorker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
+    worker = rollout_worker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
     worker.engine = recorder = RecordingEngine(worker.engine)
     episodes, _ = worker.collect(step=0)
     batch = pack(episodes)
@@ -86,7 +86,7 @@ def test_trainer_sees_exactly_the_engine_tokens(tiny_model_dir):
 
 def test_rollout_logprobs_match_trainer_recomputation(tiny_model_dir):
     config = config_for(tiny_model_dir, temperature=0.8)
-    worker = RolloutWorker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
+    worker = rollout_worker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
     episodes, _ = worker.collect(step=0)
     model = load_causal_lm(str(tiny_model_dir))
     diffs = []

@@ -9,6 +9,7 @@ from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.agent_loop import Stopped
 from agentrl.rollout.worker import RolloutWorker
+from agentrl.run_start import rollout_worker
 from agentrl.trainer import staleness
 from agentrl.trajectory import Episode, pack, select_episodes
 from tests.mpi.helpers import QUICKSTART
@@ -72,7 +73,7 @@ def worker_for(tiny_model_dir, **rollout) -> RolloutWorker:
             "rollout": {"tasks_per_step": 2, "group_size": 4, "max_new_tokens": 1, "max_turns": 3, **rollout},
         }
     )
-    return RolloutWorker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
+    return rollout_worker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
 
 
 def test_new_weights_reach_episodes_in_flight_at_their_next_turn(tiny_model_dir):

@@ -85,10 +85,10 @@ def test_dapo_defaults_are_the_papers_and_options_are_checked():
 def test_an_empty_shard_trains_without_moving_the_weights(tiny_model_dir):
     import torch
 
-    from agentrl.trainer.policy_trainer import PolicyTrainer
+    from agentrl.run_start import policy_trainer
 
     config = from_dict({"model": {"path": str(tiny_model_dir)}, "algorithm": {"name": "dapo"}})
-    trainer = PolicyTrainer(config, str(tiny_model_dir), "cpu")
+    trainer = policy_trainer(config, str(tiny_model_dir), "cpu")
     before = [p.detach().clone() for p in trainer.params]
     metrics = trainer.train_step(pack([]))  # every group of the step was dropped
     assert metrics["train/loss"] == 0.0 and metrics["train/grad_norm"] == 0.0

@@ -13,9 +13,11 @@ from agentrl.env.host import EnvHost
 from agentrl.metrics import merge_stats
 from agentrl.rollout.shipping import shard_for_trainers
 from agentrl.rollout.worker import RolloutWorker
+from agentrl.run_start import rollout_worker
 
 SHARE = 4  # tasks per rollout rank: tasks_per_step 8 over 2 rollout ranks
 GROUP = 4
+SEED = 0  # the run seed of worker()'s config
 
 
 class AlternatingEngine(Engine):
@@ -53,6 +55,7 @@ class SignalEnv(TextEnv):
 def worker(model_dir, algorithm: dict, index: int = 0, **env) -> RolloutWorker:
     config = from_dict(
         {
+            "seed": SEED,
             "model": {"path": str(model_dir)},
             "layout": {"trainer": 2, "rollout": 2, "env": 0},
             "rollout": {"tasks_per_step": 2 * SHARE, "group_size": GROUP, "max_new_tokens": 2, "max_turns": 1},
@@ -60,7 +63,7 @@ def worker(model_dir, algorithm: dict, index: int = 0, **env) -> RolloutWorker:
         }
     )
     host = EnvHost("signal", factory=lambda _id, **kw: SignalEnv(**env), call_timeout_s=None)
-    made = RolloutWorker(config, LocalEnvClient(host), index, 2)
+    made = rollout_worker(config, LocalEnvClient(host), index, 2)
     tokenizer = made.chat.tokenizer
     zero, one = (tokenizer(digit, add_special_tokens=False)["input_ids"][0] for digit in "01")
     made.engine = AlternatingEngine(zero, one, made.chat.eos_id)
@@ -126,13 +129,13 @@ def test_grpo_keeps_every_group_in_one_round(tiny_model_dir):
     w = worker(tiny_model_dir, {"name": "grpo"})
     episodes, stats = w.collect(5)
     assert sorted(groups_of(episodes)) == list(range(SHARE))
-    assert [e.task_seed for e in episodes[::GROUP]] == [w_seed(w, 5, task) for task in range(SHARE)]
+    assert [e.task_seed for e in episodes[::GROUP]] == [w_seed(5, task) for task in range(SHARE)]
     zeros = ("generated_groups", "dropped_groups", "extra_rounds", "groups_short", "surplus_groups")
     assert [stats[f"rollout/{k}"] for k in zeros] == [SHARE, 0, 0, 0, 0]
 
 
-def w_seed(w, step, task):
-    return task_seed(w.config.seed, step, task)
+def w_seed(step, task):
+    return task_seed(SEED, step, task)
 
 
 def test_counts_are_summed_and_times_maxed_over_rollout_ranks():

@@ -13,6 +13,7 @@ from agentrl.config import ConfigError, from_dict
 from agentrl.engine.batch import TorchEngine
 from agentrl.engine.lora_merge import adapter_checksum
 from agentrl.errors import UserError
+from agentrl.run_start import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.lora import ADAPTER_CONFIG
 from agentrl.trainer.model import load_causal_lm, load_tokenizer
@@ -48,7 +49,7 @@ def batch(seed: int) -> dict:
 
 
 def trained(model_dir, run_dir="runs/x", steps=2, **lora) -> PolicyTrainer:
-    trainer = PolicyTrainer(lora_config(model_dir, run_dir, **lora), str(model_dir), "cpu")
+    trainer = policy_trainer(lora_config(model_dir, run_dir, **lora), str(model_dir), "cpu")
     for step in range(steps):
         trainer.train_step(batch(step))
     return trainer
@@ -70,17 +71,17 @@ def test_lora_refuses_what_cannot_take_adapters(overrides, fix):
 
 def test_target_modules_that_match_nothing_list_the_models_modules(tiny_model_dir):
     with pytest.raises(UserError, match=r"\['qkv'\] match no Linear module") as error:
-        PolicyTrainer(lora_config(tiny_model_dir, target_modules=["q_proj", "qkv"]), str(tiny_model_dir), "cpu")
+        policy_trainer(lora_config(tiny_model_dir, target_modules=["q_proj", "qkv"]), str(tiny_model_dir), "cpu")
     assert "'q_proj'" in str(error.value) and "'down_proj'" in str(error.value)
     with pytest.raises(UserError, match=r"adapts \['lm_head'\], whose weight is tied"):
-        PolicyTrainer(lora_config(tiny_model_dir, target_modules=["q_proj", "lm_head"]), str(tiny_model_dir), "cpu")
+        policy_trainer(lora_config(tiny_model_dir, target_modules=["q_proj", "lm_head"]), str(tiny_model_dir), "cpu")
     with pytest.raises(UserError, match=r"modules_to_save \['nrm'\] match no module") as error:
-        PolicyTrainer(lora_config(tiny_model_dir, modules_to_save=["nrm"]), str(tiny_model_dir), "cpu")
+        policy_trainer(lora_config(tiny_model_dir, modules_to_save=["nrm"]), str(tiny_model_dir), "cpu")
     assert "'norm'" in str(error.value)
 
 
 def test_only_adapters_train_and_the_sync_sends_only_them(tiny_model_dir):
-    trainer = PolicyTrainer(lora_config(tiny_model_dir), str(tiny_model_dir), "cpu")
+    trainer = policy_trainer(lora_config(tiny_model_dir), str(tiny_model_dir), "cpu")
     frozen = {n: p.detach().clone() for n, p in trainer.model.named_parameters() if not p.requires_grad}
     assert all("lora_" in n for n, p in trainer.model.named_parameters() if p.requires_grad)
     assert len(trainer.optimizer.param_groups[0]["params"]) == len(trainer.named_weights())
@@ -125,7 +126,7 @@ def test_engine_merges_each_version_from_the_base_as_peft_does(tiny_model_dir, s
     trainer = trained(tiny_model_dir, steps=2, modules_to_save=saved)
     whole = [n for n, _ in trainer.named_weights() if not n.endswith((".lora_A", ".lora_B"))]
     assert ("model.norm.weight" in whole) == bool(saved) and bool(whole) == bool(saved)  # norms synced whole
-    engine = engine_for(tiny_model_dir, trainer.config.model.lora.scaling)
+    engine = engine_for(tiny_model_dir, trainer.model_config.lora.scaling)
     base_q = engine.model.model.layers[0].self_attn.q_proj.weight.detach().clone()
     load_bucketed(engine, trainer.named_weights(), version=2)
     assert engine.weight_version == 2
@@ -175,7 +176,9 @@ def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny
     assert recorded["base_model_name_or_path"] == str(tiny_model_dir.resolve())
     assert checkpoint.latest(tmp_path / "run") == (2, saved)
 
-    resumed = PolicyTrainer(trainer.config, str(saved), "cpu")  # what resume=true builds
+    resumed = policy_trainer(
+        lora_config(tiny_model_dir, tmp_path / "run"), str(saved), "cpu"
+    )  # what resume=true builds
     checkpoint.load_state(saved, resumed.optimizer, resumed.scheduler, resumed.model)
     for (name, mine), (_, theirs) in zip(trainer.named_weights(), resumed.named_weights(), strict=True):
         assert torch.equal(mine, theirs), name
@@ -193,7 +196,7 @@ def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny
     for (name, a), (_, b) in zip(plain.named_parameters(), merged.named_parameters(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
     ids = torch.tensor([[1, 5, 9, 12]])
-    reference = load_policy(str(saved), trainer.config, "float32", "cpu")  # the trainer's unmerged adapters
+    reference = load_policy(str(saved), trainer.model_config, "float32", "cpu")  # the trainer's unmerged adapters
     torch.testing.assert_close(plain(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
     with pytest.raises(UserError, match="not empty"):
         export_merged(str(saved), str(out))
@@ -222,9 +225,9 @@ def test_resume_refuses_a_checkpoint_of_the_other_kind(tiny_model_dir, tmp_path)
     trainer.model.save_pretrained(folder)
     plain = from_dict({"model": {"path": str(tiny_model_dir)}})
     with pytest.raises(UserError, match=r"model\.lora is not set"):
-        load_policy(str(folder), plain, "float32", "cpu")
+        load_policy(str(folder), plain.model, "float32", "cpu")
     with pytest.raises(UserError, match=r"full-model checkpoint but model\.lora is set"):
-        load_policy(str(tmp_path), trainer.config, "float32", "cpu")
+        load_policy(str(tmp_path), trainer.model_config, "float32", "cpu")
 
 
 def test_a_relative_model_path_is_recorded_absolute(tiny_model_dir, tmp_path, monkeypatch):
@@ -253,7 +256,16 @@ def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_p
             "optimizer": {"lr": 0.05},
         }
     )
-    trainer = SFTTrainer(config, str(tiny_model_dir), "cpu", total_steps=10)
+    trainer = SFTTrainer(
+        str(tiny_model_dir),
+        "cpu",
+        total_steps=10,
+        model=config.model,
+        sft=config.sft,
+        optimizer=config.optimizer,
+        lr_scheduler=config.lr_scheduler,
+        parallelism=config.parallelism,
+    )
     rows = [([1, 5, 9, 12, 7, 3], [0, 0, 1, 1, 1, 1]), ([2, 6, 8, 4], [0, 1, 1, 1])]
     losses = [trainer.train_step(rows)["sft/loss"] for _ in range(6)]
     assert losses[-1] < losses[0]
@@ -273,7 +285,7 @@ def test_sglang_gets_each_version_as_a_peft_folder_that_peft_loads(tiny_model_di
     from agentrl.engine.sglang_lora import write_adapter_folder
 
     trainer = trained(tiny_model_dir, steps=2)
-    folder = write_adapter_folder(tmp_path / "v2", trainer.named_weights(), trainer.config.model.lora, "base")
+    folder = write_adapter_folder(tmp_path / "v2", trainer.named_weights(), trainer.model_config.lora, "base")
     loaded = PeftModel.from_pretrained(load_causal_lm(str(tiny_model_dir)), str(folder))
     ids = torch.tensor([[1, 5, 9, 12]])
     with torch.no_grad():

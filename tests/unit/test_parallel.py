@@ -7,9 +7,9 @@ import torch
 
 from agentrl import transport
 from agentrl.config import ConfigError, from_dict
+from agentrl.run_start import policy_trainer
 from agentrl.trainer import parallel
 from agentrl.trainer.model import load_causal_lm
-from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, pack
 from agentrl.weights.base import GatherOnly
 from agentrl.weights.mpi import MPIWeightBroadcast
@@ -76,7 +76,7 @@ def test_fsdp_with_one_trainer_rank_is_a_config_error(tiny_model_dir):
         {"model": {"path": str(tiny_model_dir)}, "layout": {"trainer": 2}, "parallelism": {"fsdp": True}}
     )
     with pytest.raises(ConfigError, match=r"layout\.trainer"):  # world size 1 runs one trainer whatever the layout
-        PolicyTrainer(config, str(tiny_model_dir), "cpu", group=None)
+        policy_trainer(config, str(tiny_model_dir), "cpu", group=None)
 
 
 def test_bf16_autocast_trains_float32_master_weights(tiny_model_dir):
@@ -87,7 +87,7 @@ def test_bf16_autocast_trains_float32_master_weights(tiny_model_dir):
             "optimizer": {"lr": 1e-2},
         }
     )
-    trainer = PolicyTrainer(config, str(tiny_model_dir), "cpu")
+    trainer = policy_trainer(config, str(tiny_model_dir), "cpu")
     before = {name: t.clone() for name, t in trainer.named_weights()}
     assert all(t.dtype == torch.float32 for t in before.values())
     metrics = trainer.train_step(synthetic_batch(trainer.model.config.vocab_size))

@@ -10,9 +10,9 @@ import torch
 from agentrl.algorithms import registered_names, resolve
 from agentrl.algorithms.ppo import PPOOptions, step_mask, token_rewards
 from agentrl.config import ConfigError, from_dict
+from agentrl.run_start import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.model import load_tokenizer
-from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, concat, pack
 
 
@@ -93,7 +93,7 @@ def ppo_trainer(model_dir, **options):
             "optimizer": {"lr": 1e-2},
         }
     )
-    return PolicyTrainer(config, str(model_dir), "cpu")
+    return policy_trainer(config, str(model_dir), "cpu")
 
 
 def multi_turn_batch(step: int) -> dict:
@@ -201,7 +201,7 @@ def test_checkpoint_restores_the_critic_bit_exactly(tiny_model_dir, tmp_path):
 def test_a_checkpoint_without_the_critic_names_the_fix(tiny_model_dir, tmp_path):
     from agentrl.algorithms.grpo import GRPO
 
-    grpo = PolicyTrainer(from_dict({"model": {"path": str(tiny_model_dir)}}), str(tiny_model_dir), "cpu")
+    grpo = policy_trainer(from_dict({"model": {"path": str(tiny_model_dir)}}), str(tiny_model_dir), "cpu")
     assert isinstance(grpo.algorithm, GRPO) and grpo.extra_state == []
     tokenizer = load_tokenizer(str(tiny_model_dir))
     saved = checkpoint.save(tmp_path, 1, grpo.model, tokenizer, grpo.optimizer, grpo.scheduler, keep=2)
@@ -219,7 +219,7 @@ def test_the_critic_follows_bf16_and_activation_checkpointing(tiny_model_dir):
             "parallelism": {"mixed_precision": "bf16", "activation_checkpointing": True},
         }
     )
-    trainer = PolicyTrainer(config, str(tiny_model_dir), "cpu")
+    trainer = policy_trainer(config, str(tiny_model_dir), "cpu")
     critic = trainer.extras[0].module
     assert all(layer.gradient_checkpointing for layer in critic.backbone.layers)
     before = critic_weights(trainer)

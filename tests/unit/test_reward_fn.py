@@ -127,7 +127,7 @@ def test_check_env_flags_stepping_after_the_end():
 
 def test_rollout_worker_applies_the_configured_reward_fn(tiny_model_dir):
     from agentrl.config import from_dict
-    from agentrl.rollout.worker import RolloutWorker
+    from agentrl.run_start import rollout_worker
 
     def collect(**env):
         config = from_dict(
@@ -137,7 +137,7 @@ def test_rollout_worker_applies_the_configured_reward_fn(tiny_model_dir):
                 "rollout": {"tasks_per_step": 2, "group_size": 4, "max_new_tokens": 4, "max_turns": 4},
             }
         )
-        return RolloutWorker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1).collect(step=0)[0]
+        return rollout_worker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1).collect(step=0)[0]
 
     plain = collect()
     shaped = collect(reward_fn="tests.unit.reward_fns:turns_penalty", reward_mode="replace")

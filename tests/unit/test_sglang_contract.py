@@ -102,7 +102,7 @@ def test_sglang_backend_without_sglang_says_how_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang now raises ImportError
     config = load_config(None, ["model.path=/nonexistent", "rollout.engine.backend=sglang"])
     with pytest.raises(SGLangMissingError, match=r"pip install 'agentrl\[sglang\]'") as raised:
-        make_engine(config, "cuda:0", seed=0)
+        make_engine(config.rollout.engine, config.model, "cuda:0", seed=0, colocate=config.layout.colocate)
     assert isinstance(raised.value, ImportError) and str(raised.value) == MISSING_SGLANG
 
 

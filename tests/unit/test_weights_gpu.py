@@ -242,18 +242,14 @@ def test_make_weight_sync_resolves_from_the_layouts_placements(monkeypatch):
     monkeypatch.setitem(sys.modules, "agentrl.weights.cuda_ipc", fake)
     roles = [Role.TRAINER, Role.ROLLOUT, Role.ROLLOUT, Role.ENV]
     layout = SimpleNamespace(roles=roles, nodes=[0] * 4, gpus=[0, 0, 0, None], weight_comm="comm", device="cuda:0")
+    placement = {"rollout_gpus": 1, "lora": None, "mapped": "auto", "in_place": "auto"}
+    weights = SimpleNamespace(transport="auto", bucket_mb=8.0)
     for colocate in (False, True):
-        config = SimpleNamespace(
-            weights=SimpleNamespace(transport="auto", bucket_mb=8.0),
-            layout=SimpleNamespace(colocate=colocate),
-            rollout=SimpleNamespace(engine=SimpleNamespace()),
-            model=SimpleNamespace(lora=None),
-        )
-        make_weight_sync(config, layout)
+        make_weight_sync(weights, layout, colocate=colocate, **placement)
     assert made == [("comm", 8.0, "cuda:0", False), ("comm", 8.0, "cuda:0", True)]
-    config.weights.transport = "nccl"
+    weights.transport = "nccl"
     with pytest.raises(ConfigError, match=r"rollout role_rank 0 share node 0's cuda:0"):
-        make_weight_sync(config, layout)
+        make_weight_sync(weights, layout, colocate=True, **placement)
 
 
 def test_torch_engine_bucket_update_needs_every_parameter(tiny_model_dir):

@@ -13,9 +13,9 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
+from agentrl.run_start import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.model import init_trainer_group, load_causal_lm, load_tokenizer
-from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import concat
 from agentrl.weights.base import full_tensors
 from tests.mpi.scripts.batches import synthetic_batch
@@ -59,7 +59,7 @@ def main():
     alone_cfg = from_dict({**common, "parallelism": {**parallelism, "fsdp": False}})
     torch.manual_seed(0)
     group = init_trainer_group(world, "cpu")
-    trainer = PolicyTrainer(sharded_cfg, model_dir, "cpu", group)
+    trainer = policy_trainer(sharded_cfg, model_dir, "cpu", group)
     vocab = trainer.model.config.vocab_size
     first = trainer.named_weights()[0][1]
     assert type(first).__name__ == "DTensor" and first.to_local().shape[0] < first.shape[0], "weights not sharded"
@@ -71,7 +71,7 @@ def main():
         layer.register_forward_pre_hook(lambda module, args: seen.append(module.weight.dtype))
     norms = [trainer.train_step(synthetic_batch(step, GROUPS[rank], vocab))["train/grad_norm"] for step in range(3)]
     sharded = gathered(trainer)
-    alone = PolicyTrainer(alone_cfg, model_dir, "cpu", None) if rank == 0 else None
+    alone = policy_trainer(alone_cfg, model_dir, "cpu", None) if rank == 0 else None
     if rank == 0:
         alone_norms = [alone.train_step(whole_batch(step, vocab))["train/grad_norm"] for step in range(3)]
         start = {n: p.detach() for n, p in load_causal_lm(model_dir).named_parameters()}
@@ -98,7 +98,7 @@ def main():
         loaded = {n: p.detach() for n, p in load_causal_lm(str(saved)).named_parameters()}
         assert_same(sharded, loaded, "checkpoint", 0, 0)
     resumed_path = checkpoint.step_path(run_dir, 3)
-    resumed = PolicyTrainer(sharded_cfg, str(resumed_path), "cpu", group)
+    resumed = policy_trainer(sharded_cfg, str(resumed_path), "cpu", group)
     assert checkpoint.load_state(resumed_path, resumed.optimizer, resumed.scheduler, resumed.model) == 3
     for step_trainer in (trainer, resumed):
         step_trainer.train_step(synthetic_batch(3, GROUPS[rank], vocab))

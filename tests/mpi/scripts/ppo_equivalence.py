@@ -14,9 +14,9 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
+from agentrl.run_start import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.model import init_trainer_group, load_tokenizer
-from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, concat, pack
 from agentrl.weights.base import full_tensors
 
@@ -79,7 +79,7 @@ def main():
     alone_config = from_dict({**common, "parallelism": {"fsdp": False}})
     torch.manual_seed(0)
     group = init_trainer_group(world, "cpu")
-    trainer = PolicyTrainer(config, model_dir, "cpu", group)
+    trainer = policy_trainer(config, model_dir, "cpu", group)
     vocab = trainer.model.config.vocab_size
     if fsdp:
         first = next(trainer.extras[0].module.parameters())
@@ -93,7 +93,7 @@ def main():
             assert np.array_equal(gathered[0][name], gathered[1][name]), f"{name}: ranks diverged"
         moved = [n for n in start if n.startswith("critic.") and not torch.equal(start[n], trained[n])]
         assert len(moved) > 10, f"the critic barely trained: {moved}"
-        alone = PolicyTrainer(alone_config, model_dir, "cpu", None)
+        alone = policy_trainer(alone_config, model_dir, "cpu", None)
         alone_metrics = [alone.train_step(whole_batch(step, vocab)) for step in range(3)]
         for key in METRICS:
             mine, whole = [m[key] for m in metrics], [m[key] for m in alone_metrics]
@@ -119,7 +119,7 @@ def main():
     if rank == 0:
         assert saved is not None and (saved / "critic" / "model.safetensors").is_file()
     path = checkpoint.step_path(run_dir, 3)
-    resumed = PolicyTrainer(config, str(path), "cpu", group)  # as `agentrl train resume=true` builds it
+    resumed = policy_trainer(config, str(path), "cpu", group)  # as `agentrl train resume=true` builds it
     step = checkpoint.load_state(
         path, resumed.optimizer, resumed.scheduler, resumed.model, extra_state=resumed.extra_state
     )

@@ -9,8 +9,8 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
+from agentrl.run_start import policy_trainer
 from agentrl.trainer.model import init_trainer_group
-from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import concat
 from tests.mpi.scripts.batches import synthetic_batch
 
@@ -27,7 +27,7 @@ def check(algorithm: str, model_dir: str, world, group) -> None:
         }
     )
     torch.manual_seed(0)
-    trainer = PolicyTrainer(config, model_dir, "cpu", group)
+    trainer = policy_trainer(config, model_dir, "cpu", group)
     vocab = trainer.model.config.vocab_size
     half = range(0, 4) if rank == 0 else range(4, 8)
     for step in range(3):
@@ -38,7 +38,7 @@ def check(algorithm: str, model_dir: str, world, group) -> None:
             assert np.array_equal(gathered[0], gathered[1]), f"{algorithm} step {step}: trainer replicas diverged"
     if rank == 0:
         torch.manual_seed(0)
-        alone = PolicyTrainer(config, model_dir, "cpu", None)
+        alone = policy_trainer(config, model_dir, "cpu", None)
         for step in range(3):
             halves = [synthetic_batch(step, range(0, 4), vocab), synthetic_batch(step, range(4, 8), vocab)]
             alone.train_step(concat(halves))

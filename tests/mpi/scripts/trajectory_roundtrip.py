@@ -9,7 +9,7 @@ from agentrl import transport
 from agentrl.config import from_dict
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.rollout.worker import RolloutWorker
+from agentrl.run_start import rollout_worker
 from agentrl.trajectory import pack
 from agentrl.transport import Tag
 
@@ -18,7 +18,7 @@ def main():
     world = MPI.COMM_WORLD
     config = from_dict({"model": {"path": sys.argv[1]}, "rollout": {"tasks_per_step": 2, "group_size": 4}})
     if world.Get_rank() == 1:
-        worker = RolloutWorker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
+        worker = rollout_worker(config, LocalEnvClient(EnvHost("guess_number", {})), 0, 1)
         episodes, _ = worker.collect(step=0)
         transport.send(world, pack(episodes), 0, Tag.TRAJECTORIES)
         reference = [(e.tokens, e.loss_mask, [float(x) for x in e.logprobs]) for e in episodes]
