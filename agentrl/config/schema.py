@@ -678,12 +678,6 @@ class Config(Section):
 
     def _check_lora(self) -> None:
         """LoRA needs what can take adapter-only syncs: the CPU transports, unsharded trainers."""
-        if self.parallelism.fsdp:
-            raise ValueError(
-                "model.lora with parallelism.fsdp=true is not supported yet (PEFT adapters under FSDP2 sharding); "
-                "set parallelism.fsdp=false: the adapters and their optimizer state are small, and the frozen base "
-                "model is the only large part"
-            )
         if self.model.lora.modules_to_save and self.rollout.engine.backend == "sglang":
             raise ValueError(
                 "model.lora.modules_to_save with rollout.engine.backend=sglang: SGLang's LoRA adapters take lora_A / "

@@ -15,7 +15,10 @@ from torch import nn
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The transformer blocks of a Hugging Face causal LM (`model.model.layers` for Llama/Qwen-style models)."""
+    """The transformer blocks of a Hugging Face causal LM (`model.model.layers` for Llama/Qwen-style models), also
+    under a PEFT wrapper (model.lora)."""
+    if hasattr(model, "get_base_model"):  # PeftModel: the causal LM it wraps, its LoRA layers in place
+        model = model.get_base_model()
     base = getattr(model, "base_model", model)
     layers = getattr(base, "layers", None)
     if isinstance(layers, nn.ModuleList) and len(layers):
@@ -74,6 +77,17 @@ def shard(model: nn.Module, group, device: str, mixed_precision: str = "none") -
             module.set_gradient_divide_factor(1.0)
             module.set_force_sum_reduction_for_comms(True)  # a plain SUM: gloo has no PREMUL_SUM
     return model
+
+
+def broadcast_trainable(model: nn.Module, group) -> None:
+    """Every trainable parameter from the group's first rank to the others, before any sharding: all trainer ranks
+    then start from the same weights (LoRA's fresh adapters are random)."""
+    import torch.distributed as dist
+
+    source = dist.get_global_rank(group, 0)
+    for param in model.parameters():
+        if param.requires_grad:
+            dist.broadcast(param.data, src=source, group=group)
 
 
 def is_sharded(model: nn.Module) -> bool:

@@ -117,6 +117,8 @@ class PolicyTrainer:
         else:
             prepare = parallel.enable_activation_checkpointing if self.parallelism.activation_checkpointing else None
             model = load_policy(path, self.model_config, dtype, self.device, prepare)
+            if self.model_config.lora is not None and self.group is not None:
+                parallel.broadcast_trainable(model, self.group)  # fresh adapters: drawn from each rank's own seed
         if self.sharded:
             parallel.shard(model, self.group, self.device, self.parallelism.mixed_precision)
         return model

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agentrl import transport
 from agentrl.engine.lora_merge import adapter_checksum
-from agentrl.weights.base import WeightSync
+from agentrl.weights.base import WeightSync, full_tensors
 
 
 class StaleWeights(RuntimeError):
@@ -53,7 +53,7 @@ class ConfirmedAdapterSync(WeightSync):
         self.inner.begin_update()
 
     def send(self, named_tensors, version: int) -> None:
-        named_tensors = list(named_tensors)
+        named_tensors = list(full_tensors(named_tensors))  # under FSDP, gathered once (GatherOnly's one walk): small
         self.bytes_sent = sum(t.numel() * t.element_size() for _, t in named_tensors)
         self.inner.send(named_tensors, version)
         check_reports(transport.allgather_object(self.comm, (version, adapter_checksum(named_tensors))))

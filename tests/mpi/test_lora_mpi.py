@@ -35,3 +35,40 @@ def test_lora_trains_checkpoints_adapters_and_resumes(tmp_path, tiny_model_dir):
     assert all(v < 1e-4 for _, v in logged["train/logprob_diff_vs_rollout"]), logged["train/logprob_diff_vs_rollout"]
     assert logged["train/grad_norm"][-1][1] > 0
     assert (run / "checkpoints" / "step_000004" / "adapter_model.safetensors").is_file()
+
+
+def test_two_trainer_ranks_replicated_or_sharded_train_the_adapters_of_one_rank(tmp_path, tiny_model_dir):
+    """Fresh adapters are random: every trainer rank must start from the same ones, or replicas drift apart and
+    FSDP shards stitch together different draws. Two ranks, replicated or sharded, train what one rank trains on
+    the whole batch; the sharded run then resumes from its adapter checkpoint."""
+    from safetensors.torch import load_file
+
+    lora = {"model.lora.rank": 4, "model.lora.alpha": 8, "model.lora.modules_to_save": "[norm]", "optimizer.lr": 0.05}
+    common = {"layout.rollout": 1, "layout.env": 0, "checkpoint.every": 1, **lora}
+    sharded = {**common, "layout.trainer": 2, "parallelism.fsdp": "true"}
+    runs = {"one": tmp_path / "one", "replicated": tmp_path / "replicated", "sharded": tmp_path / "sharded"}
+    assert_ok(train(2, small_run(runs["one"], tiny_model_dir, steps=2, **common)))
+    assert_ok(train(3, small_run(runs["replicated"], tiny_model_dir, steps=2, **common, **{"layout.trainer": 2})))
+    assert_ok(train(3, small_run(runs["sharded"], tiny_model_dir, steps=2, **sharded)))
+    logged = {name: scalars(path / "run") for name, path in runs.items()}
+
+    def adapters(name):
+        return load_file(runs[name] / "run" / "checkpoints" / "step_000002" / "adapter_model.safetensors")
+
+    reference = adapters("one")
+    for name in ("replicated", "sharded"):
+        assert logged[name]["episode/reward_mean"] == logged["one"]["episode/reward_mean"], name
+        pairs = zip(logged[name]["train/grad_norm"], logged["one"]["train/grad_norm"], strict=True)
+        for (step, got), (_, want) in pairs:
+            assert abs(got - want) <= 1e-5 * want, (name, step, got, want)
+        assert all(v < 1e-4 for _, v in logged[name]["train/logprob_diff_vs_rollout"]), name
+        trained = adapters(name)  # gathered whole from the shards, in PEFT's own names
+        assert sorted(trained) == sorted(reference)
+        assert max((trained[k] - reference[k]).abs().max().item() for k in reference) < 1e-5, name
+
+    resumed = train(3, small_run(runs["sharded"], tiny_model_dir, steps=3, resume="true", **sharded))
+    assert_ok(resumed)
+    assert "resumed at step 2" in resumed.stdout
+    logged = scalars(runs["sharded"] / "run")
+    assert [s for s, _ in logged["train/grad_norm"]] == [0, 1, 2]
+    assert logged["train/logprob_diff_vs_rollout"][-1][1] < 1e-4  # the resumed adapters reached the engine

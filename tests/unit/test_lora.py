@@ -58,7 +58,6 @@ def trained(model_dir, run_dir="runs/x", steps=2, **lora) -> PolicyTrainer:
 @pytest.mark.parametrize(
     ("overrides", "fix"),
     [
-        ({"parallelism": {"fsdp": True}, "layout": {"trainer": 2}}, "parallelism.fsdp=false"),
         ({"weights": {"transport": "nccl"}}, "weights.transport=shm or mpi"),
         ({"weights": {"shm_in_place": True}}, "weights.shm_in_place=auto or false"),
     ],
