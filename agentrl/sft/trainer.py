@@ -42,11 +42,13 @@ class SFTTrainer:
         dtype = "float32" if self.parallelism.mixed_precision == "bf16" else model.dtype
         if model.lora is not None and self.sharded:
             raise ConfigError(
-                "model.lora with parallelism.fsdp=true is not supported yet (PEFT adapters under FSDP2 sharding); "
-                "set parallelism.fsdp=false"
+                "agentrl sft with model.lora and parallelism.fsdp=true is not supported yet (agentrl train takes "
+                "them); set parallelism.fsdp=false: the adapters and their optimizer state are small"
             )
         prepare = parallel.enable_activation_checkpointing if self.parallelism.activation_checkpointing else None
         self.model = load_policy(weights_path, model, dtype, device, prepare)
+        if model.lora is not None and group is not None:
+            parallel.broadcast_trainable(self.model, group)  # fresh adapters: drawn from each rank's own seed
         if self.sharded:
             parallel.shard(self.model, group, device, self.parallelism.mixed_precision)
         self.model.train()
