@@ -231,7 +231,7 @@ def _check_world_size(config):
 
 
 def cmd_eval(args) -> int:
-    from agentrl.evaluation.command import main as evaluate
+    from agentrl.commands.eval import main as evaluate
 
     return evaluate(args.config, args.overrides, args.checkpoint, args.out, args.dump)
 
@@ -327,7 +327,7 @@ def cmd_check_env(args) -> int:
 def cmd_config_doc(args) -> int:
     from pathlib import Path
 
-    from agentrl.config import config_reference
+    from agentrl.commands.config_doc import config_reference
 
     if not args.write:
         print(config_reference())

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from agentrl.config import Config, save_config
+from agentrl.data.episode_dump import drop_from as drop_dumps_from
 from agentrl.env.host import EnvHost
 from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
@@ -19,7 +20,6 @@ from agentrl.errors import UserError
 from agentrl.evaluation.report import drop_from as drop_eval_from
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan
 from agentrl.rollout.chat import tools_as_text
-from agentrl.rollout.episode_dump import drop_from as drop_dumps_from
 
 
 def prepare_run_dir(config: Config, layout: Layout) -> int:

@@ -3,7 +3,6 @@
 - `base`: `Section`, `AlgorithmSection` and `ConfigError`, which any component may import;
 - `schema`: every section with a docstring per field, and the whole-config checks;
 - `load`: YAML and `key=value` overrides in, validated once, saved resolved into the run folder;
-- `reference`: the field reference `agentrl config-doc` prints (docs/config.md).
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from agentrl.config.load import (
     parse_yaml,
     save_config,
 )
-from agentrl.config.reference import config_reference
 from agentrl.config.schema import (
     AgentConfig,
     CheckpointConfig,
@@ -71,7 +69,6 @@ __all__ = [
     "WeightsConfig",
     "algorithm_options",
     "apply_override",
-    "config_reference",
     "format_validation_error",
     "from_dict",
     "load_config",

@@ -1,6 +1,6 @@
 """The config's schema: one section per role, a description on every field, and the checks across fields.
 
-`agentrl config-doc` prints the descriptions as docs/config.md (agentrl/config/reference.py).
+`agentrl config-doc` prints the descriptions as docs/config.md (agentrl/commands/config_doc.py).
 """
 
 from __future__ import annotations

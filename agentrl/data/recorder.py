@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from agentrl.rollout.episode_dump import write_step
+from agentrl.data.episode_dump import write_step
 
 DATA_STATE_FILE = "data_state.json"
 DATA_STATE_FORMAT = 1

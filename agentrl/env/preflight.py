@@ -42,12 +42,12 @@ def check_run_inputs(config, evaluating: bool = False) -> None:
         if not evaluates_val:
             check_env_config(env.id, env.kwargs)
             return
-        from agentrl.data.checks import check_val_rows
+        from agentrl.env.row_checks import check_val_rows
 
         check_env_config(env.id, env.kwargs, reset=False)
         check_env_config(env.id, env.kwargs, options=check_val_rows(config))
         return
-    from agentrl.data.checks import check_training_rows
+    from agentrl.env.row_checks import check_training_rows
 
     check_env_config(env.id, env.kwargs, reset=False)
     check_env_config(env.id, env.kwargs, options=check_training_rows(config))
@@ -141,8 +141,8 @@ def check_agent(config, evaluating: bool = False) -> None:
                 f"agent.command starts {program!r}, which is neither on PATH nor a file in {where.parent}; "
                 "name the program with its path, e.g. agent.command='python examples/openai_agent/agent.py'"
             )
-    from agentrl.data.checks import check_rows
     from agentrl.data.loading import load_rows
+    from agentrl.env.row_checks import check_rows
 
     if config.data.train and not evaluating:
         rows = load_rows(config.data.train, "data.train")

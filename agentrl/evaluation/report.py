@@ -14,8 +14,8 @@ from pathlib import Path
 
 from agentrl import transport
 from agentrl.config import EnvConfig, EvalConfig, RolloutConfig
+from agentrl.data.episode_dump import write_step
 from agentrl.evaluation.metrics import TaskResult, aggregate
-from agentrl.rollout.episode_dump import write_step
 from agentrl.transport import Tag
 
 EVAL_DIR = "eval"
@@ -110,7 +110,7 @@ def table(report: dict) -> str:
 
 def drop_from(run_dir: str | Path, step: int) -> int:
     """A resumed run redoes the evaluations of steps >= `step`: delete their reports and episode dumps."""
-    from agentrl.rollout.episode_dump import drop_from as drop_dumps
+    from agentrl.data.episode_dump import drop_from as drop_dumps
 
     folder = Path(run_dir) / EVAL_DIR
     if not folder.is_dir():

@@ -15,6 +15,7 @@ import numpy as np
 
 from agentrl.algorithms.base import Algorithm, Reduce
 from agentrl.config import AgentConfig, EnvConfig, ModelConfig, RolloutConfig
+from agentrl.data.episode_dump import episode_record
 from agentrl.data.tasks import SeededTasks, TaskSource
 from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
@@ -22,7 +23,6 @@ from agentrl.failures import error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, gather_episodes, gather_polling, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.dispatch import DispatchServer, default_groups_in_flight
-from agentrl.rollout.episode_dump import episode_record
 from agentrl.rollout.reward_fn import RewardFunction
 from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode

@@ -31,7 +31,7 @@ class Served:
 
 def resolve_model(given: str, name: str | None) -> Served:
     """A run's checkpoint folder, a run folder (its newest checkpoint) or a Hugging Face model folder."""
-    from agentrl.evaluation.command import STEP_NAME, check_model_folder, newest_checkpoint
+    from agentrl.trainer.folders import STEP_NAME, check_model_folder, newest_checkpoint
 
     path, note = Path(given), None
     if not path.is_dir():

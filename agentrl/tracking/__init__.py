@@ -9,13 +9,12 @@ optional extras: `check_installed` refuses a run that lists one that is missing 
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Protocol
 
 from agentrl.errors import UserError
+from agentrl.tracking.shared import read_ids
 
-IDS_FILE = "tracking.json"  # in run_dir: the W&B and MLflow runs a resumed run continues
 EXTRAS = {"wandb": ("wandb", "pip install 'agentrl[wandb]'"), "mlflow": ("mlflow", "pip install 'agentrl[mlflow]'")}
 
 
@@ -40,34 +39,6 @@ def check_installed(backends: list[str]) -> None:
             f"logging.backends lists {', '.join(missing)}, which is not installed; {fixes} (or remove it from "
             "logging.backends)"
         )
-
-
-def samples_markdown(texts: list[str]) -> str:
-    """Episodes as fenced blocks separated by rules: TensorBoard's text tab and MLflow's artifact."""
-    return "\n\n---\n\n".join(f"```\n{text}\n```" for text in texts)
-
-
-def run_name(logging, run_dir: str | Path) -> str:
-    return logging.run_name or Path(run_dir).resolve().name
-
-
-def read_ids(run_dir: str | Path) -> dict:
-    path = Path(run_dir) / IDS_FILE
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except ValueError as error:
-        raise UserError(f"{path} is not valid JSON ({error}); delete it to start new W&B/MLflow runs") from None
-
-
-def write_ids(run_dir: str | Path, backend: str, ids: dict) -> None:
-    """Record `backend`'s run ids in run_dir/tracking.json (written whole, then renamed into place)."""
-    path = Path(run_dir) / IDS_FILE
-    saved = {**read_ids(run_dir), backend: ids}
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(saved, indent=1) + "\n")
-    tmp.replace(path)
 
 
 def summary_lines(run_dir: str | Path, backends: list[str]) -> list[str]:

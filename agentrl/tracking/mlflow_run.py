@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import yaml
 
 from agentrl.errors import UserError
-from agentrl.tracking import read_ids, run_name, samples_markdown, write_ids
+from agentrl.tracking.shared import read_ids, run_name, samples_markdown, write_ids
 
 METRICS_PER_BATCH = 1000  # MLflow's limits on one log_batch call
 PARAMS_PER_BATCH = 100

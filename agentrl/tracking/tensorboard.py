@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from agentrl.tracking import samples_markdown
+from agentrl.tracking.shared import samples_markdown
 
 
 class TensorBoardTracker:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from agentrl.errors import UserError
-from agentrl.tracking import read_ids, run_name, write_ids
+from agentrl.tracking.shared import read_ids, run_name, write_ids
 
 SAMPLE_COLUMNS = ["episode", "text"]
 

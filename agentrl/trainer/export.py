@@ -14,7 +14,7 @@ def export_merged(checkpoint: str, out: str, dtype: str = "float32") -> Path:
 
     path = Path(checkpoint)
     if (path / "checkpoints").is_dir() and not lora.is_adapter_folder(path):
-        from agentrl.evaluation.command import newest_checkpoint
+        from agentrl.trainer.folders import newest_checkpoint
 
         path, _ = newest_checkpoint(path)
     if not lora.is_adapter_folder(path):

@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
+from agentrl.data.episode_dump import dump_path, read_steps
 from agentrl.data.loading import load_rows
 from agentrl.data.tasks import DatasetTasks
 from agentrl.errors import EXIT_USER_ERROR
-from agentrl.rollout.episode_dump import dump_path, read_steps
 from agentrl.trainer import checkpoint
 from tests.mpi.helpers import assert_ok, finish, rank_pids, scalars, small_run, start_training, train, wait_for
 

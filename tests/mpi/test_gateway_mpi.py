@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrl.rollout.episode_dump import read_steps
+from agentrl.data.episode_dump import read_steps
 from tests.mpi.helpers import assert_ok, scalars, small_run, train
 from tests.unit.serve_server import build_serve_model
 

@@ -2,7 +2,8 @@ import re
 
 import pytest
 
-from agentrl.config import ConfigError, config_reference, from_dict, load_config
+from agentrl.commands.config_doc import config_reference
+from agentrl.config import ConfigError, from_dict, load_config
 
 BASE = {"model": {"path": "some/model"}}
 

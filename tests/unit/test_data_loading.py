@@ -6,8 +6,8 @@ import json
 import datasets
 import pytest
 
-from agentrl.data.checks import check_rows
 from agentrl.data.loading import load_rows
+from agentrl.env.row_checks import check_rows
 from agentrl.errors import UserError
 from envs.qa import QAEnv
 
@@ -64,7 +64,7 @@ def test_a_missing_column_a_rejected_row_and_too_few_rows_name_the_file_and_the_
 
 def test_the_run_check_covers_data_val_too(tmp_path):
     from agentrl.config import from_dict
-    from agentrl.data.checks import check_training_rows
+    from agentrl.env.row_checks import check_training_rows
 
     train = write_jsonl(tmp_path / "train.jsonl", ROWS)
     val = write_jsonl(tmp_path / "val.jsonl", [{"id": "v0", "prompt": "q"}, {"id": "v1", "prompt": "q"}])

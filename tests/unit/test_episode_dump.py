@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from agentrl.data.episode_dump import drop_from, episode_record, read_steps, write_step
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.episode_dump import drop_from, episode_record, read_steps, write_step
 from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode

@@ -5,12 +5,13 @@ import math
 
 import pytest
 
+from agentrl.commands.eval import resolve_target
 from agentrl.config import ConfigError, load_config
 from agentrl.engine.base import SamplingParams
 from agentrl.errors import UserError
-from agentrl.evaluation.command import check_model_folder, resolve_target
 from agentrl.evaluation.metrics import TaskResult, aggregate, ks_for, pass_at_k
 from agentrl.rollout.agent_loop import _for_turn
+from agentrl.trainer.folders import check_model_folder
 
 QUICKSTART = "launch/configs/quickstart.yaml"
 

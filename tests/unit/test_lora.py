@@ -162,8 +162,8 @@ def test_a_sync_that_did_not_arrive_stops_with_the_cause():
 
 
 def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny_model_dir, tmp_path):
-    from agentrl.evaluation.command import check_model_folder
     from agentrl.trainer.export import export_merged
+    from agentrl.trainer.folders import check_model_folder
     from agentrl.trainer.model import load_policy
 
     trainer = trained(tiny_model_dir, run_dir=tmp_path / "run", steps=2)
@@ -202,7 +202,7 @@ def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny
 
 
 def test_an_adapter_whose_base_is_missing_names_the_fix(tiny_model_dir, tmp_path):
-    from agentrl.evaluation.command import check_model_folder
+    from agentrl.trainer.folders import check_model_folder
 
     trainer = trained(tiny_model_dir, steps=0)
     folder = tmp_path / "adapter"

@@ -13,16 +13,13 @@ wall time), `tb/` (the `eval/` scalars at the checkpoint's step) and, with `--du
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl import transport
 from agentrl.errors import UserError
-
-WEIGHT_FILES = ("*.safetensors", "pytorch_model*.bin")
-STEP_NAME = re.compile(r"^step_(\d+)$")
+from agentrl.trainer.folders import STEP_NAME, check_model_folder, newest_checkpoint
 
 
 @dataclass(frozen=True)
@@ -59,39 +56,6 @@ def resolve_target(config, checkpoint: str | None, out: str | None) -> Target:
     label = f"checkpoint_step_{step:06d}" if run_checkpoint else f"model_{name}"
     default_out = Path(config.run_dir) / "eval" / label
     return Target(model, step, str(Path(out) if out else default_out), note)
-
-
-def newest_checkpoint(run_dir: Path) -> tuple[Path, str]:
-    from agentrl.trainer import checkpoint
-
-    found, damaged = checkpoint.newest_complete(run_dir)
-    if found is None:
-        raise UserError(
-            f"--checkpoint {run_dir} is a run folder without a complete checkpoint "
-            f"({len(damaged)} damaged or unfinished); pass a checkpoint folder or a model folder"
-        )
-    return found.path, f"--checkpoint {run_dir} is a run folder: evaluating its newest checkpoint, {found.path}"
-
-
-def check_model_folder(path: Path, given: str) -> None:
-    """A Hugging Face model folder (config.json, weights and a tokenizer), or a LoRA checkpoint (an adapter
-    folder whose recorded base model exists, and a tokenizer)."""
-    from agentrl.trainer import lora
-
-    missing = []
-    if lora.is_adapter_folder(path):
-        lora.recorded_base(path)  # names the fix when the base model is gone
-    elif not (path / "config.json").is_file():
-        missing.append("config.json")
-    if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):
-        missing.append("weights (*.safetensors or pytorch_model*.bin)")
-    if not ((path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()):
-        missing.append("a tokenizer (tokenizer.json / tokenizer_config.json)")
-    if missing:
-        raise UserError(
-            f"--checkpoint {given} is not a model folder: it has no {', '.join(missing)}; pass a run's checkpoint "
-            "folder (RUN_DIR/checkpoints/step_NNNNNN), a run folder, or a Hugging Face model folder"
-        )
 
 
 def evaluate(config, target: Target, command: list[str]) -> dict | None:
@@ -156,8 +120,8 @@ def _evaluator(config, layout, target: Target, env_client):
 def _write(config, target: Target, messages: list[dict], layout, started: float) -> dict:
     from torch.utils.tensorboard import SummaryWriter
 
+    from agentrl.data.episode_dump import write_step
     from agentrl.evaluation.report import scalars, summarize, write_json
-    from agentrl.rollout.episode_dump import write_step
 
     out = Path(target.out)
     wall = max(m["wall_s"] for m in messages)
