@@ -610,3 +610,43 @@ def test_trainer_gradient_matches_reference(tiny_model_dir, name, options):
             for row, i in enumerate(episodes):
                 g = value_expected[i]
                 np.testing.assert_allclose(out.grad[row, : len(g)].double().numpy(), g, rtol=1e-4, atol=1e-7)
+
+
+def test_on_policy_gspo_is_grpo_with_sequence_mean_aggregation():
+    """With old == current log-probs (one update per step, no rollout mismatch) every sequence ratio is 1,
+    GSPO's clip never binds, and its gradient is GRPO's with seq-mean-token-mean: what the quickstart's
+    GSPO run trains on (docs/algorithms.md, the learning table)."""
+    batch = make_batch()
+    rows = episode_rows(batch)
+    offsets = batch["offsets"]
+    rng = np.random.default_rng(3)
+    width = max(len(t) for t, _ in rows)
+    base = torch.from_numpy(rng.standard_normal((len(rows), width, VOCAB)))
+    targets = torch.zeros(len(rows), width, dtype=torch.long)
+    for row, (t, _) in enumerate(rows):
+        targets[row, : len(t)] = torch.from_numpy(t)
+    mask = padded([m for _, m in rows], width)
+    grads = {}
+    for name, options in (("gspo", {}), ("grpo", {"loss_agg": "seq-mean-token-mean"})):
+        algorithm = algorithm_of(config_for(name, options))(local_sum)
+        valid = np.ones(len(rows), bool)
+        advantages = algorithm.advantages(batch, valid)
+        logits = base.clone().requires_grad_(True)
+        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        inputs = LossInputs(
+            logp=logp,
+            old_logp=logp.detach(),
+            rollout_logp=logp.detach(),
+            advantages=padded([advantages[offsets[i] + 1 : offsets[i + 1]] for i in range(len(rows))], width),
+            mask=mask,
+            entropy=None,
+            ref_logp=None,
+            global_tokens=float(mask.sum()),
+            global_sequences=float((mask.sum(-1) > 0).sum()),
+        )
+        loss, stats = algorithm.loss(inputs)
+        loss.backward()
+        assert stats["clip_frac"] == 0
+        grads[name] = logits.grad
+    assert grads["gspo"].abs().max() > 1e-3
+    torch.testing.assert_close(grads["gspo"], grads["grpo"], rtol=1e-12, atol=1e-15)
