@@ -156,7 +156,10 @@ class Heartbeat:
                 )
                 self.on_lost(self.lost)
                 return
-            self.stopping.wait(min(self.interval_s, 0.05) if said_bye else self.interval_s / 4)
+            if said_bye:
+                time.sleep(min(self.interval_s, 0.05))  # `stopping` is set: waiting on it would not sleep
+            else:
+                self.stopping.wait(self.interval_s / 4)
 
     def stop(self) -> None:
         """Say bye to the other leaders and wait for theirs (every leader calls this at the job's end)."""
