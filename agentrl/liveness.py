@@ -31,6 +31,8 @@ from collections.abc import Callable
 
 import numpy as np
 
+from agentrl.transport import ABORT_GRACE_S
+
 BEAT_TAG = 51
 BYE_TAG = 52
 EXIT_PEER_LOST = 1  # a failure like any other: agentrl supervise restarts it with resume=true
@@ -218,6 +220,7 @@ def abort_job(message: str, node_mates: list[int] = ()) -> None:
     sys.stdout.flush()
     sys.stderr.write(message + "\n")
     sys.stderr.flush()
+    time.sleep(ABORT_GRACE_S)  # the launcher forwards this rank's output before the abort, or it may drop it
     try:
         MPI.COMM_WORLD.Abort(EXIT_PEER_LOST)
     finally:
