@@ -8,6 +8,7 @@ from agentrl import preempt, transport
 from agentrl.config import Config
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus
+from agentrl.liveness import Liveness
 from agentrl.run_start import data_positions, data_shards, prepare_run_dir, seed_everything, set_threads
 from agentrl.run_summary import RunSummary
 
@@ -30,6 +31,17 @@ def train(config: Config, command: list[str] | None = None) -> int:
             "separate trainer and rollout ranks, but this is a single process; launch with mpirun -n 3 or more "
             "(layout: trainer, rollout, env), or set rollout.max_staleness=0"
         )
+    liveness = Liveness(layout.world, layout.nodes, layout.hosts, config.runtime.peer_timeout_s)
+    try:
+        done = _run_role(config, layout, command, started)
+    except RefusedOnEveryRank:  # every rank leaves alike; any other error aborts the job (transport.abort_on_exception)
+        liveness.stop()
+        raise
+    liveness.stop()
+    return done
+
+
+def _run_role(config: Config, layout: Layout, command: list[str] | None, started: float) -> int:
     start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
     data_start = None
     if config.data.train:  # the same on every rank

@@ -542,6 +542,16 @@ class RuntimeConfig(Section):
         gt=0,
         description="Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error.",
     )
+    peer_timeout_s: float | None = Field(
+        60.0,
+        gt=0,
+        description=(
+            "Jobs over several nodes: end the job when a node has not been heard from for this many seconds (a cut "
+            "link or a frozen node, which MPI over TCP would not notice for many minutes); each node's first rank "
+            "beats once a second from a thread, so long phases (model load, checkpoint, weight sync) do not count "
+            "as silence. `null` never ends it. No effect on one node (docs/slurm.md#node-faults)."
+        ),
+    )
     abort_on_failed_fraction: float | None = Field(
         1.0,
         description="Stop the run when, in one step, at least this fraction of the episodes failed with the same "

@@ -104,6 +104,37 @@ def test_a_lost_node_ends_the_job_and_the_run_resumes_without_losing_a_step(node
     print(f"\nnode1 killed: the supervisor saw the job end after {ended - killed_at:.2f} s")
 
 
+PEER_TIMEOUT_S = 8  # runtime.peer_timeout_s for the cut link: short, yet well over a beat's lateness on 2 busy cores
+
+
+def test_a_cut_link_ends_the_job_within_the_peer_timeout_and_the_run_resumes(nodes, shared_model):
+    run = jobs.shared_dir("cut-link") / "run"
+    overrides = run_settings(run, shared_model, steps=4, **{"checkpoint.every": 2})
+    overrides.append(f"runtime.peer_timeout_s={PEER_TIMEOUT_S}")
+    lines = jobs.Lines(jobs.start(jobs.supervised_train_argv(HOSTS, overrides)))
+    try:
+        deadline = time.monotonic() + 240
+        while checkpoint.latest(run) is None:
+            assert lines.process.poll() is None and time.monotonic() < deadline, lines.text()[-4000:]
+            time.sleep(0.1)
+        cluster.set_link(1, False)  # node1's cable: nothing is closed, nothing is sent
+        cut_at = time.monotonic()
+        while lines.first("presumed lost") is None and lines.first("restart 1/2") is None:
+            assert time.monotonic() < cut_at + PEER_TIMEOUT_S + 60, lines.text()[-6000:]
+            time.sleep(0.1)
+    finally:
+        cluster.set_link(1, True)  # before the supervisor's restart needs it (its backoff: 1 s)
+    assert lines.wait(300) == 0, lines.text()[-6000:]
+    text = lines.text()
+    ended = lines.first("agentrl supervise: restart 1/2")
+    assert ended is not None and ended - cut_at < PEER_TIMEOUT_S + 5, text[-6000:]
+    assert re.search(r"rank 0 on node0\): nothing heard from node1 \(its first rank, 2\) for [0-9.]+ s", text), text
+    assert re.search(r"resuming from .*step_000002 at step 2", text), text[-6000:]
+    assert checkpoint.latest(run)[0] == 4
+    assert sorted(step for step, _ in scalars(run)["episode/count"]) == list(range(4))  # none lost or repeated
+    print(f"\nnode1's link cut: the supervisor saw the job end after {ended - cut_at:.2f} s")
+
+
 @pytest.mark.slow  # two more training jobs
 def test_two_nodes_train_exactly_as_one(nodes, shared_model, tmp_path):
     two = jobs.shared_dir("two-nodes") / "run"
