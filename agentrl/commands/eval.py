@@ -18,8 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agentrl import transport
-from agentrl.errors import UserError
-from agentrl.trainer.folders import STEP_NAME, check_model_folder, newest_checkpoint
+from agentrl.trainer.folders import STEP_NAME, model_folder
 
 
 @dataclass(frozen=True)
@@ -40,15 +39,7 @@ def resolve_target(config, checkpoint: str | None, out: str | None) -> Target:
         ensure_model(config.model, lambda: env_texts(config))  # the config's own model.path (a tiny one is built)
         model, step = config.model.path, 0
     else:
-        path = Path(checkpoint)
-        if not path.is_dir():
-            raise UserError(
-                f"--checkpoint {checkpoint}: no such folder; pass a run's checkpoint folder "
-                "(RUN_DIR/checkpoints/step_NNNNNN), a run folder (its newest checkpoint) or a Hugging Face model folder"
-            )
-        if (path / "checkpoints").is_dir() and not (path / "config.json").is_file():
-            path, note = newest_checkpoint(path)
-        check_model_folder(path, checkpoint)
+        path, note = model_folder(checkpoint, f"--checkpoint {checkpoint}")
         match = STEP_NAME.match(path.name)
         model, step = str(path), int(match.group(1)) if match else 0
     name = Path(model).name

@@ -11,7 +11,6 @@ import asyncio
 import signal
 import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 from agentrl.errors import UserError
 
@@ -31,17 +30,9 @@ class Served:
 
 def resolve_model(given: str, name: str | None) -> Served:
     """A run's checkpoint folder, a run folder (its newest checkpoint) or a Hugging Face model folder."""
-    from agentrl.trainer.folders import STEP_NAME, check_model_folder, newest_checkpoint
+    from agentrl.trainer.folders import STEP_NAME, model_folder
 
-    path, note = Path(given), None
-    if not path.is_dir():
-        raise UserError(
-            f"agentrl serve {given}: no such folder; pass a run's checkpoint folder (RUN_DIR/checkpoints/step_NNNNNN), "
-            "a run folder (its newest checkpoint) or a Hugging Face model folder"
-        )
-    if (path / "checkpoints").is_dir() and not (path / "config.json").is_file():
-        path, note = newest_checkpoint(path)
-    check_model_folder(path, given)
+    path, note = model_folder(given, f"agentrl serve {given}")
     match = STEP_NAME.match(path.name)
     step = int(match.group(1)) if match and path.parent.name == "checkpoints" else 0
     default_name = f"{path.parent.parent.name}-step{step}" if step else path.resolve().name

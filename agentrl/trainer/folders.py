@@ -43,3 +43,18 @@ def check_model_folder(path: Path, given: str) -> None:
             f"--checkpoint {given} is not a model folder: it has no {', '.join(missing)}; pass a run's checkpoint "
             "folder (RUN_DIR/checkpoints/step_NNNNNN), a run folder, or a Hugging Face model folder"
         )
+
+
+def model_folder(given: str, label: str) -> tuple[Path, str | None]:
+    """The model folder `given` names (a run folder means its newest complete checkpoint), checked; and a note when
+    a run folder was resolved. `label` starts the error message (the command and its argument)."""
+    path, note = Path(given), None
+    if not path.is_dir():
+        raise UserError(
+            f"{label}: no such folder; pass a run's checkpoint folder (RUN_DIR/checkpoints/step_NNNNNN), "
+            "a run folder (its newest checkpoint) or a Hugging Face model folder"
+        )
+    if (path / "checkpoints").is_dir() and not (path / "config.json").is_file():
+        path, note = newest_checkpoint(path)
+    check_model_folder(path, given)
+    return path, note
