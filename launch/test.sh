@@ -5,4 +5,5 @@ cd "$(dirname "$0")/.."
 bash launch/setup.sh
 . .venv/bin/activate
 export OMP_NUM_THREADS=1
+python -m compileall -q agentrl envs tests >/dev/null  # each mpirun rank then reads bytecode, not source
 python -m pytest -q --durations=30 "$@" tests
