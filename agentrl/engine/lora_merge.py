@@ -10,25 +10,15 @@ small matrix products per adapted module to every decode step and undo the lean 
 
 from __future__ import annotations
 
-import zlib
-
 import torch
+
+from agentrl.weights.lora import adapter_checksum
 
 SUFFIXES = (".lora_A", ".lora_B")
 
 
 def is_adapter_name(name: str) -> bool:
     return name.endswith(SUFFIXES)
-
-
-def adapter_checksum(named_tensors) -> int:
-    """crc32 over every tensor's name and bytes, in name order: the same on the trainer and on each engine."""
-    checksum = 0
-    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
-        checksum = zlib.crc32(name.encode(), checksum)
-        data = tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy()
-        checksum = zlib.crc32(memoryview(data), checksum)
-    return checksum
 
 
 class LoraMerge:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-from agentrl.engine.lora_merge import adapter_checksum, is_adapter_name
+from agentrl.engine.lora_merge import is_adapter_name
+from agentrl.weights.lora import adapter_checksum
 
 
 def server_kwargs(lora) -> dict:

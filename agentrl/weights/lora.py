@@ -11,9 +11,22 @@ that did not arrive.
 
 from __future__ import annotations
 
+import zlib
+
+import torch
+
 from agentrl import transport
-from agentrl.engine.lora_merge import adapter_checksum
 from agentrl.weights.base import WeightSync, full_tensors
+
+
+def adapter_checksum(named_tensors) -> int:
+    """crc32 over every tensor's name and bytes, in name order: the same on the trainer and on each engine."""
+    checksum = 0
+    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
+        checksum = zlib.crc32(name.encode(), checksum)
+        data = tensor.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy()
+        checksum = zlib.crc32(memoryview(data), checksum)
+    return checksum
 
 
 class StaleWeights(RuntimeError):

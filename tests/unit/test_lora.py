@@ -11,7 +11,6 @@ from mpi4py import MPI
 
 from agentrl.config import ConfigError, from_dict
 from agentrl.engine.batch import TorchEngine
-from agentrl.engine.lora_merge import adapter_checksum
 from agentrl.errors import UserError
 from agentrl.run_start import policy_trainer
 from agentrl.trainer import checkpoint
@@ -19,7 +18,7 @@ from agentrl.trainer.lora import ADAPTER_CONFIG
 from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, pack
-from agentrl.weights.lora import ConfirmedAdapterSync, StaleWeights, check_reports
+from agentrl.weights.lora import ConfirmedAdapterSync, StaleWeights, adapter_checksum, check_reports
 from agentrl.weights.mpi import MPIWeightBroadcast
 
 pytest.importorskip("peft")
