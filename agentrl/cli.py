@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", help="torch device for the torch engine (default cuda if available, else cpu)")
     p.add_argument("--seed", type=int, default=0, help="the engines' sampling seed (rank r uses seed + r)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info prints every request)")
+    p.add_argument(
+        "--peer-timeout-s",
+        type=lambda text: None if text == "null" else float(text),
+        default=60.0,
+        help="over several nodes: stop the job when a node is silent this long (a cut link); null: never",
+    )
 
     p = sub.add_parser(
         "export-merged",
@@ -196,9 +202,14 @@ def cmd_sft(args) -> int:
     def run():
         lock = claim(config, command, world)
         try:
+            from agentrl.layout import job_nodes
+            from agentrl.liveness import Liveness
             from agentrl.sft.run import run_sft
 
-            return run_sft(config, world, command)
+            liveness = Liveness(world, *job_nodes(world), config.runtime.peer_timeout_s)
+            result = run_sft(config, world, command)
+            liveness.stop()
+            return result
         finally:
             if lock is not None:
                 lock.release()

@@ -42,6 +42,18 @@ def simulated_ranks_per_node() -> int | None:
     return int(value)
 
 
+def job_nodes(world) -> tuple[list[int], list[str] | None]:
+    """(each rank's node id, each rank's host name) of `world`, collectively. A node's id is its first rank; the
+    hosts are None where nodes are simulated ($AGENTRL_RANKS_PER_NODE)."""
+    from mpi4py import MPI
+
+    per_node = simulated_ranks_per_node()
+    if per_node is not None:
+        return [rank // per_node for rank in range(world.Get_size())], None
+    hosts = world.allgather(MPI.Get_processor_name())
+    return [hosts.index(host) for host in hosts], hosts
+
+
 def node_ids(hosts: list[str]) -> list[int]:
     """Each rank's node, numbered 0, 1, ... in the order hosts first appear in rank order."""
     order = list(dict.fromkeys(hosts))
@@ -278,14 +290,10 @@ class Layout:
         # The weight group: trainer leader (root 0 inside it) plus every rollout rank.
         in_weight_group = self.rank == self.trainer_ranks[0] or self.role is Role.ROLLOUT
         self.weight_comm = self.world.Split(color=0 if in_weight_group else MPI.UNDEFINED, key=self.rank)
-        per_node = simulated_ranks_per_node()
-        self.hosts: list[str] | None = None  # each rank's host name, where nodes are real
-        if per_node is None:
+        self.nodes, self.hosts = job_nodes(self.world)
+        if self.hosts is not None:
             node_comm = self.world.Split_type(MPI.COMM_TYPE_SHARED, key=self.rank)
-            self.hosts = self.world.allgather(MPI.Get_processor_name())
-            self.nodes = [self.hosts.index(host) for host in self.hosts]  # a node's id: its first rank
         else:
-            self.nodes = [rank // per_node for rank in range(self.size)]
             node_comm = self.world.Split(color=self.nodes[self.rank], key=self.rank)
         self.node = self.nodes[self.rank]
         self.node_rank, self.node_size = node_comm.Get_rank(), node_comm.Get_size()

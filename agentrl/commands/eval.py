@@ -53,12 +53,22 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
     """This rank's part; the report on the rank that wrote it (rank 0), None elsewhere."""
     from transformers.utils import logging as hf_logging
 
-    from agentrl.layout import Layout, Role, engine_gpus
-    from agentrl.run_start import seed_everything, set_threads
+    from agentrl.layout import Layout, engine_gpus
+    from agentrl.liveness import Liveness
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
     layout = Layout(config.layout, rollout_gpus=engine_gpus(config.rollout.engine))
+    liveness = Liveness(layout.world, layout.nodes, layout.hosts, config.runtime.peer_timeout_s)
+    report = _evaluate_role(config, layout, target, started)
+    liveness.stop()
+    return report
+
+
+def _evaluate_role(config, layout, target: Target, started: float) -> dict | None:
+    from agentrl.layout import Role
+    from agentrl.run_start import seed_everything, set_threads
+
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
     report = None

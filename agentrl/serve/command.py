@@ -105,6 +105,8 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
     from transformers.utils import logging as hf_logging
 
     from agentrl import transport
+    from agentrl.layout import job_nodes
+    from agentrl.liveness import Liveness
     from agentrl.serve.generation import LocalBackend
     from agentrl.trainer.model import load_tokenizer
 
@@ -121,6 +123,7 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
     engine.weight_version = served.step
     local = LocalBackend(engine, tokenizer)
     loop = engine.event_loop or asyncio.new_event_loop()
+    liveness = Liveness(world, *job_nodes(world), args.peer_timeout_s)
     try:
         if rank == 0:
             loop.run_until_complete(_front(args, world, local, tokenizer, served, max_model_len, stops))
@@ -130,6 +133,7 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
             loop.run_until_complete(serve_engine_rank(world, local, stops.reason))
     finally:
         engine.shutdown()
+    liveness.stop()
     if size > 1:
         transport.barrier(world)
 

@@ -16,6 +16,7 @@ from agentrl.config.schema import (
     ModelConfig,
     OptimizerConfig,
     ParallelismConfig,
+    RuntimeConfig,
 )
 
 
@@ -44,6 +45,12 @@ class SFTSection(Section):
     eval_every: int = Field(0, ge=0, description="Steps between held-out losses (and at the end); 0: at the end only.")
 
 
+class SFTRuntime(Section):
+    """Process-level settings of `agentrl sft`."""
+
+    peer_timeout_s: float | None = RuntimeConfig.model_fields["peer_timeout_s"]
+
+
 class SFTConfig(Section):
     """An `agentrl sft` run."""
 
@@ -57,6 +64,7 @@ class SFTConfig(Section):
     parallelism: ParallelismConfig = Field(default_factory=ParallelismConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
+    runtime: SFTRuntime = Field(default_factory=SFTRuntime)
 
 
 def load_sft_config(path: str | Path, overrides: list[str] = ()) -> SFTConfig:
