@@ -16,6 +16,8 @@ SCRIPTS = Path(__file__).parent / "scripts"
 
 QUICKSTART = str(ROOT / "launch" / "configs" / "quickstart.yaml")
 RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
+# The run each weight transport trains, to compare with the MPI broadcast's (conftest.mpi_sync_reference).
+TRANSPORT_COMPARISON = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "weights.bucket_mb": 0.05}
 
 
 def job_env() -> dict[str, str]:

@@ -2,7 +2,7 @@
 
 import time
 
-from tests.mpi.helpers import assert_ok, scalars, script, small_run, train
+from tests.mpi.helpers import TRANSPORT_COMPARISON, assert_ok, scalars, script, small_run, train
 
 
 def test_gloo_broadcast_reaches_every_engine_exactly(tiny_model_dir):
@@ -11,14 +11,10 @@ def test_gloo_broadcast_reaches_every_engine_exactly(tiny_model_dir):
     assert result.stdout.count("holds version 2 weights") == 3
 
 
-def test_training_with_the_process_group_sync_matches_the_mpi_sync(tmp_path, tiny_model_dir):
+def test_training_with_the_process_group_sync_matches_the_mpi_sync(tmp_path, tiny_model_dir, mpi_sync_reference):
     """`agentrl train` with weights.transport=gloo (2 rollout ranks join lazily) trains exactly like the MPI path."""
-    layout = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "weights.bucket_mb": 0.05}
-    runs = {}
-    for sync in ("gloo", "mpi"):
-        run = tmp_path / sync
-        assert_ok(train(3, small_run(run, tiny_model_dir, **layout, **{"weights.transport": sync})))
-        runs[sync] = scalars(run / "run")
+    assert_ok(train(3, small_run(tmp_path, tiny_model_dir, **TRANSPORT_COMPARISON, **{"weights.transport": "gloo"})))
+    runs = {"gloo": scalars(tmp_path / "run"), "mpi": mpi_sync_reference}
     assert all(v < 1e-4 for _, v in runs["gloo"]["train/logprob_diff_vs_rollout"])
     assert all(v == 0 for _, v in runs["gloo"]["episode/weight_lag_mean"])
     for metric in ("episode/reward_mean", "train/loss"):  # same seeds, same weights: the same run

@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from tests.mpi.helpers import assert_ok, scalars, script, small_run, train
+from tests.mpi.helpers import TRANSPORT_COMPARISON, assert_ok, scalars, script, small_run, train
 
 pytestmark = pytest.mark.mpi
 
@@ -51,22 +51,22 @@ def test_fsdp_sharded_trainer_gathers_into_the_window_one_bucket_at_a_time(tmp_p
     assert "rollout rank holds the gathered weights" in result.stdout
 
 
-def test_training_with_shared_memory_weights_matches_the_mpi_sync(tmp_path, tiny_model_dir, monkeypatch):
+def test_training_with_shared_memory_weights_matches_the_mpi_sync(
+    tmp_path, tiny_model_dir, monkeypatch, mpi_sync_reference
+):
     """`agentrl train` with weights.transport=shm on 2 simulated nodes (trainer + rollout | rollout),
     engines copying from the window or viewing it (shm_mapped=true), the trainer training in the window
     itself or copying each version into it, trains exactly like the MPI broadcast."""
-    monkeypatch.setenv("AGENTRL_RANKS_PER_NODE", "2")
-    layout = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "weights.bucket_mb": 0.05}
     syncs = {
         "shm": {"weights.transport": "shm"},
         "shm mapped": {"weights.transport": "shm", "weights.shm_mapped": True, "weights.shm_in_place": False},
         "shm in place": {"weights.transport": "shm", "weights.shm_mapped": True, "weights.shm_in_place": True},
-        "mpi": {"weights.transport": "mpi"},
     }
-    runs = {}
+    runs = {"mpi": mpi_sync_reference}  # one node; the MPI broadcast does not depend on the nodes
+    monkeypatch.setenv("AGENTRL_RANKS_PER_NODE", "2")
     for sync, overrides in syncs.items():
         run = tmp_path / sync.replace(" ", "_")
-        result = train(3, small_run(run, tiny_model_dir, **layout, **overrides))
+        result = train(3, small_run(run, tiny_model_dir, **TRANSPORT_COMPARISON, **overrides))
         assert_ok(result)
         if sync == "shm":  # the printed placement: rank 2 leads node 1 and gets the broadcast
             assert "bcast+shm" in result.stdout and result.stdout.count(" shm\n") == 1, result.stdout
