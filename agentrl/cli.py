@@ -9,6 +9,16 @@ import sys
 from agentrl.errors import EXIT_USER_ERROR, UserError
 
 
+def seconds_or_null(text: str) -> float | None:
+    """An argparse type: positive seconds, or `null` for none (argparse names the function in its error)."""
+    if text == "null":
+        return None
+    seconds = float(text)
+    if seconds <= 0:
+        raise ValueError(text)
+    return seconds
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agentrl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -72,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info prints every request)")
     p.add_argument(
         "--peer-timeout-s",
-        type=lambda text: None if text == "null" else float(text),
+        type=seconds_or_null,
         default=60.0,
         help="over several nodes: stop the job when a node is silent this long (a cut link); null: never",
     )
