@@ -255,8 +255,9 @@ def main() -> None:
 
     import torch
 
-    from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine import build_torch_engine
     from agentrl.models.tiny import build_tiny_model
+    from agentrl.serve.command import engine_section
     from agentrl.serve.render import ChatRenderer
     from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
@@ -276,7 +277,9 @@ def main() -> None:
         parts: dict[tuple[str, int], list[dict]] = {}
         try:
             over_http(base, 4, 8, args.new_tokens)  # warm-up: first calls, the engine's thread, connections
-            engine = ContinuousTorchEngine(model, pad_token_id=tokenizer.pad_token_id, max_batch_size=max(levels))
+            # The server's own engine settings (`agentrl serve`'s defaults), so only the HTTP layer differs.
+            section = engine_section([f"max_batch_size={max(levels)}"])
+            engine = build_torch_engine(model, section, pad_token_id=tokenizer.pad_token_id, seed=0)
             in_process(engine, renderer, 4, 8, args.new_tokens)
             for _ in range(args.rounds):
                 for concurrency in levels:
