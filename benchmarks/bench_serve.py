@@ -8,8 +8,8 @@ A random Qwen2-shaped model (hidden x layers x heads, built locally with agentrl
 `agentrl serve` in a subprocess (continuous scheduler). At each concurrency C, C client coroutines of the async
 `openai` client each send chat completions one after the other (every call: its own short prompt, its own
 seed, exactly max_tokens new tokens (`ignore_eos`), temperature 1); `in-process` runs the same prompt ids and
-sampling through a ContinuousTorchEngine in this process with C coroutines; `generate` runs `model.generate` on
-each prompt in turn.
+sampling through the engine `agentrl serve` builds (its engine section), in this process, with C coroutines;
+`generate` runs `model.generate` on each prompt in turn.
 `httpx` (concurrency 1) sends the same JSON with a bare httpx client, to tell the openai client's own cost apart.
 
 The machine's noise moves a call's latency by more than the HTTP layer costs, so the ways are measured side by
@@ -88,6 +88,33 @@ async def closed_loop(concurrency: int, calls: int, one_call) -> tuple[list[floa
     return latencies, made[0], time.perf_counter() - started
 
 
+async def openai_call(client, text: str, seed: int, new_tokens: int) -> int:
+    """One chat completion through the `openai` client; the tokens it made."""
+    response = await client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": text}],
+        max_tokens=new_tokens,
+        seed=seed,
+        extra_body={"ignore_eos": True},
+    )
+    return response.usage.completion_tokens
+
+
+async def httpx_call(client, text: str, seed: int, new_tokens: int) -> int:
+    """The same call's JSON through a bare httpx client."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": new_tokens}
+    response = await client.post("/v1/chat/completions", json={**body, "seed": seed, "ignore_eos": True})
+    return response.json()["usage"]["completion_tokens"]
+
+
+async def engine_call(engine, prompt_ids: list[int], seed: int, new_tokens: int) -> int:
+    """The same sampling on the engine in this process."""
+    from agentrl.engine.base import SamplingParams
+
+    sampling = SamplingParams(new_tokens, temperature=1.0, seed=seed)
+    return len((await engine.generate(prompt_ids, sampling)).output_ids)
+
+
 def over_http(base: str, concurrency: int, calls: int, new_tokens: int) -> dict:
     import openai
 
@@ -97,14 +124,7 @@ def over_http(base: str, concurrency: int, calls: int, new_tokens: int) -> dict:
         client = openai.AsyncOpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=600)
 
         async def one_call(i: int) -> int:
-            response = await client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": texts[i]}],
-                max_tokens=new_tokens,
-                seed=i,
-                extra_body={"ignore_eos": True},
-            )
-            return response.usage.completion_tokens
+            return await openai_call(client, texts[i], i, new_tokens)
 
         result = await closed_loop(concurrency, calls, one_call)
         await client.close()
@@ -122,9 +142,7 @@ def over_httpx(base: str, calls: int, new_tokens: int) -> dict:
         async with httpx.AsyncClient(base_url=base, timeout=600) as client:
 
             async def one_call(i: int) -> int:
-                body = {"model": MODEL, "messages": [{"role": "user", "content": texts[i]}], "max_tokens": new_tokens}
-                response = await client.post("/v1/chat/completions", json={**body, "seed": i, "ignore_eos": True})
-                return response.json()["usage"]["completion_tokens"]
+                return await httpx_call(client, texts[i], i, new_tokens)
 
             return await closed_loop(1, calls, one_call)
 
@@ -136,7 +154,6 @@ def paired_overhead(base: str, engine, renderer, calls: int, new_tokens: int) ->
     import httpx
     import openai
 
-    from agentrl.engine.base import SamplingParams
     from agentrl.serve.protocol import ChatMessage
 
     texts = prompts(calls)
@@ -148,21 +165,15 @@ def paired_overhead(base: str, engine, renderer, calls: int, new_tokens: int) ->
         gaps = {"openai": [], "httpx": []}
         for i in range(calls):
             started = time.perf_counter()
-            await engine.generate(ids[i], SamplingParams(new_tokens, temperature=1.0, seed=i))
+            await engine_call(engine, ids[i], i, new_tokens)
             local = time.perf_counter() - started
-            started = time.perf_counter()
-            await client.chat.completions.create(
-                model=MODEL,
-                messages=[{"role": "user", "content": texts[i]}],
-                max_tokens=new_tokens,
-                seed=i,
-                extra_body={"ignore_eos": True},
-            )
-            gaps["openai"].append(time.perf_counter() - started - local)
-            body = {"model": MODEL, "messages": [{"role": "user", "content": texts[i]}], "max_tokens": new_tokens}
-            started = time.perf_counter()
-            await bare.post("/v1/chat/completions", json={**body, "seed": i, "ignore_eos": True})
-            gaps["httpx"].append(time.perf_counter() - started - local)
+            for way, call in (
+                ("openai", openai_call(client, texts[i], i, new_tokens)),
+                ("httpx", httpx_call(bare, texts[i], i, new_tokens)),
+            ):
+                started = time.perf_counter()
+                await call
+                gaps[way].append(time.perf_counter() - started - local)
         await client.close()
         await bare.aclose()
         return {way: statistics.median(values) * 1e3 for way, values in gaps.items()}
@@ -178,14 +189,12 @@ def pooled(parts: list[dict]) -> dict:
 
 
 def in_process(engine, renderer, concurrency: int, calls: int, new_tokens: int) -> dict:
-    from agentrl.engine.base import SamplingParams
     from agentrl.serve.protocol import ChatMessage
 
     ids = [renderer.prompt_ids([ChatMessage(role="user", content=text)]) for text in prompts(calls)]
 
     async def one_call(i: int) -> int:
-        sampling = SamplingParams(new_tokens, temperature=1.0, seed=i)
-        return len((await engine.generate(ids[i], sampling)).output_ids)
+        return await engine_call(engine, ids[i], i, new_tokens)
 
     return summary("in-process engine", concurrency, *asyncio.run(closed_loop(concurrency, calls, one_call)))
 
