@@ -71,6 +71,11 @@ def finish(process: subprocess.Popen, timeout_s: float, what: str) -> tuple[str,
 
 def job_processes(run_dir: Path) -> dict[int, dict[str, str]]:
     """{pid: environment} of the live processes whose command line has run_dir=RUN_DIR (read from /proc; Linux)."""
+    return processes_with(f"run_dir={run_dir}")
+
+
+def processes_with(argument: str) -> dict[int, dict[str, str]]:
+    """{pid: environment} of the live processes with `argument` among their command-line arguments."""
     found = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -81,7 +86,7 @@ def job_processes(run_dir: Path) -> dict[int, dict[str, str]]:
             state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if f"run_dir={run_dir}".encode() in cmdline and state != "Z":
+        if argument.encode() in cmdline and state != "Z":
             found[int(entry.name)] = dict(item.decode(errors="replace").partition("=")[::2] for item in environ)
     return found
 
@@ -93,8 +98,13 @@ def job_pids(run_dir: Path) -> list[int]:
 
 def rank_pids(run_dir: Path) -> dict[int, int]:
     """{world rank: pid} of the live ranks of the job training in run_dir."""
+    return ranks_with(f"run_dir={run_dir}")
+
+
+def ranks_with(argument: str) -> dict[int, int]:
+    """{world rank: pid} of the live ranks with `argument` among their command-line arguments."""
     found = {}
-    for pid, variables in job_processes(run_dir).items():
+    for pid, variables in processes_with(argument).items():
         rank = next((variables[name] for name in RANK_VARIABLES if name in variables), None)
         if rank is not None:
             found[int(rank)] = pid

@@ -7,13 +7,12 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.conftest import ROOT, mpirun_command
-from tests.mpi.helpers import RANK_VARIABLES, finish, job_env
+from tests.mpi.helpers import finish, job_env, ranks_with
 from tests.unit.serve_server import build_serve_model, free_port
 
 pytestmark = pytest.mark.mpi
@@ -28,24 +27,9 @@ def start(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, **pipes)
 
 
-def rank_one(marker: str) -> int:
-    """The pid of world rank 1 of the job whose command line holds `marker`."""
-    for entry in Path("/proc").iterdir():
-        try:
-            cmdline = (entry / "cmdline").read_bytes()
-            environ = dict(
-                item.decode(errors="replace").partition("=")[::2]
-                for item in (entry / "environ").read_bytes().split(b"\0")
-            )
-        except OSError:
-            continue
-        if marker.encode() in cmdline and any(environ.get(name) == "1" for name in RANK_VARIABLES):
-            return int(entry.name)
-    raise AssertionError(f"no rank 1 with {marker!r} in its command line")
-
-
-def freeze_rank_one_and_expect_the_end(job: subprocess.Popen, marker: str) -> str:
-    frozen = rank_one(marker)
+def freeze_rank_one_and_expect_the_end(job: subprocess.Popen, argument: str) -> None:
+    """SIGSTOP world rank 1 (the job's ranks have `argument` on their command line); the job must end, naming it."""
+    frozen = ranks_with(argument)[1]
     os.kill(frozen, signal.SIGSTOP)
     stopped_at = time.monotonic()
     try:
@@ -58,7 +42,6 @@ def freeze_rank_one_and_expect_the_end(job: subprocess.Popen, marker: str) -> st
     assert f"nothing heard from node 1 (its first rank, 1) for {TIMEOUT_S:.0f}." in err, err[-3000:]
     assert "presumed lost" in err
     assert took < TIMEOUT_S + 20, f"the job ended {took:.1f} s after the freeze"
-    return err
 
 
 def test_sft_ends_when_a_node_freezes(tmp_path):
