@@ -3,8 +3,8 @@
     python benchmarks/algorithm_cost.py                        # every algorithm, quickstart, 30 steps, 2 rounds
     python benchmarks/algorithm_cost.py --algorithms grpo ppo --steps 40 --rounds 3
 
-The learning table (benchmarks/algorithms.py) runs each algorithm for hundreds of steps one after
-another, so its step times also carry whatever else the machine did meanwhile. Here every algorithm
+The learning table (a sweep, launch/sweeps/learning_table.yaml) runs each algorithm for hundreds of steps one
+after another, so its step times also carry whatever else the machine did meanwhile. Here every algorithm
 runs a short `mpirun -n 4 agentrl train launch/configs/quickstart.yaml algorithm.name=NAME steps=S`,
 the algorithms in turn, R rounds, so load hits them alike. Printed: the median `time/step`,
 `time/rollout` and `time/train` over steps after the first 5, medians over rounds, and the step time
@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithms import ENVS, run_or_exit, scalars
+from runs import ENVS, run_or_exit, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 WARMUP = 5

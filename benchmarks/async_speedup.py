@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithms import ENVS, scalars, window_means
+from runs import ENVS, scalars, window_means
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STEPS = {"quickstart": 300, "frozen_lake": 150}

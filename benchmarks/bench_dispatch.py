@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithms import run_or_exit, scalars
+from runs import run_or_exit, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = "launch/configs/quickstart.yaml"

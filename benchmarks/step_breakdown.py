@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from algorithms import ENVS, run_or_exit, scalars
+from runs import ENVS, run_or_exit, scalars
 
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ["generate", "env", "transfer", "train", "weight_sync"]

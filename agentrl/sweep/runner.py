@@ -57,16 +57,20 @@ class TrialRun:
         self.last_beat = 0.0
         self.started = time.time()
 
+    @property
+    def ranks(self) -> int:
+        return self.sweep.spec.ranks_for(self.claim.params.get("base"))
+
     def command(self) -> list[str]:
-        threads = max(1, len(self.cores) // self.sweep.spec.ranks) if self.cores else 0
-        command = [*launch_command(self.sweep.spec.ranks), str(self.sweep.config_path(self.claim.number))]
+        threads = max(1, len(self.cores) // self.ranks) if self.cores else 0
+        command = [*launch_command(self.ranks), str(self.sweep.config_path(self.claim.number))]
         command += [f"runtime.torch_threads={threads}", "logging.progress=false"]
         return command + (["resume=true"] if self.claim.resume else [])
 
     def start(self) -> None:
         env = dict(os.environ)
         if self.cores:
-            env["OMP_NUM_THREADS"] = str(max(1, len(self.cores) // self.sweep.spec.ranks))
+            env["OMP_NUM_THREADS"] = str(max(1, len(self.cores) // self.ranks))
         cores = self.cores
 
         def before_exec():

@@ -18,12 +18,12 @@ EXIT_FOR_STATE = {"complete": 0, "pruned": 0, "stopped": EXIT_STOPPED, "failed":
 
 
 def sbatch_command(spec_path: str | Path, sweep: Sweep, extra: list[str] = ()) -> list[str]:
-    """One array task per trial of the budget, K at a time, each with the spec's ranks."""
+    """One array task per trial of the budget, K at a time, each with the most ranks any of its bases needs."""
     spec = sweep.spec
     return [
         "sbatch",
         f"--array=0-{spec.budget() - 1}%{spec.concurrency}",
-        f"--ntasks={spec.ranks}",
+        f"--ntasks={spec.most_ranks()}",
         *extra,
         SCRIPT,
         str(spec_path),

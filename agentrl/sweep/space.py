@@ -12,21 +12,29 @@ from agentrl.config.load import apply_override, from_dict, parse_yaml
 from agentrl.sweep.spec import SpecError, SweepSpec
 
 
-def base_data(spec: SweepSpec) -> dict:
-    """The base config's YAML with the spec's fixed overrides applied (not validated yet)."""
-    data = parse_yaml(Path(spec.base).read_text(), f"config file {spec.base}") or {}
+def base_data(spec: SweepSpec, name: str | None = None) -> dict:
+    """A base config's YAML (`base:`, or `bases:` by name) with the spec's fixed overrides, then the named base's
+    own, applied (not validated yet)."""
+    named = spec.named_bases()[name]
+    data = parse_yaml(Path(named.config).read_text(), f"config file {named.config}") or {}
     if not isinstance(data, dict):
-        raise SpecError(f"base: {spec.base} must hold a mapping of config sections")
-    for key, value in spec.overrides.items():
+        raise SpecError(f"{base_label(name)}: {named.config} must hold a mapping of config sections")
+    for key, value in [*spec.overrides.items(), *named.overrides.items()]:
         apply_override(data, key.split("."), value)
     return data
 
 
+def base_label(name: str | None) -> str:
+    return "base" if name is None else f"bases.{name}"
+
+
 def trial_data(base: dict, params: dict[str, Any], seed: int, run_dir: str | Path) -> dict:
-    """The full config of one trial: the base with its sampled values, seed and run folder."""
+    """The full config of one trial: the base with its sampled values (the base's name among them is not a config
+    field), seed and run folder."""
     data = copy.deepcopy(base)
     for key, value in params.items():
-        apply_override(data, key.split("."), value)
+        if key != "base":
+            apply_override(data, key.split("."), value)
     data["seed"], data["run_dir"] = seed, str(run_dir)
     return data
 
@@ -54,33 +62,41 @@ def group_trial(data: dict, sweep_dir: str | Path, number: int) -> dict:
 def check_space(spec: SweepSpec) -> None:
     """Validate the base with its overrides, then every choice and both ends of every range, through the config
     loader: a key the config lacks or a value it refuses fails here, naming the spec field."""
-    base = base_data(spec)
     probe_dir = Path(spec.sweep_dir) / "trials" / "check"
-    try:
-        from_dict(trial_data(base, {}, spec.seeds[0], probe_dir), source=f"base {spec.base} with overrides")
-    except ConfigError as error:
-        raise SpecError(f"sweep spec: the base config with its overrides is refused:\n{error}") from None
-    for key, dimension in spec.space.items():
-        for value in dimension.edges():
-            try:
-                from_dict(trial_data(base, {key: value}, spec.seeds[0], probe_dir), source=f"space.{key}={value!r}")
-            except ConfigError as error:
+    for name, named in spec.named_bases().items():
+        base, label = base_data(spec, name), base_label(name)
+        try:
+            from_dict(trial_data(base, {}, spec.seeds[0], probe_dir), source=f"{label} {named.config} with overrides")
+        except ConfigError as error:
+            raise SpecError(f"sweep spec: the {label} config with its overrides is refused:\n{error}") from None
+        for key, dimension in spec.space.items():
+            for value in dimension.edges():
+                try:
+                    from_dict(
+                        trial_data(base, {key: value}, spec.seeds[0], probe_dir),
+                        source=f"space.{key}={value!r}" + (f" on {label}" if name else ""),
+                    )
+                except ConfigError as error:
+                    raise SpecError(
+                        f"sweep spec: space.{key} = {value!r} is refused by the config loader"
+                        + (f" on {label}" if name else "")
+                        + f"; fix the key (dotted, as in `agentrl train` overrides) or its values:\n{error}"
+                    ) from None
+        if spec.pruner.name != "none":
+            every = from_dict(trial_data(base, {}, spec.seeds[0], probe_dir)).eval.every
+            if every == 0 and "eval.every" not in spec.space:
                 raise SpecError(
-                    f"sweep spec: space.{key} = {value!r} is refused by the config loader; fix the key (dotted, "
-                    f"as in `agentrl train` overrides) or its values:\n{error}"
-                ) from None
-    if spec.pruner.name != "none":
-        every = from_dict(trial_data(base, {}, spec.seeds[0], probe_dir)).eval.every
-        if every == 0 and "eval.every" not in spec.space:
-            raise SpecError(
-                f"sweep spec: pruner: {spec.pruner.name} judges trials at their evaluations, and the trial config "
-                "has eval.every: 0; set overrides: {eval.every: N} or pruner: {name: none}"
-            )
+                    f"sweep spec: pruner: {spec.pruner.name} judges trials at their evaluations, and the "
+                    f"{label} trial config has eval.every: 0; set overrides: {{eval.every: N}} or "
+                    "pruner: {name: none}"
+                )
 
 
 def suggest(trial, spec: SweepSpec) -> dict[str, Any]:
     """The trial's values, drawn by its study's sampler (fixed when the trial was enqueued or is a grid point)."""
     params = {}
+    if spec.bases:
+        params["base"] = trial.suggest_categorical("base", list(spec.bases))
     for key, dim in spec.space.items():
         if spec.method == "grid":
             params[key] = trial.suggest_categorical(key, dim.grid_values(key))

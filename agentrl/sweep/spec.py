@@ -114,10 +114,42 @@ class Pruner(Section):
     reduction_factor: int = Field(3, ge=2, description="halving: 1 in reduction_factor trials goes on at each rung.")
 
 
+class NamedBase(Section):
+    """One of several base configs (`bases:`): its config file, overrides of its own, and its ranks per trial."""
+
+    config: str = Field(description="Config YAML, e.g. launch/configs/frozen_lake.yaml.")
+    overrides: dict[str, Any] = Field(
+        default_factory=dict, description="Fixed overrides for this base only, applied after the spec's overrides."
+    )
+    ranks: int | None = Field(None, ge=1, description="Ranks per trial of this base; None: the spec's ranks.")
+
+    @field_validator("overrides")
+    @classmethod
+    def _not_reserved(cls, value: dict) -> dict:
+        return _refuse_reserved(value)
+
+
+def _refuse_reserved(value: dict) -> dict:
+    for key in value:
+        if key in RESERVED:
+            raise ValueError(
+                f"{key} is set by the sweep for every trial; "
+                + ("list training seeds under seeds: [...]" if key == "seed" else f"remove {key}")
+            )
+    return value
+
+
 class SweepSpec(Section):
     """A whole sweep (docs/sweeps.md)."""
 
-    base: str = Field(description="The config every trial starts from, e.g. launch/configs/quickstart.yaml.")
+    base: str | None = Field(
+        None, description="The config every trial starts from, e.g. launch/configs/quickstart.yaml (or bases:)."
+    )
+    bases: dict[str, NamedBase] | None = Field(
+        None,
+        description="Instead of base: several named configs, searched as one more dimension, `base` (e.g. the "
+        "envs of a learning table); each with overrides and ranks of its own.",
+    )
     overrides: dict[str, Any] = Field(
         default_factory=dict, description="Fixed `key: value` overrides of the base config, dotted keys as in train."
     )
@@ -147,16 +179,19 @@ class SweepSpec(Section):
     @field_validator("overrides", "space")
     @classmethod
     def _not_reserved(cls, value: dict) -> dict:
-        for key in value:
-            if key in RESERVED:
-                raise ValueError(
-                    f"{key} is set by the sweep for every trial; "
-                    + ("list training seeds under seeds: [...]" if key == "seed" else f"remove {key}")
-                )
-        return value
+        return _refuse_reserved(value)
 
     @model_validator(mode="after")
     def _budget(self):
+        if (self.base is None) == (self.bases is None):
+            raise ValueError(
+                "give the config trials start from as base: PATH, or several as bases: {name: {config: PATH}} "
+                + ("(not both)" if self.base else "(neither is set)")
+            )
+        if self.bases is not None and not self.bases:
+            raise ValueError("bases: is empty; name at least one config, or use base: PATH")
+        if "base" in self.space:
+            raise ValueError("space.base: the base is searched through bases: {name: {config: PATH}}, not space")
         if self.trials is None and self.method != "grid":
             raise ValueError(f"method: {self.method} needs a budget; set trials: N (runs, seeds included)")
         if len(set(self.seeds)) != len(self.seeds):
@@ -164,8 +199,26 @@ class SweepSpec(Section):
         return self
 
     def grid_space(self) -> dict[str, list[Scalar]]:
-        """method: grid: each key's values, the seed among them (Optuna's GridSampler space)."""
-        return {**{key: dim.grid_values(key) for key, dim in self.space.items()}, "seed": list(self.seeds)}
+        """method: grid: each key's values, the base's name and the seed among them (Optuna's GridSampler space)."""
+        named = {"base": list(self.bases)} if self.bases else {}
+        return {**named, **{key: dim.grid_values(key) for key, dim in self.space.items()}, "seed": list(self.seeds)}
+
+    def param_keys(self) -> list[str]:
+        """A trial's searched values, in table order: the base's name (with bases:), then the space's keys."""
+        return (["base"] if self.bases else []) + list(self.space)
+
+    def named_bases(self) -> dict[str | None, NamedBase]:
+        """Every base a trial may start from, by name (None: the one `base:`)."""
+        if self.bases is None:
+            return {None: NamedBase(config=self.base)}
+        return dict(self.bases)
+
+    def ranks_for(self, base: str | None) -> int:
+        named = self.named_bases()[base]
+        return named.ranks or self.ranks
+
+    def most_ranks(self) -> int:
+        return max(self.ranks_for(name) for name in self.named_bases())
 
     def budget(self) -> int:
         if self.trials is not None:
@@ -185,12 +238,24 @@ def parse_spec(data: Any, source: str, base_dir: Path | None = None) -> SweepSpe
         raise SpecError(
             format_validation_error(error, f"sweep spec {source}").replace("invalid config", "invalid sweep spec", 1)
         ) from None
-    base = Path(spec.base)
-    if not base.is_absolute() and not base.is_file() and base_dir is not None and (base_dir / base).is_file():
-        base = base_dir / base
-    if not base.is_file():
-        raise SpecError(f"sweep spec {source}: base: {spec.base} does not exist; point it at a config YAML")
-    return spec.model_copy(update={"base": str(base.resolve()), "sweep_dir": str(Path(spec.sweep_dir).resolve())})
+    update = {"sweep_dir": str(Path(spec.sweep_dir).resolve())}
+    if spec.base is not None:
+        update["base"] = _config_file(spec.base, "base", source, base_dir)
+    else:
+        update["bases"] = {}
+        for name, named in spec.bases.items():
+            config = _config_file(named.config, f"bases.{name}.config", source, base_dir)
+            update["bases"][name] = named.model_copy(update={"config": config})
+    return spec.model_copy(update=update)
+
+
+def _config_file(given: str, field: str, source: str, base_dir: Path | None) -> str:
+    path = Path(given)
+    if not path.is_absolute() and not path.is_file() and base_dir is not None and (base_dir / path).is_file():
+        path = base_dir / path
+    if not path.is_file():
+        raise SpecError(f"sweep spec {source}: {field}: {given} does not exist; point it at a config YAML")
+    return str(path.resolve())
 
 
 def load_spec(path: str | Path) -> SweepSpec:

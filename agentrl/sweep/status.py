@@ -79,7 +79,7 @@ def _value_text(value) -> str:
 
 
 def format_table(sweep: Sweep, table: list[dict]) -> str:
-    keys = list(sweep.spec.space)
+    keys = sweep.spec.param_keys()
     header = ["trial", "seed", *keys, sweep.spec.objective.scalar, "state", "steps", "wall_s"]
     lines = [
         [
@@ -101,7 +101,7 @@ def format_table(sweep: Sweep, table: list[dict]) -> str:
 
 
 def write_csv(sweep: Sweep, table: list[dict], path: Path) -> Path:
-    keys = list(sweep.spec.space)
+    keys = sweep.spec.param_keys()
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["trial", "seed", *keys, "objective", "state", "steps", "wall_s", "run_dir"])
@@ -130,7 +130,7 @@ def write_plot(sweep: Sweep, table: list[dict], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     objective = sweep.spec.objective
-    keys = list(sweep.spec.space)
+    keys = sweep.spec.param_keys()
     finals = [row["objective"] for row in table if row["objective"] is not None]
     low, high = (min(finals), max(finals)) if finals else (0.0, 1.0)
     norm = matplotlib.colors.Normalize(vmin=low, vmax=high if high > low else low + 1.0)
@@ -154,8 +154,8 @@ def write_plot(sweep: Sweep, table: list[dict], path: Path) -> Path:
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
         xs = values if numeric else [str(v) for v in values]
         axis.scatter(xs, [row["objective"] for row in done], c=[cmap(norm(row["objective"])) for row in done])
-        dim = sweep.spec.space[key]
-        if numeric and dim.log and values and all(v > 0 for v in values):
+        dim = sweep.spec.space.get(key)
+        if numeric and dim is not None and dim.log and values and all(v > 0 for v in values):
             axis.set_xscale("log")
         axis.set(title=f"objective against {key}", xlabel=key, ylabel=f"{objective.reduce} {objective.scalar}")
     fig.tight_layout()

@@ -112,7 +112,8 @@ class Sweep:
         )
 
     def eval_every(self) -> int:
-        return from_dict(trial_data(base_data(self.spec), {}, self.spec.seeds[0], self.trial_dir(0))).eval.every
+        name = next(iter(self.spec.named_bases()))
+        return from_dict(trial_data(base_data(self.spec, name), {}, self.spec.seeds[0], self.trial_dir(0))).eval.every
 
     def total_steps(self, number: int) -> int:
         return int(yaml.safe_load(self.config_path(number).read_text())["steps"])
@@ -202,7 +203,8 @@ class Sweep:
         )
 
     def write_config(self, claim: Claim) -> Path:
-        data = trial_data(base_data(self.spec), claim.params, claim.seed, self.trial_dir(claim.number))
+        base = base_data(self.spec, claim.params.get("base"))
+        data = trial_data(base, claim.params, claim.seed, self.trial_dir(claim.number))
         data = group_trial(data, self.dir, claim.number)
         try:
             from_dict(data, source=f"trial {claim.number}")

@@ -170,3 +170,56 @@ def test_a_sweeps_trials_are_one_wandb_group_and_one_mlflow_experiment(tmp_path,
         wandb_run = WandbRun(wandb_run_folder(run_dir))
         assert (wandb_run.run.run_group, wandb_run.run.display_name) == ("sweep", f"sweep-{number:04d}")
         assert same(wandb_run.scalars()["eval/success"], scalars(run_dir)["eval/success"])
+
+
+def test_a_learning_table_sweep_over_two_bases_fills_the_table(tmp_path, tiny_model_dir):
+    """bases: two configs as one more dimension, each trial with its base's ranks (1: train alone, 2: mpirun -n 2);
+    then benchmarks/learning_table.py writes each (base, algorithm) cell from the trials' TensorBoard files."""
+    quickstart = str(ROOT / "launch" / "configs" / "quickstart.yaml")
+    spec = write_spec(
+        tmp_path,
+        tiny_model_dir,
+        base=None,
+        bases={
+            "seven": {"config": quickstart, "ranks": 1},
+            "five": {
+                "config": quickstart,
+                "ranks": 2,
+                "overrides": {"env.kwargs.high": 5, "layout": {"trainer": 1, "rollout": 1, "env": 0}},
+            },
+        },
+        space={"algorithm.name": {"choice": ["grpo", "rloo"]}},
+        method="grid",
+        trials=None,
+        objective={"scalar": "rollout/success_rate", "reduce": "mean_last"},
+    )
+    data = yaml.safe_load(spec.read_text())
+    del data["base"]
+    data["overrides"].update({"steps": 4, "eval.every": 0})
+    spec.write_text(yaml.safe_dump(data))
+    result = sweep(str(spec))
+    assert result.returncode == 0, result.stdout + result.stderr
+    sweep_dir = tmp_path / "sweep"
+    rows = results(sweep_dir)
+    assert sorted((row["base"], row["algorithm.name"]) for row in rows) == [
+        ("five", "grpo"), ("five", "rloo"), ("seven", "grpo"), ("seven", "rloo")
+    ]  # fmt: skip
+    for row in rows:
+        log = (sweep_dir / "logs" / f"{int(row['trial']):04d}.log").read_text()
+        assert ("mpirun -n 2" in log) == (row["base"] == "five")
+        config = yaml.safe_load((Path(row["run_dir"]) / "config.yaml").read_text())
+        assert config["env"]["kwargs"]["high"] == (5 if row["base"] == "five" else 7)
+    page = tmp_path / "table.md"
+    page.write_text("before\n<!-- learning-table:start full -->\nold\n<!-- learning-table:end -->\nafter\n")
+    table = subprocess.run(
+        [sys.executable, "benchmarks/learning_table.py", str(sweep_dir), "--write", str(page)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert table.returncode == 0, table.stdout + table.stderr
+    text = page.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    for row in rows:
+        success = [value for _, value in scalars(Path(row["run_dir"]))["rollout/success_rate"]]
+        end = success[-1]  # the last 10% of 4 steps is the last step
+        cell = f"| {row['base']} | {row['algorithm.name']} | 0 | {success[0]:.2f} -> {end:.2f} | {end:.2f} |"
+        assert cell in text, text

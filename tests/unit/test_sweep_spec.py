@@ -156,3 +156,45 @@ def test_a_group_or_store_named_by_the_spec_or_the_environment_is_kept(tmp_path,
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://tracking.example:5000")
     (config, _) = trial_configs(tmp_path / "c", overrides={"logging.backends": ["mlflow"]})
     assert config.logging.mlflow.tracking_uri is None  # the trial's environment names it
+
+
+FROZEN_LAKE = str(ROOT / "launch" / "configs" / "frozen_lake.yaml")
+
+
+def test_bases_are_one_more_grid_dimension_each_with_its_overrides_and_ranks(tmp_path):
+    bases = {
+        "quickstart": {"config": BASE, "ranks": 4},
+        "frozen_lake": {"config": FROZEN_LAKE, "overrides": {"steps": 3}},
+    }
+    data = spec_data(tmp_path, method="grid", trials=None, seeds=[0, 1], ranks=3, bases=bases)
+    del data["base"]
+    data["space"] = {"algorithm.name": {"choice": ["grpo", "rloo"]}}
+    spec = parse_spec(data, "test.yaml")
+    check_space(spec)
+    assert spec.param_keys() == ["base", "algorithm.name"] and spec.budget() == 2 * 2 * 2
+    assert (spec.ranks_for("quickstart"), spec.ranks_for("frozen_lake"), spec.most_ranks()) == (4, 3, 4)
+    sweep = Sweep(spec)
+    sweep.create_or_check(resume=False)
+    study = sweep.study()
+    seen = set()
+    while (claim := sweep.claim_next(study)) is not None:
+        config = load_config(sweep.config_path(claim.number))
+        base = claim.params["base"]
+        seen.add((base, claim.params["algorithm.name"], claim.seed))
+        assert config.env.id == ("guess_number" if base == "quickstart" else "frozen_lake")
+        assert config.steps == (6 if base == "quickstart" else 3)  # the spec's overrides, then the base's own
+        assert config.algorithm.name == claim.params["algorithm.name"] and config.seed == claim.seed
+        study.tell(claim.number, 0.0)
+    assert len(seen) == 8
+
+
+def test_bases_errors_name_the_field(tmp_path):
+    assert "not both" in refused(tmp_path, bases={"a": {"config": BASE}})
+    assert "neither is set" in refused(tmp_path, base=None)
+    assert "bases.a.config: nowhere.yaml does not exist" in refused(
+        tmp_path, base=None, bases={"a": {"config": "nowhere.yaml"}}
+    )
+    message = refused(tmp_path, base=None, bases={"a": {"config": BASE, "overrides": {"rollout.group_sise": 2}}})
+    assert "bases.a" in message and "group_sise" in message
+    assert "through bases:" in refused(tmp_path, space={"base": {"choice": ["a"]}})
+    assert "seeds: [...]" in refused(tmp_path, base=None, bases={"a": {"config": BASE, "overrides": {"seed": 1}}})
