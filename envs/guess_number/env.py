@@ -1,5 +1,7 @@
 """Guess the secret number; after each guess the env answers "higher" or "lower" and,
-with `show_range`, the range that is still possible ("higher, between 6 and 10").
+with `show_range`, the range that is still possible ("higher, between 6 and 10"). The prompt ends
+with the range too ("You have 4 guesses. The number is between 1 and 10"), so before every guess
+the range sits at the same place: right before the answer.
 
 Feedback matters: guessing blind succeeds within `max_guesses` only by luck, while a
 policy that reads the replies (binary search: guess the middle of the range) always
@@ -27,7 +29,13 @@ def parse_guess(text: str) -> int | None:
 
 class GuessNumberEnv(TextEnv):
     def __init__(
-        self, low: int = 1, high: int = 10, max_guesses: int = 4, show_range: bool = True, valid_reward: float = 0.0
+        self,
+        low: int = 1,
+        high: int = 10,
+        max_guesses: int = 4,
+        show_range: bool = True,
+        valid_reward: float = 0.0,
+        progress_reward: float = 0.0,
     ):
         super().__init__()
         if high <= low:
@@ -36,6 +44,9 @@ class GuessNumberEnv(TextEnv):
             raise ValueError(f"guess_number needs max_guesses >= 1, got {max_guesses}")
         self.low, self.high, self.max_guesses, self.show_range = low, high, max_guesses, show_range
         self.valid_reward = valid_reward  # shaping: paid for a wrong guess inside the possible range
+        # shaping: paid for a wrong guess times the share of the still-possible numbers it rules out, so a guess
+        # in the middle of the range earns the most (binary search's own measure of progress)
+        self.progress_reward = progress_reward
         self.secret = None
         self.guesses = 0
         self.possible = (low, high)
@@ -46,7 +57,7 @@ class GuessNumberEnv(TextEnv):
         self.guesses = 0
         self.possible = (self.low, self.high)
         self.over = False
-        prompt = f"Guess the number between {self.low} and {self.high}. You have {self.max_guesses} guesses."
+        prompt = f"You have {self.max_guesses} guesses. The number is between {self.low} and {self.high}"
         return prompt, {"secret": self.secret, "state_key": self.state_key()}
 
     def step(self, action):
@@ -69,6 +80,9 @@ class GuessNumberEnv(TextEnv):
             reply, lo = "higher", max(lo, guess + 1)
         else:
             reply, hi = "lower", min(hi, guess - 1)
+        if self.progress_reward:
+            before = self.possible[1] - self.possible[0] + 1
+            reward += self.progress_reward * (before - (hi - lo + 1)) / before
         self.possible = (lo, hi)
         if self.show_range:
             reply += f", between {lo} and {hi}"

@@ -38,6 +38,28 @@ def test_out_of_guesses_terminates_without_reward():
     assert reward == 0.0 and terminated and not info["success"]
 
 
+def test_progress_reward_pays_the_share_of_the_range_a_guess_rules_out():
+    env = GuessNumberEnv(low=1, high=7, max_guesses=3, progress_reward=0.2)
+    env.reset(seed=0)
+    env.secret = 7
+    assert env.step("4")[1] == pytest.approx(0.2 * 4 / 7)  # 1..4 ruled out of 1..7
+    assert env.step("5")[1] == pytest.approx(0.2 * 1 / 3)  # an end of 5..7 rules out one of three
+    assert env.step("7")[1] == 1.0
+    env.reset(seed=0)
+    env.secret = 7
+    env.step("4")
+    assert env.step("6")[1] == pytest.approx(0.2 * 2 / 3)  # the middle rules out two of three
+
+
+def test_the_range_is_the_last_thing_before_every_guess():
+    env = GuessNumberEnv(low=1, high=7, max_guesses=3)
+    prompt, _ = env.reset(seed=0)
+    env.secret = 6
+    assert prompt.endswith("between 1 and 7")
+    assert env.step("4")[0] == "higher, between 5 and 7"
+    assert env.step("7")[0] == "lower, between 5 and 6"
+
+
 def test_seeding_is_reproducible():
     assert GuessNumberEnv().reset(seed=5) == GuessNumberEnv().reset(seed=5)
 
