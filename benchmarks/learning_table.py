@@ -28,14 +28,11 @@ from agentrl.sweep.spec import parse_spec
 from agentrl.sweep.status import rows
 from agentrl.sweep.study import SPEC_FILE, Sweep
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import window_means
+
 TARGET = 0.8
 MARKERS = re.compile(r"(<!-- learning-table:start( full)? -->\n)(.*?)(<!-- learning-table:end -->)", re.S)
-
-
-def window_means(values: list[float]) -> tuple[float, float]:
-    """Mean over the first 2% of steps (at least one) and over the last 10%."""
-    head, tail = max(1, round(0.02 * len(values))), max(1, round(0.10 * len(values)))
-    return float(np.mean(values[:head])), float(np.mean(values[-tail:]))
 
 
 def steps_to(points: list[tuple[int, float]], target: float = TARGET, window: int = 50) -> int | None:
@@ -53,10 +50,10 @@ def trial_numbers(run_dir: str) -> dict | None:
     success = read_scalars(run_dir, "rollout/success_rate") or read_scalars(run_dir, "episode/success_rate")
     if not success:
         return None
-    start, end = window_means([v for _, v in success])
+    start, end = window_means(success)
     step_times = read_scalars(run_dir, "time/step")
     reached = steps_to(success)
-    variance = [v for _, v in read_scalars(run_dir, "train/explained_variance")]
+    variance = read_scalars(run_dir, "train/explained_variance")
     return {
         "start": start,
         "end": end,

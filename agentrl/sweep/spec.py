@@ -182,7 +182,7 @@ class SweepSpec(Section):
         return _refuse_reserved(value)
 
     @model_validator(mode="after")
-    def _budget(self):
+    def _one_base_and_a_budget(self):
         if (self.base is None) == (self.bases is None):
             raise ValueError(
                 "give the config trials start from as base: PATH, or several as bases: {name: {config: PATH}} "
