@@ -64,7 +64,9 @@ def test_two_trainer_ranks_replicated_or_sharded_train_the_adapters_of_one_rank(
         assert all(v < 1e-4 for _, v in logged[name]["train/logprob_diff_vs_rollout"]), name
         trained = adapters(name)  # gathered whole from the shards, in PEFT's own names
         assert sorted(trained) == sorted(reference)
-        assert max((trained[k] - reference[k]).abs().max().item() for k in reference) < 1e-5, name
+        # Measured up to 7e-5 apart after 2 steps at lr 0.05 (float32 sums in another order; Adam's first steps
+        # scale small gradients up); adapters drawn apart, the defect this guards against, differed by 0.36.
+        assert max((trained[k] - reference[k]).abs().max().item() for k in reference) < 1e-3, name
 
     resumed = train(3, small_run(runs["sharded"], tiny_model_dir, steps=3, resume="true", **sharded))
     assert_ok(resumed)
