@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from agentrl.sweep.objective import read_scalars
+from agentrl.sweep.objective import read_run_scalars
 from agentrl.sweep.spec import parse_spec
 from agentrl.sweep.status import rows
 from agentrl.sweep.study import SPEC_FILE, Sweep
@@ -32,6 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import window_means
 
 TARGET = 0.8
+SUCCESS_TAGS = ("rollout/success_rate", "episode/success_rate")  # the policy's own first, else the trained batch's
 MARKERS = re.compile(r"(<!-- learning-table:start( full)? -->\n)(.*?)(<!-- learning-table:end -->)", re.S)
 
 
@@ -47,13 +48,14 @@ def steps_to(points: list[tuple[int, float]], target: float = TARGET, window: in
 
 def trial_numbers(run_dir: str) -> dict | None:
     """One trial's learning numbers, or None if it logged no success rate."""
-    success = read_scalars(run_dir, "rollout/success_rate") or read_scalars(run_dir, "episode/success_rate")
+    logged = read_run_scalars(run_dir, [*SUCCESS_TAGS, "time/step", "train/explained_variance"])
+    success = next((logged[tag] for tag in SUCCESS_TAGS if tag in logged), None)
     if not success:
         return None
     start, end = window_means(success)
-    step_times = read_scalars(run_dir, "time/step")
+    step_times = logged.get("time/step", [])
     reached = steps_to(success)
-    variance = read_scalars(run_dir, "train/explained_variance")
+    variance = logged.get("train/explained_variance")
     return {
         "start": start,
         "end": end,

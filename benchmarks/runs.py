@@ -9,23 +9,13 @@ from pathlib import Path
 
 import numpy as np
 
+from agentrl.sweep.objective import read_scalars as scalars  # noqa: F401 (what the benchmarks import from here)
+
 REPO = Path(__file__).resolve().parents[1]
 ENVS = {  # name -> (config, ranks)
     "quickstart": ("launch/configs/quickstart.yaml", 4),
     "frozen_lake": ("launch/configs/frozen_lake.yaml", 3),
 }
-
-
-def scalars(run_dir: Path, tag: str) -> list[tuple[int, float]]:
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-
-    points: dict[int, float] = {}
-    for events in sorted((run_dir / "tb").glob("events.out.tfevents.*")):
-        accumulator = EventAccumulator(str(events), size_guidance={"scalars": 0})
-        accumulator.Reload()
-        if tag in accumulator.Tags()["scalars"]:
-            points.update((e.step, e.value) for e in accumulator.Scalars(tag))
-    return sorted(points.items())
 
 
 def window_means(points: list[tuple[int, float]]) -> tuple[float, float]:

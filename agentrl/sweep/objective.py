@@ -12,17 +12,25 @@ STEP_TAG = "run/restarts"  # agentrl.logging.RunLogger logs it at every training
 
 def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:
     """(step, value) of `tag` in the run's TensorBoard events, by step; a resumed run's redone steps counted once."""
+    return read_run_scalars(run_dir, [tag]).get(tag, [])
+
+
+def read_run_scalars(run_dir: str | Path, tags: list[str]) -> dict[str, list[tuple[int, float]]]:
+    """`read_scalars` of several tags from one read of the run's events; tags it never logged are left out."""
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     folder = Path(run_dir) / TB_DIR
     if not folder.is_dir():
-        return []
+        return {}
     events = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
     events.Reload()
-    if tag not in events.Tags()[SCALARS]:
-        return []
-    by_step = {event.step: event.value for event in events.Scalars(tag)}  # a later file's value wins
-    return sorted(by_step.items())
+    logged = set(events.Tags()[SCALARS])
+    by_tag = {}
+    for tag in tags:
+        if tag in logged:
+            by_step = {event.step: event.value for event in events.Scalars(tag)}  # a later file's value wins
+            by_tag[tag] = sorted(by_step.items())
+    return by_tag
 
 
 def reduce(points: list[tuple[int, float]], objective: Objective, total_steps: int) -> float | None:

@@ -66,7 +66,9 @@ def check_space(spec: SweepSpec) -> None:
     for name, named in spec.named_bases().items():
         base, label = base_data(spec, name), base_label(name)
         try:
-            from_dict(trial_data(base, {}, spec.seeds[0], probe_dir), source=f"{label} {named.config} with overrides")
+            config = from_dict(
+                trial_data(base, {}, spec.seeds[0], probe_dir), source=f"{label} {named.config} with overrides"
+            )
         except ConfigError as error:
             raise SpecError(f"sweep spec: the {label} config with its overrides is refused:\n{error}") from None
         for key, dimension in spec.space.items():
@@ -82,14 +84,12 @@ def check_space(spec: SweepSpec) -> None:
                         + (f" on {label}" if name else "")
                         + f"; fix the key (dotted, as in `agentrl train` overrides) or its values:\n{error}"
                     ) from None
-        if spec.pruner.name != "none":
-            every = from_dict(trial_data(base, {}, spec.seeds[0], probe_dir)).eval.every
-            if every == 0 and "eval.every" not in spec.space:
-                raise SpecError(
-                    f"sweep spec: pruner: {spec.pruner.name} judges trials at their evaluations, and the "
-                    f"{label} trial config has eval.every: 0; set overrides: {{eval.every: N}} or "
-                    "pruner: {name: none}"
-                )
+        if spec.pruner.name != "none" and config.eval.every == 0 and "eval.every" not in spec.space:
+            raise SpecError(
+                f"sweep spec: pruner: {spec.pruner.name} judges trials at their evaluations, and the "
+                f"{label} trial config has eval.every: 0; set overrides: {{eval.every: N}} or "
+                "pruner: {name: none}"
+            )
 
 
 def suggest(trial, spec: SweepSpec) -> dict[str, Any]:
