@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from agentrl import startup
 from agentrl.errors import EXIT_USER_ERROR, UserError
 
 
@@ -384,6 +385,7 @@ COMMANDS = {
 
 def entry_point() -> None:
     """The `agentrl` command: `main`, then MPI ended where its errors are still reported."""
+    startup.defer_collection()
     code = main()
     from agentrl.transport import finalize
 

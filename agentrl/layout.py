@@ -276,7 +276,10 @@ class Layout:
     def __init__(self, layout: LayoutConfig, comm=None, gpus_per_node: int | None = None, rollout_gpus: int = 1):
         from mpi4py import MPI
 
+        from agentrl import transport
+
         self.world = comm if comm is not None else MPI.COMM_WORLD
+        transport.barrier(self.world)  # blocking collectives spin: ranks still importing would lose a core
         self.rank = self.world.Get_rank()
         self.size = self.world.Get_size()
         self.single_process = self.size == 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentrl import preempt, transport
+from agentrl import preempt, startup, transport
 from agentrl.config import Config
 from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost
@@ -21,6 +21,7 @@ def run_env(config: Config, layout: Layout) -> None:
     host = env_host(config)  # builds one env, so its plugin's imports (torch or not) have happened
     set_threads(config, layout, only_if_loaded=True)
     seed_torch(seed, only_if_loaded=True)
+    startup.settle()
     serve(
         layout.world,
         host,

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from agentrl import preempt, transport
+from agentrl import preempt, startup, transport
 from agentrl.config import Config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.layout import Layout
@@ -90,6 +90,7 @@ def task_queue(config: Config, layout: Layout, worker: RolloutWorker) -> Dispatc
 def rollout_loop(config: Config, layout: Layout, start_step: int, worker: RolloutWorker, evaluator, pace) -> None:
     """Steps from `start_step` to `config.steps`: evaluate when due, collect, ship; ends early at a stop."""
     index = layout.rollout_ranks.index(layout.rank)
+    startup.settle()
     pace.start(start_step)
     for step in range(start_step, config.steps + 1):
         if evaluator is not None and config.eval.due(step):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agentrl import preempt, transport
+from agentrl import preempt, startup, transport
 from agentrl.config import Config
 from agentrl.failures import FailureTally, abort_if_failing
 from agentrl.layout import Layout
@@ -146,6 +146,7 @@ def train_loop(
     Returns the number of steps done: `config.steps`, or fewer when a stop signal ended the run early
     (a checkpoint for them is written and the rollout ranks are told to stop).
     """
+    startup.settle()
     done = start_step
     for step in range(start_step, config.steps + 1):
         if evaluate is not None and config.eval.due(step):

@@ -12,6 +12,7 @@ import signal
 import sys
 from dataclasses import dataclass
 
+from agentrl import startup
 from agentrl.errors import UserError
 
 DEFAULT_ENGINE = {"backend": "torch", "scheduler": "continuous"}
@@ -124,6 +125,7 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
     local = LocalBackend(engine, tokenizer)
     loop = engine.event_loop or asyncio.new_event_loop()
     liveness = Liveness(world, *job_nodes(world), args.peer_timeout_s)
+    startup.settle()
     try:
         if rank == 0:
             loop.run_until_complete(_front(args, world, local, tokenizer, served, max_model_len, stops))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from agentrl import preempt, transport
+from agentrl import preempt, startup, transport
 from agentrl.config import save_config
 from agentrl.errors import UserError
 from agentrl.sft.config import SFTConfig
@@ -149,6 +149,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     losses: dict[int, float] = {}
     val_loss = None
     done = start
+    startup.settle()
     for step in range(start, total):
         step_started = time.perf_counter()
         batch = batch_indices(config, len(data), step)

@@ -202,6 +202,7 @@ class SharedMemoryWeights(WeightSync):
         from mpi4py import MPI
 
         rank = self.comm.Get_rank()
+        transport.barrier(self.comm)  # the root gets here first (its header broadcast does not wait): sleep, not spin
         self.node_comm = self.comm.Split(color=self.node, key=rank)
         is_leader = self.node_comm.Get_rank() == 0
         self.leaders_comm = self.comm.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)

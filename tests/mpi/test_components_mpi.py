@@ -1,5 +1,6 @@
 """Distributed pieces under real mpirun: trainer replicas, weight sync, trajectory transport, abort."""
 
+import re
 import time
 
 import pytest
@@ -31,6 +32,14 @@ def test_trajectories_arrive_exactly(tiny_model_dir):
     result = script(2, "trajectory_roundtrip.py", str(tiny_model_dir))
     assert_ok(result)
     assert "episodes arrived exactly" in result.stdout
+
+
+def test_a_rank_waiting_for_a_late_one_sleeps_instead_of_spinning(tiny_model_dir):
+    """At the layout's start and at the first shared-memory weight sync (rank 1 is 2 s late to each)."""
+    result = script(2, "late_rank.py", str(tiny_model_dir))
+    assert_ok(result)
+    shares = [float(share) for share in re.findall(r"rank 0 used ([0-9.]+) of a core", result.stdout)]
+    assert len(shares) == 2 and max(shares) < 0.3, result.stdout  # a blocking MPI wait used 0.5 to 1
 
 
 def test_exception_on_one_rank_aborts_all():

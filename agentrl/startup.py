@@ -1,0 +1,34 @@
+"""A rank's start-up with fewer garbage-collector passes.
+
+Importing torch and transformers and building a model create a few hundred thousand objects that live as long
+as the process. At CPython's default thresholds the collector walks all of them again and again while they are
+being created: about a quarter of a model rank's start-up CPU (benchmarks/bench_startup.py). `defer_collection`
+raises the thresholds for the start-up (the `agentrl` command does, first thing); `settle` collects once, sets
+what start-up made aside for good (`gc.freeze`) and restores the defaults. The long-running loops settle before
+their first step: the train roles, `agentrl sft`, `agentrl serve`. Short commands end deferred.
+"""
+
+from __future__ import annotations
+
+import gc
+
+STARTUP_THRESHOLDS = (100_000, 50, 100)
+_defaults: tuple[int, int, int] | None = None
+
+
+def defer_collection() -> None:
+    global _defaults
+    if _defaults is None:
+        _defaults = gc.get_threshold()
+        gc.set_threshold(*STARTUP_THRESHOLDS)
+
+
+def settle() -> None:
+    """End of start-up (idempotent): later collections walk only what the loop allocates."""
+    global _defaults
+    if _defaults is None:
+        return
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*_defaults)
+    _defaults = None
