@@ -23,4 +23,4 @@ def test_start_up_defers_collection_then_settles_to_the_defaults_with_start_up_f
     defaults, deferred, after, frozen, collected = json.loads(result.stdout)
     assert defaults == list(gc.get_threshold()) and deferred[0] >= 100 * defaults[0]
     assert after == defaults and frozen > 0
-    assert collected == 0  # settle collected the start-up's cycle before setting the rest aside
+    assert collected == 0  # settle collected the start-up's young cycle before setting the rest aside
