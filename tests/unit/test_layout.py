@@ -50,6 +50,11 @@ def test_plan_more_ranks_than_gpus_on_a_node_wraps_around():
     assert [r.gpu for r in rows] == [0, 1, 2, 3, 0, 1, None, None]
 
 
+class DoneRequest:
+    def Test(self):
+        return True
+
+
 class FakeComm:
     """Enough of an MPI communicator for `Layout` in one process: rank `rank` of `size`, all on one node.
 
@@ -65,6 +70,9 @@ class FakeComm:
 
     def Get_size(self):
         return self.size
+
+    def Ibarrier(self):
+        return DoneRequest()  # alone: every rank is here
 
     def Split(self, color, key):
         self.split_colors.append(color)
