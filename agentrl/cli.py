@@ -275,6 +275,7 @@ def cmd_export_merged(args) -> int:
 def cmd_supervise(args) -> int:
     from agentrl.supervise import supervise
 
+    startup.settle()  # light, and as long-running as the job it watches
     command = args.launch[1:] if args.launch[:1] == ["--"] else args.launch
     return supervise(command, args.max_restarts, args.backoff_s)
 
@@ -282,6 +283,7 @@ def cmd_supervise(args) -> int:
 def cmd_sweep(args) -> int:
     from agentrl.sweep.command import main as sweep
 
+    startup.settle()  # light, and as long-running as its trials
     return sweep(args)
 
 

@@ -14,6 +14,7 @@ from enum import Enum
 
 import numpy as np
 
+from agentrl import transport
 from agentrl.config import ConfigError, EngineConfig, LayoutConfig
 
 
@@ -275,8 +276,6 @@ class Layout:
 
     def __init__(self, layout: LayoutConfig, comm=None, gpus_per_node: int | None = None, rollout_gpus: int = 1):
         from mpi4py import MPI
-
-        from agentrl import transport
 
         self.world = comm if comm is not None else MPI.COMM_WORLD
         transport.barrier(self.world)  # blocking collectives spin: ranks still importing would lose a core

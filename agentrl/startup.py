@@ -7,8 +7,8 @@ being created: a tenth to a fifth of a model rank's start-up CPU (benchmarks/ben
 `defer_collection` raises the thresholds for the start-up; the `agentrl` command calls it first thing. `settle`
 collects the youngest generation, sets everything older aside for good (`gc.freeze`) and restores the defaults.
 A full collection there took 0.5 s for a few hundred objects of garbage; the youngest generation, 0.02 s.
-The long-running loops settle before their first step: the train roles, `agentrl sft`, `agentrl serve`.
-Short commands end deferred.
+The long-running loops settle before their first step (the train roles, `agentrl sft`, `agentrl serve`), the
+light long-running commands at once (`supervise`, `sweep`). Short commands end deferred.
 """
 
 from __future__ import annotations
