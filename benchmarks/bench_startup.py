@@ -77,9 +77,13 @@ def job_start(root: Path, run_dir: Path, model_dir: Path) -> tuple[float, float]
     return wall, cpu
 
 
+def medians(samples: list[tuple[float, float]]) -> tuple[float, float]:
+    """(wall, CPU) medians of (wall, CPU) samples."""
+    return statistics.median(s[0] for s in samples), statistics.median(s[1] for s in samples)
+
+
 def row(name: str, samples: list[tuple[float, float]]) -> str:
-    wall = statistics.median(s[0] for s in samples)
-    cpu = statistics.median(s[1] for s in samples)
+    wall, cpu = medians(samples)
     return f"| {name} | {wall:.2f} | {cpu:.2f} |"
 
 
@@ -102,8 +106,8 @@ def main() -> None:
         print("| collector | wall s | CPU s |\n|---|---|---|")
         for name, samples in ranks.items():
             print(row(name, samples))
-        cpu = {name: statistics.median(s[1] for s in samples) for name, samples in ranks.items()}
-        print(f"CPU ratio, default/agentrl: {cpu['default thresholds'] / cpu['agentrl.startup']:.2f}x")
+        ratio = medians(ranks["default thresholds"])[1] / medians(ranks["agentrl.startup"])[1]
+        print(f"CPU ratio, default/agentrl: {ratio:.2f}x")
 
         if args.against is not None:
             jobs = {root: [] for root in (ROOT, *(path.resolve() for path in args.against))}

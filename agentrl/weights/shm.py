@@ -167,8 +167,9 @@ class SharedMemoryWeights(WeightSync):
 
     `node` tells which ranks share memory: equal on ranks of one node (the layout's node
     index, or a simulated node under AGENTRL_RANKS_PER_NODE). The node and node-leader
-    communicators are split at the first send/receive, so a rollout rank waits for the
-    trainer in a polled broadcast rather than in a spinning split.
+    communicators are split at the first send/receive, after a polled barrier: whoever comes
+    first (the trainer, whose header broadcast returns at once, or a rollout rank) sleeps
+    instead of spinning in the split.
     """
 
     def __init__(
@@ -202,7 +203,7 @@ class SharedMemoryWeights(WeightSync):
         from mpi4py import MPI
 
         rank = self.comm.Get_rank()
-        transport.barrier(self.comm)  # the root gets here first (its header broadcast does not wait): sleep, not spin
+        transport.barrier(self.comm)
         self.node_comm = self.comm.Split(color=self.node, key=rank)
         is_leader = self.node_comm.Get_rank() == 0
         self.leaders_comm = self.comm.Split(color=0 if is_leader else MPI.UNDEFINED, key=rank)
