@@ -77,6 +77,13 @@ class PolicyGradientOptions(AlgorithmOptions):
         0.0, ge=0, description="Weight of the k3 KL penalty to a frozen reference model; 0 loads none."
     )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight.")
+    entropy_floor: float | None = Field(
+        None,
+        gt=0,
+        description="With entropy_coef: the bonus is entropy_coef x min(entropy, entropy_floor) per token, so it acts "
+        "only where a token's entropy (nats) fell below the floor: it keeps the policy from going deterministic "
+        "without pulling a high-entropy policy toward uniform. None: the plain bonus on every token.",
+    )
     loss_agg: Literal[LOSS_AGGREGATIONS] = Field(  # type: ignore[valid-type]
         "token-mean",
         description="How per-token losses become one number: over all tokens, or per sequence then over sequences.",
@@ -345,7 +352,8 @@ class PolicyGradient(Algorithm):
             token_loss = token_loss + options.kl_coef * kl
             stats["kl"] = float((kl.detach() * mask).sum())
         if options.entropy_coef > 0:
-            token_loss = token_loss - options.entropy_coef * inputs.entropy
+            bonus = inputs.entropy if options.entropy_floor is None else inputs.entropy.clamp(max=options.entropy_floor)
+            token_loss = token_loss - options.entropy_coef * bonus
         loss = self.aggregate(token_loss, mask, inputs)
         stats["loss_sum"] = float((token_loss.detach() * mask).sum())
         stats["clip_frac"] = float((clipped * mask).sum())

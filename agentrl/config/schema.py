@@ -45,6 +45,9 @@ class TinyModelConfig(Section):
     num_heads: int = Field(4, ge=1, description="Attention heads (key/value heads: half of these).")
     vocab_size: int = Field(128, ge=32, description="Upper bound on the BPE vocabulary trained on env texts.")
     seed: int = Field(0, description="Seed of the random initialisation.")
+    init_std: float = Field(
+        0.02, gt=0, description="Std of the normal initialisation of every weight matrix (Qwen2's initializer_range)."
+    )
 
 
 LORA_TARGETS_DEFAULT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -70,6 +70,7 @@ def build_tiny_model(
     num_heads: int = 4,
     vocab_size: int = 160,
     seed: int = 0,
+    init_std: float = 0.02,
 ) -> Path:
     """Write a randomly initialised Qwen2 causal LM and its tokenizer to `out_dir`."""
     import torch
@@ -86,6 +87,7 @@ def build_tiny_model(
         num_key_value_heads=max(1, num_heads // 2),
         max_position_embeddings=1024,
         tie_word_embeddings=True,
+        initializer_range=init_std,
         bos_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

@@ -62,6 +62,7 @@ def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
         num_heads=tiny.num_heads,
         vocab_size=tiny.vocab_size,
         seed=tiny.seed,
+        init_std=tiny.init_std,
     )
 
 

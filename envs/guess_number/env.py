@@ -36,10 +36,13 @@ class GuessNumberEnv(TextEnv):
         show_range: bool = True,
         valid_reward: float = 0.0,
         progress_reward: float = 0.0,
+        shift: int = 0,
     ):
         super().__init__()
         if high <= low:
             raise ValueError(f"guess_number needs low < high, got low={low} high={high}")
+        if shift < 0:
+            raise ValueError(f"guess_number needs shift >= 0 (how far each game's range may move up), got {shift}")
         if max_guesses < 1:
             raise ValueError(f"guess_number needs max_guesses >= 1, got {max_guesses}")
         self.low, self.high, self.max_guesses, self.show_range = low, high, max_guesses, show_range
@@ -47,17 +50,20 @@ class GuessNumberEnv(TextEnv):
         # shaping: paid for a wrong guess times the share of the still-possible numbers it rules out, so a guess
         # in the middle of the range earns the most (binary search's own measure of progress)
         self.progress_reward = progress_reward
+        self.shift = shift  # each game moves the range up by a random 0..shift, so no one number is always right
         self.secret = None
         self.guesses = 0
         self.possible = (low, high)
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.secret = int(self.np_random.integers(self.low, self.high + 1))
+        offset = int(self.np_random.integers(0, self.shift + 1)) if self.shift else 0
+        low, high = self.low + offset, self.high + offset
+        self.secret = int(self.np_random.integers(low, high + 1))
         self.guesses = 0
-        self.possible = (self.low, self.high)
+        self.possible = (low, high)
         self.over = False
-        prompt = f"You have {self.max_guesses} guesses. The number is between {self.low} and {self.high}"
+        prompt = f"You have {self.max_guesses} guesses. The number is between {low} and {high}"
         return prompt, {"secret": self.secret, "state_key": self.state_key()}
 
     def step(self, action):

@@ -322,7 +322,9 @@ def reference_gradients(
         grad = dlogp[:, None] * (onehot - p)
         if entropy_coef > 0:
             entropy = -(p * logp_all).sum(-1)
-            grad = grad + (-entropy_coef * w)[:, None] * (-p * (logp_all + entropy[:, None]))
+            floor = options.get("entropy_floor")
+            below = np.ones(len(targets)) if floor is None else (entropy < floor)  # min(H, floor): no gradient above
+            grad = grad + (-entropy_coef * w * below)[:, None] * (-p * (logp_all + entropy[:, None]))
         grads.append(grad / temperature)
         if name == "ppo":
             # 0.5 max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), aggregated like the policy loss
@@ -359,6 +361,7 @@ CASES = [(name, {}) for name in SHIPPED] + [
     ("dapo", {"overlong_buffer": 3, "overlong_max_tokens": 4}),
     ("gigpo", {"std_norm": False, "gamma": 0.5, "step_weight": 0.7}),
     ("rloo", {"loss_agg": "seq-mean-token-mean", "entropy_coef": 0.02}),
+    ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6}),  # the random logits' entropies lie on both sides
 ]
 
 

@@ -60,6 +60,25 @@ def test_the_range_is_the_last_thing_before_every_guess():
     assert env.step("7")[0] == "lower, between 5 and 6"
 
 
+def test_shift_moves_each_games_range_and_binary_search_still_wins():
+    ranges = set()
+    for seed in range(40):
+        env = GuessNumberEnv(low=1, high=7, max_guesses=3, shift=2)
+        prompt, info = env.reset(seed=seed)
+        lo, hi = env.possible
+        ranges.add((lo, hi))
+        assert prompt.endswith(f"between {lo} and {hi}") and lo <= info["secret"] <= hi and hi - lo == 6
+        for _ in range(3):
+            info = env.step(str((lo + hi) // 2))[4]
+            if info["success"]:
+                break
+            lo, hi = env.possible
+        assert info["success"]
+    assert ranges == {(1, 7), (2, 8), (3, 9)}
+    with pytest.raises(ValueError, match="shift >= 0"):
+        GuessNumberEnv(shift=-1)
+
+
 def test_seeding_is_reproducible():
     assert GuessNumberEnv().reset(seed=5) == GuessNumberEnv().reset(seed=5)
 
