@@ -37,6 +37,7 @@ class GuessNumberEnv(TextEnv):
         valid_reward: float = 0.0,
         progress_reward: float = 0.0,
         shift: int = 0,
+        name_the_last: bool = False,
     ):
         super().__init__()
         if high <= low:
@@ -50,6 +51,7 @@ class GuessNumberEnv(TextEnv):
         # shaping: paid for a wrong guess times the share of the still-possible numbers it rules out, so a guess
         # in the middle of the range earns the most (binary search's own measure of progress)
         self.progress_reward = progress_reward
+        self.name_the_last = name_the_last  # with show_range: "it is 5" instead of "between 5 and 5"
         self.shift = shift  # each game moves the range up by a random 0..shift, so no one number is always right
         self.secret = None
         self.guesses = 0
@@ -91,7 +93,7 @@ class GuessNumberEnv(TextEnv):
             reward += self.progress_reward * (before - (hi - lo + 1)) / before
         self.possible = (lo, hi)
         if self.show_range:
-            reply += f", between {lo} and {hi}"
+            reply += f", it is {lo}" if self.name_the_last and lo == hi else f", between {lo} and {hi}"
         info = {"success": False, "guesses": self.guesses, "state_key": self.state_key()}
         return reply, reward, out_of_guesses, False, info
 

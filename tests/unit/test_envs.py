@@ -79,6 +79,16 @@ def test_shift_moves_each_games_range_and_binary_search_still_wins():
         GuessNumberEnv(shift=-1)
 
 
+def test_name_the_last_says_the_one_number_left_and_nothing_else_changes():
+    named, plain = GuessNumberEnv(1, 7, 3, name_the_last=True), GuessNumberEnv(1, 7, 3)
+    for env in (named, plain):
+        env.reset(seed=0)
+        env.secret = 5
+    assert named.step("4")[0] == plain.step("4")[0] == "higher, between 5 and 7"
+    assert named.step("6")[0] == "lower, it is 5"
+    assert plain.step("6")[0] == "lower, between 5 and 5"
+
+
 def test_seeding_is_reproducible():
     assert GuessNumberEnv().reset(seed=5) == GuessNumberEnv().reset(seed=5)
 
