@@ -10,6 +10,7 @@ probability near 1 is where a run stopped learning (docs/quickstart.md).
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 
 def play(model, tokenizer, secret: int, low: int, high: int, guesses: int) -> tuple[bool, list[str]]:
@@ -45,6 +46,8 @@ def main() -> None:
     parser.add_argument("--high", type=int, default=7)
     parser.add_argument("--guesses", type=int, default=3)
     args = parser.parse_args()
+    if not (Path(args.checkpoint) / "config.json").is_file():
+        parser.error(f"{args.checkpoint} holds no model (no config.json); pass a run's checkpoints/step_NNNNNN folder")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
