@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from agentrl.config.base import AlgorithmSection as AlgorithmOptions
 from agentrl.config.base import Section
@@ -95,6 +95,15 @@ class PolicyGradientOptions(AlgorithmOptions):
         "None: the episode's generation budget, min(max_new_tokens x max_turns, max_episode_tokens) of `rollout`.",
     )
     correction: CorrectionOptions = Field(default_factory=CorrectionOptions)
+
+    @model_validator(mode="after")
+    def _floor_needs_a_bonus(self) -> PolicyGradientOptions:
+        if self.entropy_floor is not None and self.entropy_coef == 0:
+            raise ValueError(
+                "algorithm.entropy_floor caps the entropy bonus, and algorithm.entropy_coef is 0, so there is no bonus "
+                "to cap; set entropy_coef (e.g. 0.2) or drop entropy_floor"
+            )
+        return self
 
 
 @dataclass

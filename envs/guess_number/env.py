@@ -7,6 +7,9 @@ Feedback matters: guessing blind succeeds within `max_guesses` only by luck, whi
 policy that reads the replies (binary search: guess the middle of the range) always
 succeeds when 2**max_guesses > high - low.
 
+`shift` moves each game's range up by a random 0..shift; `name_the_last` replies "lower, it is 5" instead of
+"lower, between 5 and 5" once one number is left.
+
 `info["state_key"]` is (lowest possible, highest possible, guesses left): the remaining range
 and what is left to find the number in it, the whole state a turn acts in (turn-level
 algorithms such as GiGPO group turns by it).

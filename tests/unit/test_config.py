@@ -124,6 +124,10 @@ def test_algorithm_options_are_validated_by_the_named_algorithm():
         ConfigError, match=r"algorithm\.correction\.mode: Input should be 'none', 'tis', 'mask' or 'tis_mask'"
     ):
         from_dict({**BASE, "algorithm": {"correction": {"mode": "nope"}}})
+    floored = from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_coef": 0.2, "entropy_floor": 0.2}})
+    assert floored.algorithm.entropy_floor == 0.2
+    with pytest.raises(ConfigError, match=r"entropy_coef is 0, so there is no bonus to cap; set entropy_coef"):
+        from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_floor": 0.2}})
 
 
 def test_engine_options_belong_to_their_backend():
