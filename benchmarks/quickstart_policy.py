@@ -2,7 +2,7 @@
 
     python benchmarks/quickstart_policy.py runs/quickstart/checkpoints/step_000400
 
-Plays each secret with the greedy guess, the env's replies rendered as `guess_number` writes them, and prints
+Plays each secret with the greedy guess against `guess_number` itself, and prints
 each state it reached as (lowest possible, highest possible) -> guess : probability. A wrong guess held with
 probability near 1 is where a run stopped learning (docs/quickstart.md).
 """
@@ -13,30 +13,25 @@ import argparse
 from pathlib import Path
 
 
-def play(model, tokenizer, secret: int, low: int, high: int, guesses: int) -> tuple[bool, list[str]]:
+def play(model, tokenizer, env, secret: int) -> tuple[bool, list[str]]:
+    """One game against `env` with the greedy guess; whether it was won and each state's guess and probability."""
     import torch
 
-    messages = [{"role": "user", "content": f"You have {guesses} guesses. The number is between {low} and {high}"}]
-    lo, hi, trace = low, high, []
-    for _ in range(guesses):
+    prompt, _ = env.reset(seed=0)
+    env.secret = secret
+    messages = [{"role": "user", "content": prompt}]
+    trace, done, won = [], False, False
+    while not done:
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
         with torch.no_grad():
             p = model(torch.tensor([ids])).logits[0, -1].softmax(-1)
         top = int(p.argmax())
-        text = tokenizer.decode([top]).strip()
-        trace.append(f"({lo},{hi}) -> {text} : {float(p[top]):.2f}")
-        if not text.isdigit():
-            return False, trace
-        guess = int(text)
-        if guess == secret:
-            return True, trace
-        reply = "higher" if guess < secret else "lower"
-        lo, hi = (max(lo, guess + 1), hi) if guess < secret else (lo, min(hi, guess - 1))
-        messages += [
-            {"role": "assistant", "content": text},
-            {"role": "user", "content": f"{reply}, between {lo} and {hi}"},
-        ]
-    return False, trace
+        guess = tokenizer.decode([top]).strip()
+        trace.append(f"({env.possible[0]},{env.possible[1]}) -> {guess} : {float(p[top]):.2f}")
+        reply, _, done, _, info = env.step(guess)
+        won = info["success"]
+        messages += [{"role": "assistant", "content": guess}, {"role": "user", "content": reply}]
+    return won, trace
 
 
 def main() -> None:
@@ -51,11 +46,14 @@ def main() -> None:
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from envs.guess_number.env import GuessNumberEnv
+
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     model = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
+    env = GuessNumberEnv(args.low, args.high, args.guesses)
     wins = 0
     for secret in range(args.low, args.high + 1):
-        won, trace = play(model, tokenizer, secret, args.low, args.high, args.guesses)
+        won, trace = play(model, tokenizer, env, secret)
         wins += won
         print(f"{secret}  {'win ' if won else 'lose'}  " + "   ".join(trace))
     print(f"greedy: {wins} of {args.high - args.low + 1} games won")
