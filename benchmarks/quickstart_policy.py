@@ -36,20 +36,26 @@ def play(model, tokenizer, env, secret: int) -> tuple[bool, list[str]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("checkpoint", help="a checkpoint folder (or any model folder) of a quickstart run")
+    parser.add_argument("checkpoint", help="a checkpoint folder (full or LoRA adapter) of a quickstart run")
     parser.add_argument("--low", type=int, default=1)
     parser.add_argument("--high", type=int, default=7)
     parser.add_argument("--guesses", type=int, default=3)
     args = parser.parse_args()
-    if not (Path(args.checkpoint) / "config.json").is_file():
-        parser.error(f"{args.checkpoint} holds no model (no config.json); pass a run's checkpoints/step_NNNNNN folder")
+    from agentrl.trainer.lora import is_adapter_folder
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    if not ((Path(args.checkpoint) / "config.json").is_file() or is_adapter_folder(args.checkpoint)):
+        parser.error(
+            f"{args.checkpoint} holds no model (no config.json or adapter_config.json); pass a run's "
+            "checkpoints/step_NNNNNN folder"
+        )
 
+    from transformers import AutoTokenizer
+
+    from agentrl.trainer.model import load_causal_lm
     from envs.guess_number.env import GuessNumberEnv
 
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
-    model = AutoModelForCausalLM.from_pretrained(args.checkpoint).eval()
+    model = load_causal_lm(args.checkpoint).eval()  # a LoRA checkpoint: its base with the adapter merged
     env = GuessNumberEnv(args.low, args.high, args.guesses)
     wins = 0
     for secret in range(args.low, args.high + 1):

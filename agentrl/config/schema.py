@@ -71,8 +71,8 @@ class LoraConfig(Section):
     modules_to_save: list[str] = Field(
         default_factory=list,
         description="Modules trained whole beside the adapters (PEFT's modules_to_save), by the last part of their "
-        "name; synced whole. `[norm]` trains the RMS norms (a few hundred numbers): a randomly initialised model "
-        "needs them to sharpen its output distribution (docs/lora.md#learning-parity-on-the-quickstart).",
+        "name; synced whole. `[norm]` trains the RMS norms (a few hundred numbers); `embed_tokens` of a model with a "
+        "tied output head trains one copy that is both (docs/lora.md#learning-parity-on-the-quickstart).",
     )
 
     @property

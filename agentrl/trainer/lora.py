@@ -76,6 +76,7 @@ def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:
 
     check_targets(model, list(lora.target_modules), list(lora.modules_to_save))
     peft_config = LoraConfig(
+        ensure_weight_tying=saves_tied_weight(model, list(lora.modules_to_save)),
         r=lora.rank,
         lora_alpha=lora.alpha,
         lora_dropout=lora.dropout,
@@ -88,6 +89,15 @@ def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:
     wrapped = get_peft_model(model, peft_config)
     wrapped.peft_config["default"].base_model_name_or_path = model.name_or_path
     return wrapped
+
+
+def saves_tied_weight(model: torch.nn.Module, saved: list[str]) -> bool:
+    """Whether modules_to_save names a module whose weight is tied to another (the embedding of a model with a
+    tied output head): PEFT must then train one copy for both, or the head would stay the frozen original."""
+    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
+        return False
+    tied = {"embed_tokens", "lm_head"} | {name for name in _tied_linears(model)}
+    return any(name == t or name.rsplit(".", 1)[-1] == t for name in tied for t in saved)
 
 
 def base_folder(path: str) -> str:

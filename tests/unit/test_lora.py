@@ -119,11 +119,13 @@ def assert_engine_holds_peft_merge(engine, trainer) -> None:
         torch.testing.assert_close(ours[name], param, rtol=1e-5, atol=1e-6, msg=name)
 
 
-@pytest.mark.parametrize("saved", [[], ["norm"]])
+@pytest.mark.parametrize("saved", [[], ["norm"], ["norm", "embed_tokens"]])
 def test_engine_merges_each_version_from_the_base_as_peft_does(tiny_model_dir, saved):
     trainer = trained(tiny_model_dir, steps=2, modules_to_save=saved)
     whole = [n for n, _ in trainer.named_weights() if not n.endswith((".lora_A", ".lora_B"))]
     assert ("model.norm.weight" in whole) == bool(saved) and bool(whole) == bool(saved)  # norms synced whole
+    assert ("model.embed_tokens.weight" in whole) == ("embed_tokens" in saved)
+    assert "lm_head.weight" not in whole  # tied: the one trained embedding is both input and output
     engine = engine_for(tiny_model_dir, trainer.model_config.lora.scaling)
     base_q = engine.model.model.layers[0].self_attn.q_proj.weight.detach().clone()
     load_bucketed(engine, trainer.named_weights(), version=2)
@@ -138,6 +140,11 @@ def test_engine_merges_each_version_from_the_base_as_peft_does(tiny_model_dir, s
     engine.load_weights(trainer.named_weights(), version=5)  # single-process mode's path
     assert engine.weight_version == 5
     assert_engine_holds_peft_merge(engine, trainer)
+    if "embed_tokens" in saved:
+        trained_embedding = dict(trainer.named_weights())["model.embed_tokens.weight"]
+        head = trainer.model.get_output_embeddings()
+        assert torch.equal(head(torch.eye(trained_embedding.shape[1])).T, trained_embedding)  # the head trains too
+        torch.testing.assert_close(engine.model.lm_head.weight, trained_embedding)
 
 
 def test_engine_refuses_names_its_model_lacks(tiny_model_dir):
@@ -160,24 +167,25 @@ def test_a_sync_that_did_not_arrive_stops_with_the_cause():
         check_reports([(3, good), (3, tampered)])
 
 
-def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("saved", [[], ["norm", "embed_tokens"]])
+def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny_model_dir, tmp_path, saved):
     from agentrl.trainer.export import export_merged
     from agentrl.trainer.folders import check_model_folder
     from agentrl.trainer.model import load_policy
 
-    trainer = trained(tiny_model_dir, run_dir=tmp_path / "run", steps=2)
+    trainer = trained(tiny_model_dir, run_dir=tmp_path / "run", steps=2, modules_to_save=saved)
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    saved = checkpoint.save(tmp_path / "run", 2, trainer.model, tokenizer, trainer.optimizer, trainer.scheduler, keep=2)
-    assert (saved / ADAPTER_CONFIG).is_file() and (saved / "adapter_model.safetensors").is_file()
-    assert not (saved / "model.safetensors").exists()  # the frozen base is not copied
-    recorded = json.loads((saved / ADAPTER_CONFIG).read_text())
+    folder = checkpoint.save(tmp_path / "run", 2, trainer.model, tokenizer, trainer.optimizer, trainer.scheduler, keep=2)
+    assert (folder / ADAPTER_CONFIG).is_file() and (folder / "adapter_model.safetensors").is_file()
+    assert not (folder / "model.safetensors").exists()  # the frozen base is not copied
+    recorded = json.loads((folder / ADAPTER_CONFIG).read_text())
     assert recorded["base_model_name_or_path"] == str(tiny_model_dir.resolve())
-    assert checkpoint.latest(tmp_path / "run") == (2, saved)
+    assert checkpoint.latest(tmp_path / "run") == (2, folder)
 
     resumed = policy_trainer(
-        lora_config(tiny_model_dir, tmp_path / "run"), str(saved), "cpu"
+        lora_config(tiny_model_dir, tmp_path / "run", modules_to_save=saved), str(folder), "cpu"
     )  # what resume=true builds
-    checkpoint.load_state(saved, resumed.optimizer, resumed.scheduler, resumed.model)
+    checkpoint.load_state(folder, resumed.optimizer, resumed.scheduler, resumed.model)
     for (name, mine), (_, theirs) in zip(trainer.named_weights(), resumed.named_weights(), strict=True):
         assert torch.equal(mine, theirs), name
     trainer.train_step(batch(7))
@@ -185,8 +193,8 @@ def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny
     for (name, mine), (_, theirs) in zip(trainer.named_weights(), resumed.named_weights(), strict=True):
         torch.testing.assert_close(mine, theirs, msg=name)
 
-    check_model_folder(saved, str(saved))  # agentrl eval --checkpoint / agentrl serve accept it
-    merged = load_causal_lm(str(saved))  # what they load: base + adapter, merged
+    check_model_folder(folder, str(folder))  # agentrl eval --checkpoint / agentrl serve accept it
+    merged = load_causal_lm(str(folder))  # what they load: base + adapter, merged
     out = export_merged(str(tmp_path / "run"), str(tmp_path / "merged"))  # a run folder: its newest checkpoint
     assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
     assert not (out / ADAPTER_CONFIG).exists()
@@ -194,10 +202,10 @@ def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny
     for (name, a), (_, b) in zip(plain.named_parameters(), merged.named_parameters(), strict=True):
         torch.testing.assert_close(a, b, msg=name)
     ids = torch.tensor([[1, 5, 9, 12]])
-    reference = load_policy(str(saved), trainer.model_config, "float32", "cpu")  # the trainer's unmerged adapters
+    reference = load_policy(str(folder), trainer.model_config, "float32", "cpu")  # the trainer's unmerged adapters
     torch.testing.assert_close(plain(input_ids=ids).logits, reference(input_ids=ids).logits, rtol=1e-4, atol=1e-5)
     with pytest.raises(UserError, match="not empty"):
-        export_merged(str(saved), str(out))
+        export_merged(str(folder), str(out))
 
 
 def test_an_adapter_whose_base_is_missing_names_the_fix(tiny_model_dir, tmp_path):
