@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -34,8 +35,12 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu"):
     return model.to(device)
 
 
+TINY_RECORD = "agentrl_tiny.json"  # the model.tiny section a folder was built from
+
+
 def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
-    """Build the tiny model at `model.path` if `model.tiny` asks for one and it is missing; else check it loads.
+    """Build the tiny model at `model.path` if `model.tiny` asks for one and it is missing; else check it loads,
+    and that a tiny model built there earlier was built from the same `model.tiny`.
 
     Runs on rank 0 before any other rank loads the model, so a wrong `model.path` is one
     message instead of a traceback per rank (and a hub model is downloaded once).
@@ -50,6 +55,8 @@ def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
         )
     if path.exists() or model.tiny is None:
         _check_loadable(model.path)
+        if model.tiny is not None:
+            _check_tiny_record(path, model.tiny)
         return
     from agentrl.models.tiny import build_tiny_model
 
@@ -64,6 +71,26 @@ def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
         seed=tiny.seed,
         init_std=tiny.init_std,
     )
+    (path / TINY_RECORD).write_text(json.dumps(tiny.model_dump(), indent=1) + "\n")
+
+
+def _check_tiny_record(path: Path, tiny) -> None:
+    """A folder built from another model.tiny would otherwise be used as it is, silently keeping its old weights."""
+    record = path / TINY_RECORD
+    if not record.is_file():
+        return  # not built by `agentrl` from a model.tiny section: the user's own folder, used as it is
+    built = json.loads(record.read_text())
+    wanted = tiny.model_dump()
+    differ = [
+        f"{key}: {built.get(key)} there, {value} in the config"
+        for key, value in wanted.items()
+        if built.get(key) != value
+    ]
+    if differ:
+        raise UserError(
+            f"model.path={path} holds a tiny model built from another model.tiny ({'; '.join(differ)}); set "
+            f"model.path to a new folder (the model is built there on first use), or delete {path} to rebuild it"
+        )
 
 
 def _check_loadable(path: str) -> None:
