@@ -96,8 +96,8 @@ def saves_tied_weight(model: torch.nn.Module, saved: list[str]) -> bool:
     tied output head): PEFT must then train one copy for both, or the head would stay the frozen original."""
     if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
         return False
-    tied = {"embed_tokens", "lm_head"} | {name for name in _tied_linears(model)}
-    return any(name == t or name.rsplit(".", 1)[-1] == t for name in tied for t in saved)
+    tied = {"embed_tokens", "lm_head"} | {name.rsplit(".", 1)[-1] for name in _tied_linears(model)}
+    return any(t.rsplit(".", 1)[-1] in tied for t in saved)
 
 
 def base_folder(path: str) -> str:

@@ -147,6 +147,15 @@ def test_engine_merges_each_version_from_the_base_as_peft_does(tiny_model_dir, s
         torch.testing.assert_close(engine.model.lm_head.weight, trained_embedding)
 
 
+def test_a_tied_embedding_is_kept_tied_by_its_short_or_full_name(tiny_model_dir):
+    from agentrl.trainer.lora import saves_tied_weight
+
+    model = load_causal_lm(str(tiny_model_dir))
+    assert model.config.tie_word_embeddings
+    assert saves_tied_weight(model, ["norm", "embed_tokens"]) and saves_tied_weight(model, ["model.embed_tokens"])
+    assert not saves_tied_weight(model, ["norm"]) and not saves_tied_weight(model, [])
+
+
 def test_engine_refuses_names_its_model_lacks(tiny_model_dir):
     engine = engine_for(tiny_model_dir, 2.0)
     engine.begin_weight_update()
