@@ -43,7 +43,8 @@ def test_two_trainer_ranks_replicated_or_sharded_train_the_adapters_of_one_rank(
     the whole batch; the sharded run then resumes from its adapter checkpoint."""
     from safetensors.torch import load_file
 
-    lora = {"model.lora.rank": 4, "model.lora.alpha": 8, "model.lora.modules_to_save": "[norm]", "optimizer.lr": 0.05}
+    saved = "[norm, embed_tokens]"  # the tied embedding too: one copy, also the head, on every rank and shard
+    lora = {"model.lora.rank": 4, "model.lora.alpha": 8, "model.lora.modules_to_save": saved, "optimizer.lr": 0.05}
     common = {"layout.rollout": 1, "layout.env": 0, "checkpoint.every": 1, **lora}
     sharded = {**common, "layout.trainer": 2, "parallelism.fsdp": "true"}
     runs = {"one": tmp_path / "one", "replicated": tmp_path / "replicated", "sharded": tmp_path / "sharded"}
@@ -64,6 +65,8 @@ def test_two_trainer_ranks_replicated_or_sharded_train_the_adapters_of_one_rank(
         assert all(v < 1e-4 for _, v in logged[name]["train/logprob_diff_vs_rollout"]), name
         trained = adapters(name)  # gathered whole from the shards, in PEFT's own names
         assert sorted(trained) == sorted(reference)
+        embedding, head = (next(v for k, v in trained.items() if part in k) for part in ("embed_tokens", "lm_head"))
+        assert (embedding == head).all(), name  # still tied after training
         # Measured up to 7e-5 apart after 2 steps at lr 0.05 (float32 sums in another order; Adam's first steps
         # scale small gradients up); adapters drawn apart, the defect this guards against, differed by 0.36.
         assert max((trained[k] - reference[k]).abs().max().item() for k in reference) < 1e-3, name
