@@ -9,6 +9,8 @@ markdown artifacts, `samples/step_000010.md`.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import re
@@ -63,6 +65,24 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
+@contextlib.contextmanager
+def _store_lock(uri: str):
+    """An exclusive lock on a local file store (between processes of one machine or a shared filesystem); nothing
+    for a tracking server, which keeps experiment names unique itself."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("", "file"):
+        yield
+        return
+    folder = Path(parsed.path if parsed.scheme == "file" else uri)
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / ".agentrl-experiments.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 class MlflowTracker:
     def __init__(self, logging, run_dir: str | Path, start_step: int):
         from mlflow.exceptions import MlflowException
@@ -98,14 +118,15 @@ class MlflowTracker:
     def _experiment_id(self, name: str) -> str:
         from mlflow.exceptions import MlflowException
 
-        found = self.client.get_experiment_by_name(name)
-        if found is None:
-            try:
-                return self.client.create_experiment(name)
-            except MlflowException:  # another trial of the sweep made it first
-                found = self.client.get_experiment_by_name(name)
-                if found is None:
-                    raise
+        with _store_lock(self.uri):  # a file store lets two trials starting together make two of the same name
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                try:
+                    return self.client.create_experiment(name)
+                except MlflowException:  # a tracking server's: another trial of the sweep made it first
+                    found = self.client.get_experiment_by_name(name)
+                    if found is None:
+                        raise
         if found.lifecycle_stage != "active":
             raise UserError(
                 f"MLflow experiment {name!r} in {self.uri} was deleted; restore it (`mlflow experiments restore`) "
