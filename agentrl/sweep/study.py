@@ -3,8 +3,6 @@ its next trial: a dead trial to resume first, else a new one, never one that run
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import json
 import os
 import time
@@ -16,6 +14,7 @@ import yaml
 from agentrl.config.base import ConfigError
 from agentrl.config.load import from_dict
 from agentrl.errors import UserError
+from agentrl.file_lock import file_lock
 from agentrl.run_lock import LOCK_FILE, owner_record, why_stale
 from agentrl.sweep import require
 from agentrl.sweep.space import base_data, group_trial, suggest, trial_data
@@ -143,14 +142,8 @@ class Sweep:
         tmp.write_text(dump_spec(self.spec))
         os.replace(tmp, saved)
 
-    @contextlib.contextmanager
     def claim_lock(self):
-        with open(self.dir / "claim.lock", "a") as handle:
-            fcntl.flock(handle, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(handle, fcntl.LOCK_UN)
+        return file_lock(self.dir / "claim.lock")
 
     def claim_next(self, study) -> Claim | None:
         """Under the claim lock: a dead trial to resume, else a new trial while the budget lasts, else None."""

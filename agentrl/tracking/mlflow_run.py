@@ -10,7 +10,6 @@ markdown artifacts, `samples/step_000010.md`.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -21,6 +20,7 @@ from urllib.parse import urlparse
 import yaml
 
 from agentrl.errors import UserError
+from agentrl.file_lock import file_lock
 from agentrl.tracking.shared import read_ids, run_name, samples_markdown, write_ids
 
 METRICS_PER_BATCH = 1000  # MLflow's limits on one log_batch call
@@ -65,22 +65,14 @@ def client(uri: str):
     return MlflowClient(tracking_uri=uri)
 
 
-@contextlib.contextmanager
 def _store_lock(uri: str):
-    """An exclusive lock on a local file store (between processes of one machine or a shared filesystem); nothing
-    for a tracking server, which keeps experiment names unique itself."""
+    """A lock on a local file store; nothing for a tracking server, which keeps experiment names unique itself."""
     parsed = urlparse(uri)
     if parsed.scheme not in ("", "file"):
-        yield
-        return
+        return contextlib.nullcontext()
     folder = Path(parsed.path if parsed.scheme == "file" else uri)
     folder.mkdir(parents=True, exist_ok=True)
-    with open(folder / ".agentrl-experiments.lock", "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    return file_lock(folder / ".agentrl-experiments.lock")
 
 
 class MlflowTracker:

@@ -60,13 +60,16 @@ def check_targets(model: torch.nn.Module, targets: list[str], saved: list[str] =
 
 def _tied_linears(model: torch.nn.Module) -> list[str]:
     """Linear modules whose weight shares its storage with another parameter (a tied output head)."""
+    return _tied_modules(model, (torch.nn.Linear,))
+
+
+def _tied_modules(model: torch.nn.Module, kinds: tuple[type, ...]) -> list[str]:
+    """Modules of `kinds` whose weight shares its storage with another parameter."""
     owners: dict[int, int] = {}
     for _, param in model.named_parameters(remove_duplicate=False):
         owners[param.data_ptr()] = owners.get(param.data_ptr(), 0) + 1
     return [
-        name
-        for name, m in model.named_modules()
-        if isinstance(m, torch.nn.Linear) and owners.get(m.weight.data_ptr(), 0) > 1
+        name for name, m in model.named_modules() if isinstance(m, kinds) and owners.get(m.weight.data_ptr(), 0) > 1
     ]
 
 
@@ -94,10 +97,8 @@ def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:
 def saves_tied_weight(model: torch.nn.Module, saved: list[str]) -> bool:
     """Whether modules_to_save names a module whose weight is tied to another (the embedding of a model with a
     tied output head): PEFT must then train one copy for both, or the head would stay the frozen original."""
-    if not getattr(getattr(model, "config", None), "tie_word_embeddings", False):
-        return False
-    tied = {"embed_tokens", "lm_head"} | {name.rsplit(".", 1)[-1] for name in _tied_linears(model)}
-    return any(t.rsplit(".", 1)[-1] in tied for t in saved)
+    tied = _tied_modules(model, (torch.nn.Linear, torch.nn.Embedding))
+    return any(name == t or name.endswith("." + t) for name in tied for t in saved)
 
 
 def base_folder(path: str) -> str:
