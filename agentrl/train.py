@@ -42,6 +42,10 @@ def train(config: Config, command: list[str] | None = None) -> int:
 
 
 def _run_role(config: Config, layout: Layout, command: list[str] | None, started: float) -> int:
+    if layout.role is not Role.ENV:
+        from agentrl.trainer.model import import_model_code
+
+        import_model_code()  # while rank 0 checks the model (which imports the same), not after it
     start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
     data_start = None
     if config.data.train:  # the same on every rank

@@ -148,12 +148,16 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     from agentrl.config import load_config
     from agentrl.env.preflight import refuse_unusable_env
     from agentrl.evaluation.report import headline, table
-    from agentrl.layout import assign_roles
+    from agentrl.layout import Role, assign_roles
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])
     world = MPI.COMM_WORLD
-    assign_roles(config.layout, world.Get_size())  # the layout against -n, the same answer on every rank
+    roles = assign_roles(config.layout, world.Get_size())  # the layout against -n, the same answer on every rank
+    if roles[world.Get_rank()] is not Role.ENV:
+        from agentrl.trainer.model import import_model_code
+
+        import_model_code()  # while rank 0 checks the model (which imports the same), not after it
     command = ["agentrl", "eval", config_path, *overrides]
     target = transport.agree_on_root(world, lambda: resolve_target(config, checkpoint, out))
     if target.note and world.Get_rank() == 0:

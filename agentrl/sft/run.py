@@ -109,11 +109,12 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     from agentrl.supervise import restart_count
     from agentrl.tracking import open_trackers
     from agentrl.trainer import checkpoint
-    from agentrl.trainer.model import init_trainer_group, load_tokenizer
+    from agentrl.trainer.model import import_model_code, init_trainer_group, load_tokenizer
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
     rank, size = world.Get_rank(), world.Get_size()
+    import_model_code()  # while rank 0 checks the model (which imports the same), not after it
     start, total, data, val = transport.agree_on_root(world, lambda: prepare(config, size))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     torch.manual_seed(config.seed + rank)

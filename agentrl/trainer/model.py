@@ -35,6 +35,13 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu"):
     return model.to(device)
 
 
+def import_model_code() -> None:
+    """Import the code that loading a causal LM and its tokenizer runs: seconds of CPU per process (transformers
+    scans its model folders and pulls in torch.distributed.tensor and dynamo), which ranks can spend side by side
+    while rank 0 checks the model."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+
+
 TINY_RECORD = "agentrl_tiny.json"  # the model.tiny section a folder was built from
 
 
