@@ -23,9 +23,9 @@ from agentrl.rollout.chat import tools_as_text
 
 
 def prepare_run_dir(config: Config, layout: Layout) -> int:
-    """Rank 0, in the claimed run folder: decide the start step, save the config, make sure the model loads."""
+    """Rank 0, in the claimed run folder: decide the start step and save the config (the model is checked next,
+    by `check_model`, once every rank has its model code imported)."""
     from agentrl.tracking import check_installed
-    from agentrl.trainer.model import ensure_model
 
     run_dir = Path(config.run_dir)
     for note in config.notes:
@@ -37,17 +37,26 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     if dropped := drop_eval_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} eval report(s) and dump(s) of steps from {start_step} on", flush=True)
     save_config(config, run_dir / "config.yaml")
+    return start_step
+
+
+def check_model(config: Config) -> None:
+    """Rank 0: build the tiny model or check that model.path loads (UserError if not)."""
+    from agentrl.trainer.model import ensure_model
+
     ensure_model(config.model, lambda: env_texts(config))
-    print(f"agentrl: run_dir={run_dir} world={layout.size}", flush=True)
-    # This job's real nodes (numbered 0, 1, ... in rank order) and GPUs: the table shows what each rank binds and
-    # the weight transport every rank resolves from those placements.
+
+
+def show_layout(config: Config, layout: Layout) -> None:
+    """Rank 0: the run folder, then a table of this job's real nodes (numbered 0, 1, ... in rank order) and GPUs:
+    what each rank binds and the weight transport every rank resolves from those placements."""
+    print(f"agentrl: run_dir={config.run_dir} world={layout.size}", flush=True)
     nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
     gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
     transport = config.weights.transport
     hosts = layout.hosts if layout.hosts and len(set(layout.hosts)) > 1 else None  # several nodes: show their names
     rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes, hosts)
     print(format_plan(rows, layout.single_process), flush=True)
-    return start_step
 
 
 def resume_step(config: Config) -> int:

@@ -9,7 +9,15 @@ from agentrl.config import Config
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus
 from agentrl.liveness import Liveness
-from agentrl.run_start import data_positions, data_shards, prepare_run_dir, seed_everything, set_threads
+from agentrl.run_start import (
+    check_model,
+    data_positions,
+    data_shards,
+    prepare_run_dir,
+    seed_everything,
+    set_threads,
+    show_layout,
+)
 from agentrl.run_summary import RunSummary
 
 
@@ -42,11 +50,12 @@ def train(config: Config, command: list[str] | None = None) -> int:
 
 
 def _run_role(config: Config, layout: Layout, command: list[str] | None, started: float) -> int:
+    start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
     if layout.role is not Role.ENV:
         from agentrl.trainer.model import import_model_code
 
-        import_model_code()  # while rank 0 checks the model (which imports the same), not after it
-    start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
+        import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
+    transport.agree_on_root(layout.world, lambda: (check_model(config), show_layout(config, layout)))
     data_start = None
     if config.data.train:  # the same on every rank
         shards = data_shards(config, layout)

@@ -32,11 +32,7 @@ class Target:
 def resolve_target(config, checkpoint: str | None, out: str | None) -> Target:
     """Rank 0: the model folder to evaluate, its step and where the report goes; UserError for a bad path."""
     note = None
-    if checkpoint is None:
-        from agentrl.run_start import env_texts
-        from agentrl.trainer.model import ensure_model
-
-        ensure_model(config.model, lambda: env_texts(config))  # the config's own model.path (a tiny one is built)
+    if checkpoint is None:  # the config's own model.path: checked (a tiny one built) by check_model next
         model, step = config.model.path, 0
     else:
         path, note = model_folder(checkpoint, f"--checkpoint {checkpoint}")
@@ -149,21 +145,23 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     from agentrl.env.preflight import refuse_unusable_env
     from agentrl.evaluation.report import headline, table
     from agentrl.layout import Role, assign_roles
+    from agentrl.run_start import check_model
+    from agentrl.trainer.model import import_model_code
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])
     world = MPI.COMM_WORLD
     roles = assign_roles(config.layout, world.Get_size())  # the layout against -n, the same answer on every rank
-    if roles[world.Get_rank()] is not Role.ENV:
-        from agentrl.trainer.model import import_model_code
-
-        import_model_code()  # while rank 0 checks the model (which imports the same), not after it
     command = ["agentrl", "eval", config_path, *overrides]
     target = transport.agree_on_root(world, lambda: resolve_target(config, checkpoint, out))
     if target.note and world.Get_rank() == 0:
         print(f"agentrl: {target.note}", flush=True)
     config.model.path = target.model
     refuse_unusable_env(world, config, evaluating=True)
+    if roles[world.Get_rank()] is not Role.ENV:
+        import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
+    if checkpoint is None:
+        transport.agree_on_root(world, lambda: check_model(config))
     try:
         report = run_entry_point(lambda: evaluate(config, target, command))
     except Failed as failure:

@@ -46,12 +46,9 @@ def batch_indices(config: SFTConfig, transcripts: int, step: int) -> np.ndarray:
     return order[position * size : (position + 1) * size]
 
 
-def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packed | None]:
-    """Rank 0: read and check the data, build or check the model, tokenize, decide the start step, save the config."""
-    from agentrl.run_start import resume_step
-    from agentrl.sft.transcripts import TranscriptTokenizer
+def read_inputs(config: SFTConfig, world_size: int) -> tuple[list, list | None]:
+    """Rank 0: the checks that need no model, then the (train, val) transcripts."""
     from agentrl.tracking import check_installed
-    from agentrl.trainer.model import ensure_model, load_tokenizer
 
     if config.parallelism.fsdp and world_size < 2:
         raise UserError(
@@ -61,6 +58,17 @@ def prepare(config: SFTConfig, world_size: int) -> tuple[int, int, Packed, Packe
     check_installed(config.logging.backends)
     train = read_transcripts(config.sft.train)
     val = read_transcripts(config.sft.val) if config.sft.val else None
+    return train, val
+
+
+def prepare(
+    config: SFTConfig, world_size: int, train: list, val: list | None
+) -> tuple[int, int, Packed, Packed | None]:
+    """Rank 0: build or check the model, tokenize, decide the start step, save the config."""
+    from agentrl.run_start import resume_step
+    from agentrl.sft.transcripts import TranscriptTokenizer
+    from agentrl.trainer.model import ensure_model, load_tokenizer
+
     ensure_model(
         config.model, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else [])
     )
@@ -114,8 +122,10 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     started = time.monotonic()
     hf_logging.disable_progress_bar()
     rank, size = world.Get_rank(), world.Get_size()
-    import_model_code()  # while rank 0 checks the model (which imports the same), not after it
-    start, total, data, val = transport.agree_on_root(world, lambda: prepare(config, size))
+    inputs = []  # rank 0's transcripts, kept there: the other ranks get the packed batches
+    transport.agree_on_root(world, lambda: inputs.extend(read_inputs(config, size)))
+    import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
+    start, total, data, val = transport.agree_on_root(world, lambda: prepare(config, size, *inputs))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     torch.manual_seed(config.seed + rank)
     device = device_for(world)
