@@ -25,12 +25,14 @@ from agentrl.rollout.chat import tools_as_text
 def prepare_run_dir(config: Config, layout: Layout) -> int:
     """Rank 0, in the claimed run folder: decide the start step and save the config (the model is checked next,
     by `check_model`, once every rank has its model code imported)."""
+    from agentrl.models.hub import refuse_missing_model
     from agentrl.tracking import check_installed
 
     run_dir = Path(config.run_dir)
     for note in config.notes:
         print(f"agentrl: config: {note}", flush=True)
     check_installed(config.logging.backends)
+    refuse_missing_model(config.model)
     start_step = resume_step(config)
     if dropped := drop_dumps_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)

@@ -32,7 +32,10 @@ class Target:
 def resolve_target(config, checkpoint: str | None, out: str | None) -> Target:
     """Rank 0: the model folder to evaluate, its step and where the report goes; UserError for a bad path."""
     note = None
-    if checkpoint is None:  # the config's own model.path: checked (a tiny one built) by check_model next
+    if checkpoint is None:  # the config's own model.path: loaded (a tiny one built) by check_model next
+        from agentrl.models.hub import refuse_missing_model
+
+        refuse_missing_model(config.model)
         model, step = config.model.path, 0
     else:
         path, note = model_folder(checkpoint, f"--checkpoint {checkpoint}")
@@ -145,8 +148,6 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     from agentrl.env.preflight import refuse_unusable_env
     from agentrl.evaluation.report import headline, table
     from agentrl.layout import Role, assign_roles
-    from agentrl.run_start import check_model
-    from agentrl.trainer.model import import_model_code
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])
@@ -159,8 +160,12 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     config.model.path = target.model
     refuse_unusable_env(world, config, evaluating=True)
     if roles[world.Get_rank()] is not Role.ENV:
+        from agentrl.trainer.model import import_model_code  # imports torch: after the refusals above
+
         import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     if checkpoint is None:
+        from agentrl.run_start import check_model
+
         transport.agree_on_root(world, lambda: check_model(config))
     try:
         report = run_entry_point(lambda: evaluate(config, target, command))

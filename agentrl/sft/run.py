@@ -48,6 +48,7 @@ def batch_indices(config: SFTConfig, transcripts: int, step: int) -> np.ndarray:
 
 def read_inputs(config: SFTConfig, world_size: int) -> tuple[list, list | None]:
     """Rank 0: the checks that need no model, then the (train, val) transcripts."""
+    from agentrl.models.hub import refuse_missing_model
     from agentrl.tracking import check_installed
 
     if config.parallelism.fsdp and world_size < 2:
@@ -56,6 +57,7 @@ def read_inputs(config: SFTConfig, world_size: int) -> tuple[list, list | None]:
             "set parallelism.fsdp=false"
         )
     check_installed(config.logging.backends)
+    refuse_missing_model(config.model)
     train = read_transcripts(config.sft.train)
     val = read_transcripts(config.sft.val) if config.sft.val else None
     return train, val

@@ -10,7 +10,7 @@ import torch
 from agentrl import transport
 from agentrl.config import ModelConfig
 from agentrl.errors import UserError
-from agentrl.models.hub import HUB_ID
+from agentrl.models.hub import refuse_missing_model
 
 
 def load_tokenizer(path: str):
@@ -53,13 +53,7 @@ def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
     message instead of a traceback per rank (and a hub model is downloaded once).
     """
     path = Path(model.path)
-    if not path.exists() and model.tiny is None and not HUB_ID.fullmatch(model.path):
-        raise UserError(
-            f"model.path={model.path} does not exist and model.tiny is not set. Point model.path at a "
-            "Hugging Face model folder (config.json, weights, tokenizer) or a hub id such as "
-            "Qwen/Qwen2.5-0.5B-Instruct, or pass model.tiny={} (in YAML: `tiny: {}` under model:) to build a "
-            "tiny random model there"
-        )
+    refuse_missing_model(model)
     if path.exists() or model.tiny is None:
         _check_loadable(model.path)
         if model.tiny is not None:
