@@ -37,8 +37,8 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu"):
 
 def import_model_code() -> None:
     """Import the code that loading a causal LM and its tokenizer runs: seconds of CPU per process (transformers
-    scans its model folders and pulls in torch.distributed.tensor and dynamo), which ranks can spend side by side
-    while rank 0 checks the model."""
+    scans its model folders and pulls in torch.distributed.tensor and dynamo), spent by every model-loading rank
+    side by side before rank 0 checks the model, instead of by rank 0 alone while the others wait."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer  # noqa: F401
 
 
