@@ -41,7 +41,7 @@ def check_targets(model: torch.nn.Module, targets: list[str], saved: list[str] =
             f"model.lora.target_modules {unmatched} match no Linear module of this model; its Linear modules are "
             f"named {module_names(model)}: set model.lora.target_modules to some of those"
         )
-    tied = _tied_linears(model)
+    tied = _tied_modules(model, (torch.nn.Linear,))  # a tied output head
     tied_targets = sorted(n for n in tied if any(n == t or n.endswith("." + t) for t in targets))
     if tied_targets:
         raise UserError(
@@ -56,11 +56,6 @@ def check_targets(model: torch.nn.Module, targets: list[str], saved: list[str] =
             f"model.lora.modules_to_save {unmatched} match no module of this model; its modules are named {names}: "
             "set model.lora.modules_to_save to some of those"
         )
-
-
-def _tied_linears(model: torch.nn.Module) -> list[str]:
-    """Linear modules whose weight shares its storage with another parameter (a tied output head)."""
-    return _tied_modules(model, (torch.nn.Linear,))
 
 
 def _tied_modules(model: torch.nn.Module, kinds: tuple[type, ...]) -> list[str]:
