@@ -87,6 +87,7 @@ SMALL_SHAPE = dict(
 TOKENIZER_TEXTS = ["the agent calls a tool and reads the answer", "0 1 2 3 4 5 6 7 8 9 + - * / = ( )"]
 SECTIONS = ("grpo", "weights", "tokens", "multiturn", "quickstart")
 CONTENDERS = ("generate", "batch", "continuous")
+EAGER_PREFILLS = "continuous-eager-prefills"  # multiturn: the continuous engine without prefill graphs
 WEIGHT_WARMUPS, WEIGHT_REPEATS = 2, 5  # sends (versions 1..7); the engine receives as many
 COPY_REPEATS = 5
 TOP_K = 50
@@ -284,7 +285,10 @@ def weight_sync_part(model_dir: Path, device: str, dtype: str, bucket_mb: float)
         copy_times = device_copy_seconds(named, device)
         writer_phases = dict(getattr(sync, "seconds", {}))
         generated = transport.bcast_object(world, None, root=1)
-        diffs = np.abs(trainer_logprobs(model, prompt, generated["ids"], device) - generated["logprobs"])
+        alone = trainer_logprobs(model, prompt, generated["ids"], device)
+        diffs = np.abs(alone - generated["logprobs"])
+        # The noise floor: the trainer's own forward of the same tokens, as one row of a batch of 8.
+        noise = np.abs(alone - trainer_logprobs(model, prompt, generated["ids"], device, batch=8))
         sync.stop()
         print(
             "WEIGHT_SYNC_RESULT "
@@ -304,6 +308,8 @@ def weight_sync_part(model_dir: Path, device: str, dtype: str, bucket_mb: float)
                     "graphs": generated["graphs"],
                     "max_abs_diff": float(diffs.max()),
                     "mean_abs_diff": float(diffs.mean()),
+                    "noise_max_abs_diff": float(noise.max()),
+                    "noise_mean_abs_diff": float(noise.mean()),
                 }
             ),
             flush=True,
@@ -368,8 +374,13 @@ def device_copy_seconds(named, device: str) -> list[float]:
 
 
 @torch.no_grad()
-def trainer_logprobs(model, prompt: list[int], generated: list[int], device: str) -> np.ndarray:
-    ids = torch.tensor([prompt + generated], device=device)
+def trainer_logprobs(model, prompt: list[int], generated: list[int], device: str, batch: int = 1) -> np.ndarray:
+    """The model's logprobs of `generated` after `prompt`, that sequence fed alone or as the first row of `batch`
+    rows (the others random tokens: other matrix shapes, other rounding)."""
+    rows = [prompt + generated]
+    rng = np.random.default_rng(0)
+    rows += [rng.integers(3, 160, len(rows[0])).tolist() for _ in range(batch - 1)]
+    ids = torch.tensor(rows, device=device)
     logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     chosen = torch.tensor(generated, device=device)
     return torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None]).squeeze(1).cpu().numpy()
@@ -483,12 +494,14 @@ class Contenders:
         if not self.rates and self.errors:
             raise RuntimeError("; ".join(f"{name}: {error}" for name, error in self.errors.items()))
         cells = []
-        for name in ("continuous", "batch", "generate"):
+        for name in ("continuous", "batch", "generate", *sorted(set(self.rates) - set(CONTENDERS))):
             if name in self.errors:
                 cells.append(f"{name} FAILED ({self.errors[name]})")
             else:
                 graphs = f" ({'graphs' if self.graphs else 'no graphs'})" if name == "continuous" else ""
                 cells.append(f"{name} {self.rates[name]:.0f}{graphs}")
+        for name in sorted(set(self.errors) - set(CONTENDERS)):
+            cells.append(f"{name} FAILED ({self.errors[name]})")
         ratio = "n/a"
         if "continuous" in self.rates and "generate" in self.rates:
             ratio = f"{self.rates['continuous'] / self.rates['generate']:.2f}x"
@@ -573,6 +586,13 @@ def time_multiturn(device: str, dtype: str, small: bool, repeats: int) -> tuple[
         with result.attempt(name):
             engines[name] = engine_class(model, pad_token_id=pad_id, max_batch_size=max(episodes, 64), seed=0)
     result.graphs = uses_graphs(engines.get("continuous"))
+    names = list(CONTENDERS)
+    if result.graphs:  # the same engine with its prefills run eagerly: what the prefill graphs bring
+        with result.attempt(EAGER_PREFILLS):
+            engine = ContinuousTorchEngine(model, pad_token_id=pad_id, max_batch_size=max(episodes, 64), seed=0)
+            engine.graphs.prefill_tokens = 0
+            engines[EAGER_PREFILLS] = engine
+            names.append(EAGER_PREFILLS)
     loop = asyncio.new_event_loop()
 
     def run(name: str) -> float:
@@ -583,13 +603,13 @@ def time_multiturn(device: str, dtype: str, small: bool, repeats: int) -> tuple[
 
     try:
         times = {}
-        for name in CONTENDERS:  # warm-up (graph capture)
+        for name in names:  # warm-up (graph capture)
             if name not in result.errors:
                 with result.attempt(name):
                     run(name)
                     times[name] = []
         for repeat in range(repeats):
-            order = CONTENDERS[repeat % 3 :] + CONTENDERS[: repeat % 3]  # none always in another's wake
+            order = names[repeat % len(names) :] + names[: repeat % len(names)]  # none always in another's wake
             for name in order:
                 if name in times and name not in result.errors:
                     with result.attempt(name):
@@ -719,6 +739,11 @@ def main(argv=None) -> int:
                     f"max {sync['max_abs_diff']:.2e}, mean {sync['mean_abs_diff']:.2e}"
                     + (" (continuous engine, CUDA graphs)" if sync.get("graphs") else " (continuous engine)"),
                 )
+                if "noise_max_abs_diff" in sync:
+                    table.add(
+                        "noise floor: trainer alone vs in a batch of 8, abs diff",
+                        f"max {sync['noise_max_abs_diff']:.2e}, mean {sync['noise_mean_abs_diff']:.2e}",
+                    )
 
         if "tokens" in wanted:
             from agentrl.trainer.model import load_causal_lm

@@ -316,11 +316,14 @@ class ContinuousTorchEngine(TorchEngine):
             if any(finished):
                 self._leave(batch, finished, reasons)
         if admitted:
-            admission = self._admission(admitted)
-            logits = self.decoder.forward(
-                [Feed.prefill(admission.ids, admission.mask, admission.positions, admission.cache)]
-            )
-            self._join(batch, admitted, admission, logits[0])
+            entries = self._take_stored(admitted)
+            past = [0 if entry is None else len(entry.tokens) for entry in entries]
+            new = [row.sequence[n:] for row, n in zip(admitted, past, strict=True)]
+            logits = self.graphs.prefill(batch, [None if entry is None else entry.kv for entry in entries], new)
+            self._count_admission(admitted, past, new)
+            lengths = [len(row.sequence) for row in admitted]
+            batch.join(admitted, lengths, logits, self._row_sampling(admitted))
+            self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
 
     def _record_tokens(self, batch, tokens: list[int], logprobs: list[float]) -> tuple[list[bool], list[str]]:
         """Append each running row's sampled token; which rows finished with it, and why (a row whose caller
@@ -338,16 +341,15 @@ class ContinuousTorchEngine(TorchEngine):
         self.stats["generated_tokens"] += len(batch.rows)
         return finished, reasons
 
-    def _join(self, batch, admitted: list[_Row], admission: _Admission, logits: torch.Tensor) -> None:
-        sampling = RowSampling(
-            [row.sampling for row in admitted],
-            self.vocab_size,
-            self.device,
-            generators=[row.generator for row in admitted],
-        )
+    def _join(self, batch: RunningBatch, admitted: list[_Row], admission: _Admission, logits: torch.Tensor) -> None:
         positions = admission.positions[:, -1] + 1
-        batch.join(admitted, admission.cache, admission.mask, positions, logits, sampling)
+        batch.join(admitted, admission.cache, admission.mask, positions, logits, self._row_sampling(admitted))
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
+
+    def _row_sampling(self, rows: list[_Row]) -> RowSampling:
+        return RowSampling(
+            [row.sampling for row in rows], self.vocab_size, self.device, generators=[row.generator for row in rows]
+        )
 
     def _sample_running(self, batch: RunningBatch) -> torch.Tensor | None:
         """Sample a token for every running row and let finished rows leave; the tokens of the rows left."""
@@ -396,14 +398,18 @@ class ContinuousTorchEngine(TorchEngine):
 
     def _store(self, batch: RunningBatch | SlotBatch, index: int, row: _Row) -> None:
         tokens = row.sequence[:-1]  # the last sampled token's key and value are not kept (a next turn feeds it)
-        layers = batch.stored_kv(index, len(tokens))
+        kv = batch.stored_kv(index, len(tokens))
         evictions = self.sessions.evictions
-        self.sessions.put(tokens, layers, self._kv_version)
+        self.sessions.put(tokens, kv, self._kv_version)
         self.stats["evictions"] += self.sessions.evictions - evictions
+
+    def _take_stored(self, rows: list[_Row]) -> list:
+        """Each row's stored KV of its longest stored token prefix, taken from the store, or None."""
+        return [self.sessions.take(row.sequence, self._kv_version) if len(self.sessions) else None for row in rows]
 
     def _admission(self, rows: list[_Row]) -> _Admission:
         """What prefilling `rows` needs: each row's stored KV, if any, and the rest of its tokens, right-aligned."""
-        entries = [self.sessions.take(row.sequence, self._kv_version) if len(self.sessions) else None for row in rows]
+        entries = self._take_stored(rows)
         past = [len(entry.tokens) if entry is not None else 0 for entry in entries]
         new = [row.sequence[n:] for row, n in zip(rows, past, strict=True)]
         past_width, new_width = max(past), max(map(len, new))
@@ -420,6 +426,11 @@ class ContinuousTorchEngine(TorchEngine):
         cache = DynamicCache(config=self.model.config)
         if past_width:  # with room for the new columns, which the lean prefill then writes in place
             _fill_cache(cache, _right_aligned_past(entries, past_width, room=new_width + COLUMN_HEADROOM))
+        self._count_admission(rows, past, new)
+        return _Admission(ids, mask, positions, cache)
+
+    def _count_admission(self, rows: list[_Row], past: list[int], new: list[list[int]]) -> None:
+        """Stats of a prefill of `rows`, each after `past` stored tokens, and the rows' versions."""
         for row, n in zip(rows, past, strict=True):
             row.cached_tokens = row.cached_tokens or n
             if row.version is None:
@@ -430,7 +441,6 @@ class ContinuousTorchEngine(TorchEngine):
         self.stats["prompt_tokens"] += sum(len(row.prompt) for row in rows if not row.output)
         self.stats["prefill_tokens"] += sum(map(len, new))
         self.stats["reused_tokens"] += sum(past)
-        return _Admission(ids, mask, positions, cache)
 
     def _deliver(self, row: _Row, reason: FinishReason) -> None:
         output = GenerateOutput(
@@ -487,14 +497,14 @@ def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseExcept
 def _right_aligned_past(entries, width: int, room: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns,
     in buffers with `room` more columns after them."""
-    template = next(entry for entry in entries if entry is not None).layers
+    template = next(entry for entry in entries if entry is not None).kv
     layers = []
     for layer, (key0, value0) in enumerate(template):
         keys = key0.new_zeros((len(entries), key0.shape[1], width + room, key0.shape[3]))[:, :, :width]
         values = value0.new_zeros((len(entries), value0.shape[1], width + room, value0.shape[3]))[:, :, :width]
         for i, entry in enumerate(entries):
             if entry is not None:
-                key, value = entry.layers[layer]
+                key, value = entry.kv[layer]
                 keys[i, :, width - key.shape[2] :] = key[0]
                 values[i, :, width - value.shape[2] :] = value[0]
         layers.append((keys, values))

@@ -22,7 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.engine.lean_decoder import LeanDecoder, RMSNormWeights, add_linear
-from agentrl.engine.slot_batch import SlotBatch, column_bucket, row_bucket
+from agentrl.engine.slot_batch import (
+    PREFILL_GRAPH_TOKENS,
+    PrefillInputs,
+    SlotBatch,
+    column_bucket,
+    row_bucket,
+    token_bucket,
+)
 
 
 def static_decode(
@@ -34,37 +41,75 @@ def static_decode(
     `width` columns, those up to the row's position visible. Nothing here depends on the
     values of the inputs, only on `rows` and `width`.
     """
+    ids, positions = batch.tokens_in[:rows, None], batch.positions_buffer[:rows, None]
+    return static_step(decoder, batch, ids, positions, None, None, width, cos, signed_sin)
+
+
+def static_prefill(
+    decoder: LeanDecoder, batch: SlotBatch, inputs: PrefillInputs, width: int, cos: torch.Tensor, sin: torch.Tensor
+) -> torch.Tensor:
+    """Feed each row's new tokens `inputs.ids` at `inputs.positions` into slot `inputs.slots`, after the cache that
+    slot holds; the logits (rows, vocab) after each row's last real token (`inputs.last`). A row's padding tokens
+    write columns past its last one, which its next steps overwrite before anything reads them."""
+    return static_step(decoder, batch, inputs.ids, inputs.positions, inputs.slots, inputs.last, width, cos, sin)
+
+
+def static_step(
+    decoder: LeanDecoder,
+    batch: SlotBatch,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    slots: torch.Tensor | None,
+    last: torch.Tensor | None,
+    width: int,
+    cos: torch.Tensor,
+    signed_sin: torch.Tensor,
+) -> torch.Tensor:
+    """The lean decoder's computation for `ids` (rows, tokens) at `positions` over the slot cache: slot `slots[i]`
+    (None: slot i) takes row i's keys and values, and its first `width` columns are what row i attends to, up to
+    each token's own position. The logits after token `last[i]` of each row (None: the only one)."""
     query_heads, kv_heads, head_dim = decoder.query_heads, decoder.kv_heads, decoder.head_dim
     query_keys = (query_heads + kv_heads) * head_dim
-    ids, positions = batch.tokens_in[:rows], batch.positions_buffer[:rows]
-    slots = torch.arange(rows, device=ids.device)
-    hidden = decoder.body.embed_tokens(ids)
-    row_cos, row_sin = cos[positions][:, None, :], signed_sin[positions][:, None, :]
-    visible = torch.arange(width, device=ids.device)[None, :] <= positions[:, None]
+    rows, tokens = ids.shape
+    flat = positions.reshape(-1)
+    row_slots = torch.arange(rows, device=ids.device) if slots is None else slots
+    token_slots = row_slots if tokens == 1 else row_slots[:, None].expand(rows, tokens).reshape(-1)  # no host sync
+    hidden = decoder.body.embed_tokens(ids.reshape(-1))
+    token_cos, token_sin = cos[flat][:, None, :], signed_sin[flat][:, None, :]
+    visible = torch.arange(width, device=ids.device)[None, :] <= flat[:, None]
     seen = torch.zeros((), dtype=hidden.dtype, device=ids.device)
     unseen = torch.full((), -torch.inf, dtype=hidden.dtype, device=ids.device)
-    bias = torch.where(visible, seen, unseen)[:, None, None, :]
     group = query_heads // kv_heads
+    # Queries as (rows, kv heads, tokens x group, dim): a kv head's query heads are consecutive, each token's group.
+    bias = torch.where(visible, seen, unseen).view(rows, 1, tokens, 1, width)
+    bias = bias[:, :, 0] if tokens == 1 else bias.expand(-1, -1, -1, group, -1).reshape(rows, 1, tokens * group, width)
     for layer, weights in enumerate(decoder.weights):
         qkv = F.linear(rms_norm(weights.input_norm, hidden), weights.qkv, weights.qkv_bias)
-        query_key = qkv[:, :query_keys].view(rows, query_heads + kv_heads, head_dim)
-        value = qkv[:, query_keys:].view(rows, kv_heads, head_dim)
+        query_key = qkv[:, :query_keys].view(-1, query_heads + kv_heads, head_dim)
+        value = qkv[:, query_keys:].view(-1, kv_heads, head_dim)
         if weights.q_norm is not None:
             queries, keys = query_key[:, :query_heads], query_key[:, query_heads:]
             query_key = torch.cat([weights.q_norm(queries), weights.k_norm(keys)], dim=1)
-        query_key = query_key * row_cos + query_key.roll(head_dim // 2, dims=-1) * row_sin
+        query_key = query_key * token_cos + query_key.roll(head_dim // 2, dims=-1) * token_sin
         keys, values = batch.keys[layer], batch.values[layer]
-        keys[slots, :, positions] = query_key[:, query_heads:]
-        values[slots, :, positions] = value
-        # A kv head's query heads are consecutive: each row attends as kv_heads heads of `group` queries each.
-        query = query_key[:, :query_heads].reshape(rows, kv_heads, group, head_dim)
+        keys[token_slots, :, flat] = query_key[:, query_heads:]
+        values[token_slots, :, flat] = value
+        if slots is None:
+            attended_keys, attended_values = keys[:rows, :, :width], values[:rows, :, :width]
+        else:
+            attended_keys, attended_values = keys[slots, :, :width], values[slots, :, :width]
+        query = query_key[:, :query_heads].reshape(rows, tokens, kv_heads, group, head_dim)
+        query = query.transpose(1, 2).reshape(rows, kv_heads, tokens * group, head_dim)
         attention = F.scaled_dot_product_attention(
-            query, keys[:rows, :, :width], values[:rows, :, :width], attn_mask=bias, scale=weights.scaling
+            query, attended_keys, attended_values, attn_mask=bias, scale=weights.scaling
         )
-        hidden = add_linear(hidden, attention.reshape(rows, query_heads * head_dim), *weights.output)
+        attention = attention.view(rows, kv_heads, tokens, group, head_dim).transpose(1, 2)
+        hidden = add_linear(hidden, attention.reshape(rows * tokens, query_heads * head_dim), *weights.output)
         gate_up = F.linear(rms_norm(weights.post_attention_norm, hidden), weights.gate_up, weights.gate_up_bias)
         inner = weights.inner
         hidden = add_linear(hidden, weights.activation(gate_up[:, :inner]) * gate_up[:, inner:], *weights.down)
+    if last is not None:
+        hidden = hidden.view(rows, tokens, -1)[torch.arange(rows, device=ids.device), last]
     return F.linear(rms_norm(decoder.final_norm, hidden), *decoder.head)
 
 
@@ -85,12 +130,13 @@ class DecodeGraphs:
             raise ValueError("decode steps of fixed shapes need a rotary table; this model's depends on the length")
         self.decoder = decoder
         self.capture = capture
-        self.graphs: dict[tuple[int, int], tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}  # by step and bucket
         self.pool = None
         self.generation = -1  # the batch generation the graphs and tables were made for
         self.weights = self._weights()
         self.cos = self.signed_sin = None
         self.captures = 0
+        self.prefill_tokens = PREFILL_GRAPH_TOKENS  # prefills of more new tokens a row run eagerly
 
     def decode(self, batch: SlotBatch) -> torch.Tensor:
         """Feed `batch.tokens_in` for every row; the next-token logits (rows, vocab). The caller advances the batch."""
@@ -102,13 +148,31 @@ class DecodeGraphs:
             batch.positions_buffer[count:rows] = 0  # padding rows write column 0 of free slots
         if batch.generation != self.generation:
             self._follow(batch)
-        if not self.capture:
-            return static_decode(self.decoder, batch, rows, width, self.cos, self.signed_sin)[:count]
-        entry = self.graphs.get((rows, width))
-        if entry is None:
-            entry = self.graphs[(rows, width)] = self._record(batch, rows, width)
-        entry[0].replay()
-        return entry[1][:count]
+        step = lambda: static_decode(self.decoder, batch, rows, width, self.cos, self.signed_sin)  # noqa: E731
+        return (self._replay(("decode", rows, width), step) if self.capture else step())[:count]
+
+    def prefill(self, batch: SlotBatch, stored: list[torch.Tensor | None], new: list[list[int]]) -> torch.Tensor:
+        """Prefill rows into the slots after the batch's last row: row i's stored cache `stored[i]` (from
+        `SlotBatch.stored_kv`, or None), then its `new` tokens; the logits (rows, vocab) after each row's last token.
+        The caller joins the rows to the batch."""
+        first, added = len(batch.rows), len(new)
+        past = [0 if kv is None else kv.shape[3] for kv in stored]
+        tokens = token_bucket(max(map(len, new)))
+        batch.reserve(min(first + row_bucket(added), batch.max_rows), max(p + tokens for p in past) + 1)
+        rows = min(row_bucket(added), batch.slots - first)  # padding rows prefill free slots
+        width = min(column_bucket(max(p + tokens for p in past)), batch.columns)
+        for slot, kv in enumerate(stored, start=first):
+            if kv is not None:
+                batch.restore(slot, kv)
+        if batch.generation != self.generation:
+            self._follow(batch)
+        captured = self.capture and tokens <= min(self.prefill_tokens, PREFILL_GRAPH_TOKENS)
+        inputs = PrefillInputs(batch.prefill_buffer, rows, tokens)
+        inputs.write(_prefill_host_inputs(new, past, rows, tokens, first, pin=batch.device.type == "cuda"))
+        if not captured:
+            return static_prefill(self.decoder, batch, inputs, width, self.cos, self.signed_sin)[:added]
+        step = lambda: static_prefill(self.decoder, batch, inputs, width, self.cos, self.signed_sin)  # noqa: E731
+        return self._replay(("prefill", rows, tokens, width), step)[:added].clone()
 
     def check_weights(self) -> None:
         """Drop every graph if the decoder's tensors moved (parameters replaced, not copied into)."""
@@ -139,19 +203,42 @@ class DecodeGraphs:
         self.graphs.clear()
         self.pool = None
 
-    def _record(self, batch: SlotBatch, rows: int, width: int) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
-        """Capture the step at (rows, width). A warm-up on a side stream first (lazy library set-up must not
-        happen during capture); its key and value writes are the ones the replay makes again."""
-        side = torch.cuda.Stream(device=batch.device)
-        side.wait_stream(torch.cuda.current_stream(batch.device))
+    def _replay(self, key: tuple, step) -> torch.Tensor:
+        """Replay the graph of `key`, captured from `step` on first use; its output."""
+        entry = self.graphs.get(key)
+        if entry is None:
+            entry = self.graphs[key] = self._record(step)
+        entry[0].replay()
+        return entry[1]
+
+    def _record(self, step) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
+        """Capture `step`. A warm-up on a side stream first (lazy library set-up must not happen during capture); its
+        key and value writes are the ones the replay makes again."""
+        device = self.decoder.body.embed_tokens.weight.device
+        side = torch.cuda.Stream(device=device)
+        side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            static_decode(self.decoder, batch, rows, width, self.cos, self.signed_sin)
-        torch.cuda.current_stream(batch.device).wait_stream(side)
+            step()
+        torch.cuda.current_stream(device).wait_stream(side)
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
         graph = torch.cuda.CUDAGraph()
         # thread_local: CUDA work of other threads (the rank's main thread) must not break this thread's capture.
         with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
-            logits = static_decode(self.decoder, batch, rows, width, self.cos, self.signed_sin)
+            logits = step()
         self.captures += 1
         return graph, logits
+
+
+def _prefill_host_inputs(new: list[list[int]], past: list[int], rows: int, tokens: int, first: int, pin: bool):
+    """`PrefillInputs`' buffer on the host: row i (slot first + i) feeds `new[i]` from position `past[i]`, its
+    padding continues its positions; padding rows (past `len(new)`) feed token 0 from position 0 into free slots."""
+    ids = torch.zeros((rows, tokens), dtype=torch.long)
+    positions = torch.arange(tokens).repeat(rows, 1)
+    for i, (row_tokens, start) in enumerate(zip(new, past, strict=True)):
+        ids[i, : len(row_tokens)] = torch.tensor(row_tokens, dtype=torch.long)
+        positions[i] += start
+    slots = torch.arange(first, first + rows)
+    last = torch.tensor([len(row_tokens) - 1 for row_tokens in new] + [0] * (rows - len(new)), dtype=torch.long)
+    host = torch.cat([ids.reshape(-1), positions.reshape(-1), slots, last])
+    return host.pin_memory() if pin else host

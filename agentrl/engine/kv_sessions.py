@@ -27,7 +27,9 @@ BUCKET_TOKENS = 8
 @dataclass
 class KVEntry:
     tokens: list[int]
-    layers: list[tuple[torch.Tensor, torch.Tensor]]  # per layer: keys, values, each (1, heads, len(tokens), dim)
+    # As the batch that stored it keeps a row's cache: per layer (keys, values), each (1, heads, len(tokens), dim),
+    # from `RunningBatch`; one (2, layers, heads, len(tokens), dim) tensor from `SlotBatch`.
+    kv: list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor
     version: int
     nbytes: int
 
@@ -46,15 +48,16 @@ class KVSessionStore:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def put(self, tokens: list[int], layers: list[tuple[torch.Tensor, torch.Tensor]], version: int) -> None:
-        nbytes = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+    def put(self, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor, version: int) -> None:
+        tensors = [kv] if isinstance(kv, torch.Tensor) else [tensor for pair in kv for tensor in pair]
+        nbytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
         if not tokens or nbytes > self.budget_bytes:
             return
         while self._entries and self.nbytes + nbytes > self.budget_bytes:
             self._drop(next(iter(self._entries)))
             self.evictions += 1
         entry_id, self._next_id = self._next_id, self._next_id + 1
-        self._entries[entry_id] = KVEntry(list(tokens), layers, version, nbytes)
+        self._entries[entry_id] = KVEntry(list(tokens), kv, version, nbytes)
         self._buckets.setdefault(tuple(tokens[:BUCKET_TOKENS]), set()).add(entry_id)
         self.nbytes += nbytes
 

@@ -1,21 +1,22 @@
-"""The continuous engine's running batch on a slot KV cache, for decode steps of fixed shapes (CUDA graphs).
+"""The continuous engine's running batch on a slot KV cache, for steps of fixed shapes (CUDA graphs).
 
-Row i keeps its keys and values in slot i of one buffer per layer, (slots, kv heads,
+Row i keeps its keys and values in slot i of one buffer, `kv` (2, layers, slots, kv heads,
 columns, head_dim), left-aligned: column j holds its token at position j, so a row's
-position is its length and a decode step writes each row's new column at its own
-position. The buffers, the step's token and position inputs stay at fixed addresses until
-they grow (`generation` counts the growths), which is what lets a captured decode step be
-replayed step after step.
+position is its length and a step writes each row's new columns at its own positions. A
+row's whole cache, every layer's keys and values, is one strided view (`kv[:, :, i]`), so
+storing it for a next turn, putting it back, and moving rows are one copy each. The
+buffer, the steps' inputs and the rotary tables stay at fixed addresses until they grow
+(`generation` counts the growths), which is what lets a captured step be replayed.
 
 Rows leaving are filled in by the last rows (`RowsLeaving`), as in `RunningBatch`; rows
-joining go into the slots after the last row. Slots past the last row are free, and a
-decode step padded to a batch-size bucket writes its padding rows there.
+joining are prefilled straight into the slots after the last row (`DecodeGraphs.prefill`).
+Slots past the last row are free, and a step padded to a bucket of rows writes its
+padding rows there.
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
 
 from agentrl.engine.running_batch import RowsLeaving
 from agentrl.engine.sampling import RowSampling
@@ -24,6 +25,8 @@ from agentrl.engine.sampling import RowSampling
 MIN_COLUMNS = 256
 # The fewest slots kept (up to max_batch_size): fewer growths, each of which recaptures every graph.
 MIN_SLOTS = 64
+# The most new tokens a row of a captured prefill feeds; longer prefills run eagerly.
+PREFILL_GRAPH_TOKENS = 64
 
 
 def row_bucket(rows: int) -> int:
@@ -38,15 +41,42 @@ def column_bucket(columns: int) -> int:
     return max(64, 1 << max(0, columns - 1).bit_length())
 
 
+def token_bucket(tokens: int) -> int:
+    """The new tokens per row a prefill runs at: a power of two, at least 8."""
+    return max(8, 1 << max(0, tokens - 1).bit_length())
+
+
+class PrefillInputs:
+    """A prefill's inputs, in one int64 buffer copied to the device at once: token ids and positions (rows,
+    tokens), each row's slot and the index of its last real token (rows,). Views of the batch's fixed
+    `prefill_buffer` where they fit (what a captured prefill reads), else of a buffer of their own."""
+
+    def __init__(self, buffer: torch.Tensor, rows: int, tokens: int):
+        size = rows * (2 * tokens + 2)
+        if size > buffer.numel():
+            buffer = torch.empty(size, dtype=torch.long, device=buffer.device)
+        self.buffer = buffer[:size]
+        grid = rows * tokens
+        self.ids = self.buffer[:grid].view(rows, tokens)
+        self.positions = self.buffer[grid : 2 * grid].view(rows, tokens)
+        self.slots = self.buffer[2 * grid : 2 * grid + rows]
+        self.last = self.buffer[2 * grid + rows :]
+
+    def write(self, host: torch.Tensor) -> None:
+        self.buffer.copy_(host, non_blocking=host.is_pinned())
+
+
 class SlotBatch:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, dtype, device, max_rows: int):
         self.layers, self.kv_heads, self.head_dim = layers, kv_heads, head_dim
         self.dtype, self.device = dtype, torch.device(device)
         self.max_rows = row_bucket(max_rows)
-        self.keys: list[torch.Tensor] = []
+        self.kv = torch.zeros((2, layers, 0, kv_heads, 0, head_dim), dtype=dtype, device=self.device)
+        self.keys: list[torch.Tensor] = []  # per layer, a view of `kv`: (slots, kv heads, columns, head_dim)
         self.values: list[torch.Tensor] = []
         self.tokens_in = torch.zeros(0, dtype=torch.long, device=self.device)  # a decode step's input tokens
         self.positions_buffer = torch.zeros(0, dtype=torch.long, device=self.device)
+        self.prefill_buffer = torch.zeros(0, dtype=torch.long, device=self.device)  # `PrefillInputs` of captured sizes
         self.generation = 0  # bumped at every growth: what a captured step reads has moved
         self.clear()
 
@@ -58,11 +88,11 @@ class SlotBatch:
 
     @property
     def slots(self) -> int:
-        return self.tokens_in.shape[0]
+        return self.kv.shape[2]
 
     @property
     def columns(self) -> int:
-        return self.keys[0].shape[2] if self.keys else 0
+        return self.kv.shape[4]
 
     def reserve(self, rows: int, columns: int) -> None:
         """Room for `rows` rows of `columns` columns; growing moves every buffer (a new generation)."""
@@ -75,38 +105,29 @@ class SlotBatch:
         while width < columns:
             width *= 2
         count, used = len(self.rows), max(self.lengths, default=0)
-        shape = (slots, self.kv_heads, width, self.head_dim)
-        for buffers in (self.keys, self.values):
-            for layer in range(self.layers):
-                grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
-                if count:
-                    grown[:count, :, :used] = buffers[layer][:count, :, :used]
-                if layer < len(buffers):
-                    buffers[layer] = grown
-                else:
-                    buffers.append(grown)
+        shape = (2, self.layers, slots, self.kv_heads, width, self.head_dim)
+        grown = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if count:
+            grown[:, :, :count, :, :used] = self.kv[:, :, :count, :, :used]
+        self.kv = grown
+        self.keys, self.values = list(grown[0].unbind(0)), list(grown[1].unbind(0))
         # A step's tokens are written before `DecodeGraphs.decode` reserves room for them: both inputs move along.
         tokens, positions = self.tokens_in, self.positions_buffer
         self.tokens_in = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.positions_buffer = torch.zeros(slots, dtype=torch.long, device=self.device)
         self.tokens_in[: tokens.shape[0]] = tokens
         self.positions_buffer[: positions.shape[0]] = positions
+        self.prefill_buffer = torch.zeros(slots * (2 * PREFILL_GRAPH_TOKENS + 2), dtype=torch.long, device=self.device)
         self.generation += 1
 
-    def join(self, rows: list, cache: DynamicCache, mask: torch.Tensor, positions, logits, sampling) -> None:
-        """Append prefilled `rows`: their KV `cache` (right-aligned, with holes where `mask` is 0), mask, next
-        positions, logits and sampling settings. Each row's real columns go to its slot's first columns."""
-        mask = mask.bool()
-        lengths = mask.sum(dim=1).tolist()
-        first, added, widest = len(self.rows), len(rows), max(lengths)
-        self.reserve(first + added, widest + 1)
-        # The real columns of each row first, in order: a stable sort of "is padding".
-        order = torch.sort((~mask).to(torch.uint8), dim=1, stable=True).indices[:, :widest]
-        index = order[:, None, :, None].expand(added, self.kv_heads, widest, self.head_dim)
-        for layer, kept in enumerate(cache.layers):
-            self.keys[layer][first : first + added, :, :widest] = kept.keys.gather(2, index)
-            self.values[layer][first : first + added, :, :widest] = kept.values.gather(2, index)
-        self.positions_buffer[first : first + added] = positions
+    def restore(self, slot: int, kv: torch.Tensor) -> None:
+        """Put a row's stored cache (`stored_kv`) back, into the first columns of `slot`."""
+        self.kv[:, :, slot, :, : kv.shape[3]].copy_(kv)
+
+    def join(self, rows: list, lengths: list[int], logits: torch.Tensor, sampling: RowSampling) -> None:
+        """Append `rows`, prefilled into the slots after the last row: each fills `lengths` columns."""
+        first = len(self.rows)
+        self.positions_buffer[first : first + len(rows)] = torch.tensor(lengths, device=self.device)
         self.rows = self.rows + rows
         self.lengths = self.lengths + lengths
         self.logits = logits if self.logits is None or not first else torch.cat([self.logits, logits])
@@ -123,8 +144,7 @@ class SlotBatch:
         moves = RowsLeaving(leaving, self.device)
         if len(moves.holes):
             used = max(self.lengths[old] for new, old in enumerate(moves.order) if old != new)
-            for buffer in (*self.keys, *self.values):
-                buffer[moves.holes, :, :used] = buffer[moves.movers, :, :used]
+            self.kv[:, :, moves.holes, :, :used] = self.kv[:, :, moves.movers, :, :used]
         keep = moves.index
         self.positions_buffer[: moves.count] = self.positions_buffer[keep]
         self.rows = [self.rows[row] for row in moves.order]
@@ -138,9 +158,6 @@ class SlotBatch:
         self.positions_buffer[: len(self.rows)] += 1
         self.lengths = [length + 1 for length in self.lengths]
 
-    def stored_kv(self, index: int, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Copies of row `index`'s keys and values for its first `tokens` tokens, per layer (1, heads, tokens, dim)."""
-        return [
-            (keys[index : index + 1, :, :tokens].clone(), values[index : index + 1, :, :tokens].clone())
-            for keys, values in zip(self.keys, self.values, strict=True)
-        ]
+    def stored_kv(self, index: int, tokens: int) -> torch.Tensor:
+        """A copy of row `index`'s keys and values for its first `tokens` tokens: (2, layers, kv heads, tokens, dim)."""
+        return self.kv[:, :, index, :, :tokens].clone()
