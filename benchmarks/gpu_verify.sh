@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
 # The whole GPU check in one command, for a GPU machine without network (docs/gpu.md): set-up from the carried
-# wheels (benchmarks/gpu_setup.sh), benchmarks/gpu_check.py's table, the CUDA-only tests, then the mpirun tests
+# wheels (benchmarks/gpu_setup.sh), the CUDA-only tests, benchmarks/gpu_check.py's table, then the mpirun tests
 # on this machine's GPUs. Each part has its own time limit and its own log in $OUT (default gpu-results/), so a
-# part that fails or runs out of time costs the others nothing.
-#   OUT=dir [REPEATS=3 SECTIONS=weights,tokens GPU_CHECK_S=300 MPI_TESTS_S=600 ...] bash benchmarks/gpu_verify.sh
+# part that fails or runs out of time costs the others nothing. PARTS picks some (comma-separated; set-up is
+# skipped where agentrl and its dependencies already import).
+#   OUT=dir [PARTS=setup,gpu_tests,gpu_check,mpi_tests REPEATS=3 SECTIONS=weights,tokens GPU_CHECK_S=300 ...] \
+#     bash benchmarks/gpu_verify.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
+PARTS=${PARTS:-setup,gpu_tests,gpu_check,mpi_tests}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 TRANSFORMERS_VERBOSITY=error
+
+wanted() { [[ ",$PARTS," == *",$1,"* ]]; }
 
 part() {
     local name=$1 limit=$2 started rc
@@ -21,17 +26,32 @@ part() {
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-part setup "${SETUP_S:-150}" bash benchmarks/gpu_setup.sh
+if wanted setup; then
+    if python3 -c 'import agentrl, pydantic, gymnasium, datasets, fastapi, mpi4py.MPI' 2>/dev/null; then
+        echo "== setup: agentrl and its dependencies import already"
+    else
+        part setup "${SETUP_S:-150}" bash benchmarks/gpu_setup.sh
+    fi
+fi
 prefix=$(python3 -c 'import sys; print(sys.prefix)')
 export PATH="$prefix/bin:$PATH" PYTHONPATH="$PWD"  # PYTHONPATH: agentrl imports even where the editable install failed
 # The wheels put MPICH beside python3, where mpi4py finds it by itself (setting MPI4PY_LIBMPI to its path broke the
 # import on an H200 image: "libmpi.so.12: cannot open shared object file").
 echo "mpirun: $(command -v mpirun)"
 mpirun -n 2 python3 -c 'from mpi4py import MPI; print("mpi4py sees", MPI.COMM_WORLD.Get_size(), "ranks")'
-part gpu_check "${GPU_CHECK_S:-300}" python3 benchmarks/gpu_check.py --repeats "${REPEATS:-3}" --out "$OUT/gpu_check.md" \
-    ${SECTIONS:+--sections "$SECTIONS"}
-part gpu_tests "${GPU_TESTS_S:-180}" python3 -m pytest -q -p no:cacheprovider -rs \
-    tests/unit/test_continuous_engine.py tests/unit/test_weights_gpu.py tests/mpi/test_weight_sync_cuda_ipc.py \
-    -k "cuda_graph or cuda_ipc_reaches or ipc_handle"
-part mpi_tests "${MPI_TESTS_S:-600}" python3 -m pytest -q -p no:cacheprovider -n "${MPI_WORKERS:-8}" \
-    -m "mpi and not slow" tests/mpi
+if wanted gpu_tests; then
+    part gpu_tests "${GPU_TESTS_S:-180}" python3 -m pytest -q -p no:cacheprovider -rs \
+        tests/unit/test_continuous_engine.py tests/unit/test_weights_gpu.py tests/mpi/test_weight_sync_cuda_ipc.py \
+        -k "cuda_graph or cuda_ipc_reaches or ipc_handle or two_readers"
+fi
+if wanted gpu_check; then
+    part gpu_check "${GPU_CHECK_S:-300}" python3 benchmarks/gpu_check.py --repeats "${REPEATS:-3}" \
+        --out "$OUT/gpu_check.md" ${SECTIONS:+--sections "$SECTIONS"}
+fi
+if wanted mpi_tests; then
+    # -v: a line per test as it ends, so a run cut short by its limit still says which passed.
+    part mpi_tests "${MPI_TESTS_S:-600}" python3 -m pytest -v -p no:cacheprovider -n "${MPI_WORKERS:-8}" -rfE \
+        --durations=15 tests/mpi
+    echo "mpi_tests: $(grep -c ' PASSED' "$OUT/mpi_tests.log") passed, $(grep -c ' SKIPPED' "$OUT/mpi_tests.log") skipped," \
+        "$(grep -cE ' (FAILED|ERROR)' "$OUT/mpi_tests.log") failed or errors"
+fi
