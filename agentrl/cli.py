@@ -297,7 +297,17 @@ def cmd_layout(args) -> int:
     gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
     transport = config.weights.transport  # resolved from the planned placements, as a run resolves it
     rows = plan(
-        config.layout, args.np, ranks_per_node, args.gpus_per_node, gpus, transport, mapped, in_place, hosts=hosts
+        config.layout,
+        args.np,
+        ranks_per_node,
+        args.gpus_per_node,
+        gpus,
+        transport,
+        mapped,
+        in_place,
+        hosts=hosts,
+        fsdp=config.parallelism.fsdp,
+        lora=config.model.lora is not None,
     )
     print(format_plan(rows, single_process=args.np == 1, evaluating=args.eval))
     if args.np == 1:

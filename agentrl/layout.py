@@ -186,6 +186,33 @@ def _share_trainer_gpus(roles: list[Role], nodes: list[int], gpus: list[int | No
         gpus[rollout] = gpus[trainer]
 
 
+def shared_trainer_gpu(roles: list[Role], nodes: list[int], gpus: list[int | None]) -> tuple[int, int, int, int] | None:
+    """The first two trainer ranks bound to one GPU, as (rank, rank, node, gpu), or None.
+
+    NCCL refuses two ranks of its group on one device, so such trainer ranks reduce over gloo
+    (`agentrl.trainer.model.trainer_backend`), which cannot shard: FSDP is refused there (`plan`)."""
+    first: dict[tuple[int, int], int] = {}
+    for rank, (role, node, gpu) in enumerate(zip(roles, nodes, gpus, strict=True)):
+        if role is not Role.TRAINER or gpu is None:
+            continue
+        if (node, gpu) in first:
+            return first[node, gpu], rank, node, gpu
+        first[node, gpu] = rank
+    return None
+
+
+def refuse_sharding_on_a_shared_gpu(shared: tuple[int, int, int, int] | None, fsdp: bool, role: str) -> None:
+    """ConfigError for parallelism.fsdp=true where two ranks of `role` (trainer, SFT) share a GPU."""
+    if shared is None or not fsdp:
+        return
+    first, second, node, gpu = shared
+    raise ConfigError(
+        f"parallelism.fsdp=true shards over NCCL, but {role} ranks {first} and {second} share node {node}'s "
+        f"cuda:{gpu}, and NCCL refuses two ranks on one GPU; set parallelism.fsdp=false (replicas then reduce over "
+        f"gloo) or run at most as many {role} ranks per node as it has GPUs"
+    )
+
+
 @dataclass(frozen=True)
 class RankPlan:
     rank: int
@@ -217,6 +244,9 @@ def plan(
     in_place: bool | str = False,
     nodes: list[int] | None = None,
     hosts: list[str] | None = None,
+    *,
+    fsdp: bool = False,
+    lora: bool = False,
 ):
     """The whole job's placement, as `agentrl layout` prints it (no MPI needed).
 
@@ -225,6 +255,8 @@ def plan(
     the transport the run uses, and a choice that cannot work raises ConfigError. `nodes`: each
     rank's node where it is known (a running job's `Layout.nodes`), in place of `ranks_per_node`.
     `hosts`: each rank's host name (a running job's, or `--hosts`); nodes are then numbered by host.
+    `fsdp` (`parallelism.fsdp`) is refused where trainer ranks share a GPU; `lora` (`model.lora` set) sends
+    adapters over a CPU transport.
     """
     roles = assign_roles(layout, world_size)
     if hosts is not None and len(hosts) != world_size:
@@ -236,11 +268,12 @@ def plan(
         nodes = [rank // per_node for rank in range(world_size)]
     colocate = layout.colocate and world_size > 1
     gpus = bind_gpus(roles, nodes, gpus_per_node, colocate, rollout_gpus)
+    refuse_sharding_on_a_shared_gpu(shared_trainer_gpu(roles, nodes, gpus), fsdp, "trainer")
     if world_size > 1:
         from agentrl.weights.choice import resolve_weight_sync
 
         leader, rollouts = weight_group_placements(roles, nodes, gpus)
-        transport = resolve_weight_sync(weights_transport, colocate, leader, rollouts, rollout_gpus)
+        transport = resolve_weight_sync(weights_transport, colocate, leader, rollouts, rollout_gpus, lora=lora)
         if leader[1] is not None:  # GPU ranks neither view host memory nor train in it: they copy
             shm_mapped, in_place = False, False
         parts = weight_roles(roles, nodes, transport, shm_mapped, in_place)
@@ -314,6 +347,7 @@ class Layout:
         # The whole job's GPU per rank (None: CPU): where the weight group sits decides its transport.
         self.gpus = bind_gpus(self.roles, self.nodes, gpus_per_node, colocate, rollout_gpus)
         self.gpu = self.gpus[self.rank]
+        self.shared_trainer_gpu = shared_trainer_gpu(self.roles, self.nodes, self.gpus)
 
     @property
     def is_trainer_leader(self) -> bool:

@@ -57,8 +57,28 @@ def show_layout(config: Config, layout: Layout) -> None:
     gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
     transport = config.weights.transport
     hosts = layout.hosts if layout.hosts and len(set(layout.hosts)) > 1 else None  # several nodes: show their names
-    rows = plan(config.layout, layout.size, None, layout.gpus_per_node, gpus, transport, mapped, in_place, nodes, hosts)
+    rows = plan(
+        config.layout,
+        layout.size,
+        None,
+        layout.gpus_per_node,
+        gpus,
+        transport,
+        mapped,
+        in_place,
+        nodes,
+        hosts,
+        fsdp=config.parallelism.fsdp,
+        lora=config.model.lora is not None,
+    )
     print(format_plan(rows, layout.single_process), flush=True)
+    if layout.shared_trainer_gpu is not None:
+        first, second, node, gpu = layout.shared_trainer_gpu
+        print(
+            f"agentrl: trainer ranks {first} and {second} share node {node}'s cuda:{gpu}: the trainers reduce over "
+            "gloo (NCCL needs a GPU per rank)",
+            flush=True,
+        )
 
 
 def resume_step(config: Config) -> int:

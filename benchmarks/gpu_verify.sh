@@ -49,9 +49,10 @@ if wanted gpu_check; then
         --out "$OUT/gpu_check.md" ${SECTIONS:+--sections "$SECTIONS"}
 fi
 if wanted mpi_tests; then
-    # -v: a line per test as it ends, so a run cut short by its limit still says which passed.
-    part mpi_tests "${MPI_TESTS_S:-600}" python3 -m pytest -v -p no:cacheprovider -n "${MPI_WORKERS:-8}" -rfE \
-        --durations=15 tests/mpi
+    # -v: a line per test as it ends, and each failure's report in mpi_failures.log as it happens, so a run cut
+    # short by its limit still says which passed and why the others failed.
+    AGENTRL_FAILURE_LOG="$OUT/mpi_failures.log" part mpi_tests "${MPI_TESTS_S:-600}" python3 -m pytest -v \
+        -p no:cacheprovider -n "${MPI_WORKERS:-8}" -rfE --durations=15 tests/mpi
     echo "mpi_tests: $(grep -c ' PASSED' "$OUT/mpi_tests.log") passed, $(grep -c ' SKIPPED' "$OUT/mpi_tests.log") skipped," \
         "$(grep -cE ' (FAILED|ERROR)' "$OUT/mpi_tests.log") failed or errors"
 fi

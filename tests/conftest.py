@@ -42,3 +42,16 @@ def _mpirun_version(mpirun: str) -> str:
         return subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
         return ""
+
+
+def pytest_runtest_logreport(report):
+    """With $AGENTRL_FAILURE_LOG set, each failure's report is appended to that file as it happens, so a run cut
+    short by a time limit (benchmarks/gpu_verify.sh) still says why its tests failed. Written by the process that
+    prints the summary: the only one, or xdist's controller."""
+    path = os.environ.get("AGENTRL_FAILURE_LOG")
+    if not path or not report.failed or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    with open(path, "a") as log:
+        log.write(f"==== {report.nodeid} ({report.when}) ====\n{report.longreprtext}\n")
+        for title, text in report.sections:
+            log.write(f"---- {title} ----\n{text[-6000:]}\n")

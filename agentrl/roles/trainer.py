@@ -28,7 +28,7 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
     from agentrl.trainer.model import init_trainer_group
     from agentrl.weights.base import GatherOnly
 
-    group = init_trainer_group(layout.role_comm, layout.device)
+    group = init_trainer_group(layout.role_comm, layout.device, shares_gpu=layout.shared_trainer_gpu is not None)
     trainer, tokenizer = make_trainer(config, layout, start_step, group)
     weights = GatherOnly()  # other trainer ranks join the leader's gathers of sharded (FSDP) weights
     if layout.is_trainer_leader:

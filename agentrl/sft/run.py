@@ -21,7 +21,7 @@ import numpy as np
 
 from agentrl import preempt, startup, transport
 from agentrl.config import save_config
-from agentrl.errors import UserError
+from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.sft.config import SFTConfig
 from agentrl.sft.data import Packed, describe, read_transcripts, texts_of, tokenize_all
 
@@ -110,6 +110,17 @@ def device_for(world) -> str:
     return f"cuda:{gpu}"
 
 
+def shared_gpu(world, device: str) -> tuple[int, int, int, int] | None:
+    """The first two ranks of `world` bound to one GPU, as (rank, rank, node, gpu), or None."""
+    import socket
+
+    from agentrl.layout import Role, node_ids, shared_trainer_gpu
+
+    places = transport.allgather_object(world, (socket.gethostname(), device))
+    gpus = [int(where.split(":")[1]) if where.startswith("cuda:") else None for _, where in places]
+    return shared_trainer_gpu([Role.TRAINER] * len(places), node_ids([host for host, _ in places]), gpus)
+
+
 def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     """Train on every rank of `world`; returns (steps done, total steps)."""
     import torch
@@ -131,7 +142,15 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     torch.manual_seed(config.seed + rank)
     device = device_for(world)
-    group = init_trainer_group(world, device)
+    shared = shared_gpu(world, device)
+    if shared is not None and config.parallelism.fsdp:  # the same placements on every rank: all refuse alike
+        from agentrl.layout import refuse_sharding_on_a_shared_gpu
+
+        try:
+            refuse_sharding_on_a_shared_gpu(shared, True, "SFT")
+        except UserError as error:
+            raise RefusedOnEveryRank(str(error)) from None
+    group = init_trainer_group(world, device, shares_gpu=shared is not None)
     resumed_from = checkpoint.step_path(config.run_dir, start) if start else None
 
     from agentrl.sft.trainer import SFTTrainer

@@ -107,15 +107,22 @@ def _check_loadable(path: str) -> None:
         ) from None
 
 
-def init_trainer_group(role_comm, device: str):
-    """torch.distributed among trainer ranks; the rendezvous address travels over MPI."""
+def trainer_backend(device: str, shares_gpu: bool) -> str:
+    """The trainer ranks' torch.distributed backend: NCCL where each has a GPU of its own; gloo on CPU, and where two
+    share a GPU (NCCL refuses them; gloo all-reduces and broadcasts CUDA tensors through host memory)."""
+    return "nccl" if device.startswith("cuda") and not shares_gpu else "gloo"
+
+
+def init_trainer_group(role_comm, device: str, shares_gpu: bool = False):
+    """torch.distributed among trainer ranks; the rendezvous address travels over MPI. `shares_gpu`: some of them
+    are bound to one GPU (`agentrl.layout.shared_trainer_gpu`)."""
     import torch.distributed as dist
 
     size = role_comm.Get_size()
     if size == 1:
         return None
     host, port = transport.rendezvous_address(role_comm)
-    backend = "nccl" if device.startswith("cuda") else "gloo"
+    backend = trainer_backend(device, shares_gpu)
     dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=role_comm.Get_rank(), world_size=size)
     return dist.group.WORLD
 

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from agentrl.config import ConfigError, LoraConfig, WeightsConfig
+from agentrl.config import LoraConfig, WeightsConfig
 from agentrl.weights.base import WeightSync
 from agentrl.weights.choice import resolve_weight_sync
 
@@ -38,12 +38,7 @@ def make_weight_sync(
     from agentrl.layout import weight_group_placements
 
     leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)
-    choice = resolve_weight_sync(weights.transport, colocate, leader, rollouts, rollout_gpus)
-    if lora is not None and choice not in ("mpi", "shm"):
-        raise ConfigError(
-            f"model.lora sends adapters over the CPU transports only, but weights.transport={weights.transport} "
-            f"resolves to {choice} here; set weights.transport=shm or mpi"
-        )
+    choice = resolve_weight_sync(weights.transport, colocate, leader, rollouts, rollout_gpus, lora=lora is not None)
     sync = transport_for(choice, layout, engine, weights.bucket_mb, colocate=colocate, mapped=mapped, in_place=in_place)
     if lora is None:
         return sync

@@ -12,6 +12,7 @@ def resolve_weight_sync(
     leader: tuple[int, int | None],
     rollouts: list[tuple[int, int | None]],
     rollout_gpus: int = 1,
+    lora: bool = False,
 ) -> str:
     """`weights.transport` after `auto`, from where the weight group sits; ConfigError for a choice that cannot work.
 
@@ -20,7 +21,8 @@ def resolve_weight_sync(
     consecutive GPUs from its own (SGLang tensor parallelism). `auto` picks `shm` without CUDA; `nccl`
     when no two members share a GPU (NCCL refuses two members of its group on one device); `cuda_ipc`
     when every rollout rank sits on the leader's own GPU (one writer, the readers on its GPU); else
-    `shm`, through host memory. `colocate` (`layout.colocate`) only words the errors.
+    `shm`, through host memory. `colocate` (`layout.colocate`) only words the errors. With `lora` (`model.lora`
+    set) only adapters travel, over the CPU transports: `auto` picks `shm` and the GPU transports are refused.
     """
     on_gpu = leader[1] is not None and all(gpu is not None for _, gpu in rollouts)
     shared = None  # the first two members on one GPU: (member, member, node, gpu)
@@ -33,6 +35,13 @@ def resolve_weight_sync(
     elsewhere = next((i for i, place in enumerate(rollouts) if tuple(place) != tuple(leader)), None)
     on_leaders_gpu = on_gpu and bool(rollouts) and elsewhere is None and rollout_gpus == 1
     pick = "shm" if not on_gpu else "nccl" if shared is None else "cuda_ipc" if on_leaders_gpu else "shm"
+    if lora:
+        if choice in ("auto", "shm", "mpi"):
+            return "shm" if choice == "auto" else choice
+        raise ConfigError(
+            f"model.lora sends adapters over the CPU transports only, but weights.transport={choice}; set "
+            "weights.transport=auto (picks shm), shm or mpi"
+        )
     if choice == "auto":
         return pick
     if choice in ("nccl", "cuda_ipc") and not on_gpu:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.config import ConfigError, LayoutConfig
-from agentrl.layout import Role, plan
+from agentrl.layout import Role, plan, shared_trainer_gpu
 from agentrl.weights import resolve_weight_sync
 from agentrl.weights.nccl import (
     check_alignment,
@@ -210,7 +210,46 @@ def test_auto_never_puts_two_members_of_an_nccl_group_on_one_gpu():
                     _resolve(rows, "cuda_ipc", colocate, tp)
             assert _resolve(rows, "shm", colocate, tp) == "shm" and _resolve(rows, "mpi", colocate, tp) == "mpi"
             checked[auto] += 1
-    assert min(checked[name] for name in ("nccl", "cuda_ipc", "shm")) > 100, checked
+            # The trainers' own group: trainer ranks come first on their nodes, so they share a GPU exactly where a
+            # node holds more of them than GPUs; NCCL cannot run there, so FSDP is refused and replicas use gloo.
+            trainers_per_node = Counter(row.node for row in rows if row.role is Role.TRAINER)
+            crowded = max(trainers_per_node.values()) > gpus_per_node
+            shared = shared_trainer_gpu([r.role for r in rows], [r.node for r in rows], [r.gpu for r in rows])
+            assert (shared is not None) == crowded, rows
+            if crowded:
+                first, second, node, gpu = shared
+                assert rows[first].gpu == rows[second].gpu == gpu and rows[first].node == rows[second].node == node
+                with pytest.raises(ConfigError, match=r"trainer ranks \d+ and \d+ share node \d+'s cuda:\d+"):
+                    plan(config, world_size, per_node, gpus_per_node, tp, fsdp=True)
+                checked["trainers share a GPU"] += 1
+            elif trainer > 1:
+                plan(config, world_size, per_node, gpus_per_node, tp, fsdp=True)
+    assert min(checked[name] for name in ("nccl", "cuda_ipc", "shm", "trainers share a GPU")) > 100, checked
+
+
+def test_trainer_ranks_sharing_a_gpu_reduce_over_gloo():
+    from agentrl.trainer.model import trainer_backend
+
+    assert trainer_backend("cuda:0", shares_gpu=False) == "nccl"
+    assert trainer_backend("cuda:0", shares_gpu=True) == "gloo"
+    assert trainer_backend("cpu", shares_gpu=False) == "gloo"
+    rows = plan(LayoutConfig(trainer=2, rollout=1, env=0), 3, gpus_per_node=1)
+    assert [row.gpu for row in rows] == [0, 0, 0]
+    assert shared_trainer_gpu([r.role for r in rows], [r.node for r in rows], [r.gpu for r in rows]) == (0, 1, 0, 0)
+    with pytest.raises(ConfigError, match=r"parallelism.fsdp=false \(replicas then reduce over gloo\)"):
+        plan(LayoutConfig(trainer=2, rollout=1, env=0), 3, gpus_per_node=1, fsdp=True)
+    assert plan(LayoutConfig(trainer=2, rollout=1, env=0), 3, gpus_per_node=2, fsdp=True)[1].gpu == 1
+
+
+@pytest.mark.parametrize("leader, rollouts", [((0, 0), [(0, 0), (0, 0)]), ((0, 0), [(0, 1)]), ((0, None), CPU)])
+def test_lora_adapters_travel_over_a_cpu_transport_wherever_the_ranks_sit(leader, rollouts):
+    assert resolve_weight_sync("auto", False, leader, rollouts, lora=True) == "shm"
+    assert resolve_weight_sync("mpi", False, leader, rollouts, lora=True) == "mpi"
+    for choice in ("nccl", "cuda_ipc", "gloo"):
+        with pytest.raises(
+            ConfigError, match=f"weights.transport={choice}; set weights.transport=auto \\(picks shm\\)"
+        ):
+            resolve_weight_sync(choice, False, leader, rollouts, lora=True)
 
 
 @pytest.mark.parametrize(
