@@ -1,19 +1,20 @@
-"""Decode steps of fixed shapes over a slot KV cache, captured as CUDA graphs per batch-size bucket.
+"""Steps of fixed shapes over a slot KV cache, captured as CUDA graphs per bucket: decode steps and prefills.
 
-On a GPU a decode step of a small model is bound by kernel launches, not by the GPU: a
-0.5B model's step is some 400 kernels, each launched from Python. A CUDA graph records
+On a GPU a step of a small model is bound by kernel launches, not by the GPU: a 0.5B
+model's decode step is some 400 kernels, each launched from Python. A CUDA graph records
 the step's kernels once and replays them with one launch. That needs every tensor the
 step reads or writes at a fixed address and of a fixed shape, hence `SlotBatch`: the
-step's input tokens and positions, the KV buffers and the rotary tables stay put, the
-step runs at a bucket of rows (`row_bucket`) and of attended columns (`column_bucket`),
-and each row writes its new key and value at its own position (an indexed write, no
-host sync).
+step's inputs, the KV buffer and the rotary tables stay put, the step runs at a bucket
+of rows (`row_bucket`), of new tokens per row (`token_bucket`, prefills) and of attended
+columns (`column_bucket`), and each row writes its new keys and values at its own
+positions (an indexed write, no host sync).
 
-`static_decode` is the step itself, the lean decoder's computation for one token per
-row (the same ops, so the same logits up to float rounding). `DecodeGraphs` replays a
-captured graph per (rows, columns) bucket, captured on first use; without capture (CPU,
-or `capture=False`) it runs `static_decode` eagerly, which is how the CPU tests check
-the slot logic that the graphs replay.
+`static_step` is the lean decoder's computation over the slots (the same ops, so the same
+logits up to float rounding): `static_decode` feeds one token per running row,
+`static_prefill` feeds joining rows' new tokens straight into their slots, after the
+cache a row kept from its last turn. `DecodeGraphs` replays a captured graph per bucket,
+captured on first use; without capture (CPU, or `capture=False`) the steps run eagerly,
+which is how the CPU tests check the slot logic that the graphs replay.
 """
 
 from __future__ import annotations

@@ -20,6 +20,19 @@ RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK")
 TRANSPORT_COMPARISON = {"layout.rollout": 2, "layout.env": 0, "steps": 3, "weights.bucket_mb": 0.05}
 
 
+def on_cpu_below_gpus(count: int, monkeypatch) -> None:
+    """Run this test's jobs as on CPU where the machine has GPUs, but fewer than `count`: sharded trainers (FSDP over
+    NCCL) need a GPU each, and a test comparing runs needs them all on one kind of device."""
+    import shutil
+
+    if shutil.which("nvidia-smi") is None:
+        return
+    import torch
+
+    if 0 < torch.cuda.device_count() < count:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+
+
 def job_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
 

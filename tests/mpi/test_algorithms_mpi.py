@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.data.tasks import task_seed
 from tests.conftest import ROOT
-from tests.mpi.helpers import assert_ok, mpirun, scalars, small_run, train
+from tests.mpi.helpers import assert_ok, mpirun, on_cpu_below_gpus, scalars, small_run, train
 
 pytestmark = pytest.mark.mpi
 
@@ -31,7 +31,8 @@ def test_dapo_trains_only_groups_with_signal(tmp_path, tiny_model_dir):
     assert all(math.isfinite(v) for v in by_step(logged, "train/loss"))
 
 
-def test_dapo_short_and_empty_shards_under_fsdp(tmp_path, tiny_model_dir):
+def test_dapo_short_and_empty_shards_under_fsdp(tmp_path, tiny_model_dir, monkeypatch):
+    on_cpu_below_gpus(2, monkeypatch)
     # tests.signal_envs: even task seeds give groups without signal. With seed 0 and no extra rounds the kept
     # groups per trainer rank are [0, 0] at step 0 (no optimizer step), [1, 0] at step 1 (one rank trains on
     # nothing), [1, 1] at step 2: the sharded ranks must still agree on every collective.

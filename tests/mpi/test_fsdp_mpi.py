@@ -3,7 +3,7 @@ HF folders that resume exactly, and rollout ranks get the gathered weights bucke
 
 import pytest
 
-from tests.mpi.helpers import assert_ok, scalars, script, small_run, train
+from tests.mpi.helpers import assert_ok, on_cpu_below_gpus, scalars, script, small_run, train
 
 pytestmark = pytest.mark.mpi
 
@@ -26,7 +26,8 @@ def test_bucketed_sync_gathers_one_bucket_at_a_time(tmp_path):
     assert "rollout rank holds the gathered weights" in result.stdout
 
 
-def test_fsdp_train_run_checkpoints_and_resumes(tmp_path, tiny_model_dir):
+def test_fsdp_train_run_checkpoints_and_resumes(tmp_path, tiny_model_dir, monkeypatch):
+    on_cpu_below_gpus(2, monkeypatch)
     from transformers import AutoModelForCausalLM
 
     layout = {"layout.trainer": 2, "layout.rollout": 1, "layout.env": 0, "parallelism.fsdp": "true"}

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from tests.mpi.helpers import assert_ok, scalars, small_run, train
+from tests.mpi.helpers import assert_ok, on_cpu_below_gpus, scalars, small_run, train
 
 pytestmark = pytest.mark.mpi
 pytest.importorskip("peft")
@@ -37,10 +37,11 @@ def test_lora_trains_checkpoints_adapters_and_resumes(tmp_path, tiny_model_dir):
     assert (run / "checkpoints" / "step_000004" / "adapter_model.safetensors").is_file()
 
 
-def test_two_trainer_ranks_replicated_or_sharded_train_the_adapters_of_one_rank(tmp_path, tiny_model_dir):
+def test_two_trainer_ranks_replicated_or_sharded_train_the_adapters_of_one_rank(tmp_path, tiny_model_dir, monkeypatch):
     """Fresh adapters are random: every trainer rank must start from the same ones, or replicas drift apart and
     FSDP shards stitch together different draws. Two ranks, replicated or sharded, train what one rank trains on
     the whole batch; the sharded run then resumes from its adapter checkpoint."""
+    on_cpu_below_gpus(2, monkeypatch)
     from safetensors.torch import load_file
 
     saved = "[norm, embed_tokens]"  # the tied embedding too: one copy, also the head, on every rank and shard

@@ -3,13 +3,14 @@ and the critic's checkpoint resumes identically."""
 
 import pytest
 
-from tests.mpi.helpers import assert_ok, script
+from tests.mpi.helpers import assert_ok, on_cpu_below_gpus, script
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.mark.parametrize("flags", [(), ("fsdp",)], ids=["replicas", "fsdp"])
-def test_ppo_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path, tiny_model_dir, flags):
+def test_ppo_on_two_ranks_equals_one_rank_on_the_whole_batch(tmp_path, tiny_model_dir, flags, monkeypatch):
+    on_cpu_below_gpus(2, monkeypatch)  # a CPU script: nothing in it may pick a GPU up
     result = script(2, "ppo_equivalence.py", str(tiny_model_dir), str(tmp_path), *flags, timeout=180)
     assert_ok(result)
     assert "2 ranks == 1 rank on the whole batch (policy and critic)" in result.stdout

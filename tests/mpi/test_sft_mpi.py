@@ -12,7 +12,17 @@ import torch
 from agentrl.preempt import EXIT_STOPPED
 from agentrl.trainer import checkpoint
 from tests.conftest import ROOT, mpirun_command
-from tests.mpi.helpers import assert_ok, finish, job_env, mpirun, scalars, small_run, train, wait_for
+from tests.mpi.helpers import (
+    assert_ok,
+    finish,
+    job_env,
+    mpirun,
+    on_cpu_below_gpus,
+    scalars,
+    small_run,
+    train,
+    wait_for,
+)
 
 pytestmark = pytest.mark.mpi
 
@@ -160,8 +170,9 @@ def test_rejection_sampling_sft_on_two_ranks_then_rl(tmp_path):
     assert all(torch.equal(expected[name], got[name]) for name in expected), "resume changed the result"
 
 
-def test_fsdp_matches_replicated_ranks(tmp_path):
+def test_fsdp_matches_replicated_ranks(tmp_path, monkeypatch):
     """parallelism.fsdp=true shards the model over the two ranks and trains to the weights the replicas reach."""
+    on_cpu_below_gpus(2, monkeypatch)
     from agentrl.sft.episodes import episodes_to_sft
 
     write_dumps(tmp_path / "episodes")
