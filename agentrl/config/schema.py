@@ -130,10 +130,10 @@ class TorchEngineConfig(Section):
     )
     cuda_graphs: Literal["auto"] | bool = Field(
         "auto",
-        description="Continuous scheduler: decode steps at fixed shapes over a slot KV cache, captured as CUDA "
-        "graphs per batch-size bucket and replayed (one launch per step instead of hundreds), with sampling read "
-        "back one step behind. `auto`: on CUDA for the model families the lean decoder serves (Llama, Qwen2/3, "
-        "Mistral); `true` also on CPU, where the same steps run eagerly (for tests); `false`: never.",
+        description="Continuous scheduler: decode steps and the prefills of joining rows at fixed shapes over a "
+        "slot KV cache, captured as CUDA graphs per bucket and replayed (one launch per step instead of hundreds), "
+        "with sampling read back one step behind. `auto`: on CUDA for the model families the lean decoder serves "
+        "(Llama, Qwen2/3, Mistral); `true` also on CPU, where the same steps run eagerly (for tests); `false`: never.",
     )
 
 
