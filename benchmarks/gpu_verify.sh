@@ -6,6 +6,9 @@
 # skipped where agentrl and its dependencies already import).
 #   OUT=dir [PARTS=setup,gpu_tests,gpu_check,mpi_tests REPEATS=3 SECTIONS=weights,tokens GPU_CHECK_S=300 ...] \
 #     bash benchmarks/gpu_verify.sh
+# On one H200 (16 cores, 2026-11-27): set-up 14 s, the CUDA tests 60 s, gpu_check about 4 minutes with REPEATS=2, the
+# mpirun suite about 5 minutes with 10 workers. Within a 10-minute call, run it as two calls on one warm machine:
+# PARTS=setup,gpu_tests,gpu_check REPEATS=2, then PARTS=setup,mpi_tests.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu-results}
@@ -40,7 +43,7 @@ export PATH="$prefix/bin:$PATH" PYTHONPATH="$PWD"  # PYTHONPATH: agentrl imports
 echo "mpirun: $(command -v mpirun)"
 mpirun -n 2 python3 -c 'from mpi4py import MPI; print("mpi4py sees", MPI.COMM_WORLD.Get_size(), "ranks")'
 if wanted gpu_tests; then
-    part gpu_tests "${GPU_TESTS_S:-180}" python3 -m pytest -q -p no:cacheprovider -rs \
+    part gpu_tests "${GPU_TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -rs \
         tests/unit/test_continuous_engine.py tests/unit/test_weights_gpu.py tests/mpi/test_weight_sync_cuda_ipc.py \
         -k "cuda_graph or cuda_ipc_reaches or ipc_handle or two_readers"
 fi
@@ -51,8 +54,8 @@ fi
 if wanted mpi_tests; then
     # -v: a line per test as it ends, and each failure's report in mpi_failures.log as it happens, so a run cut
     # short by its limit still says which passed and why the others failed.
-    AGENTRL_FAILURE_LOG="$OUT/mpi_failures.log" part mpi_tests "${MPI_TESTS_S:-600}" python3 -m pytest -v \
-        -p no:cacheprovider -n "${MPI_WORKERS:-8}" -rfE --durations=15 tests/mpi
+    AGENTRL_FAILURE_LOG="$OUT/mpi_failures.log" part mpi_tests "${MPI_TESTS_S:-420}" python3 -m pytest -v \
+        -p no:cacheprovider -n "${MPI_WORKERS:-10}" -rfE --durations=15 tests/mpi
     echo "mpi_tests: $(grep -c ' PASSED' "$OUT/mpi_tests.log") passed, $(grep -c ' SKIPPED' "$OUT/mpi_tests.log") skipped," \
         "$(grep -cE ' (FAILED|ERROR)' "$OUT/mpi_tests.log") failed or errors"
 fi
