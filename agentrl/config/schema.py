@@ -663,7 +663,7 @@ class Config(Section):
                 f"layout.env={self.layout.env} hosts envs, but agent: runs agent programs instead of an env; "
                 "set layout.env=0"
             )
-        self._default_async_correction()
+        self._note_async_correction()
         transport = self.weights.transport
         if self.model.lora is not None:
             self._check_lora()
@@ -707,23 +707,28 @@ class Config(Section):
                 "they cannot live in the window the engines view; set weights.shm_in_place=auto or false"
             )
 
-    def _default_async_correction(self) -> None:
-        """Asynchronous rollouts train on episodes of older weights: unless the algorithm's correction was
-        chosen explicitly, correct for it (truncated importance sampling against the rollout's log-probs)."""
+    def _note_async_correction(self) -> None:
+        """Asynchronous rollouts train on episodes of older weights (mu). With `algorithm.correction.mode=none`, the
+        default, every algorithm's clipped ratio is pi / mu, against the rollout's own log-probs: the importance
+        weight of the staleness, clipped, so each update stays near the weights that generated the episodes (PPO
+        with the behaviour policy as the old one). The other modes take the ratio against the trainer's recomputed
+        log-probs and weight it by pi_old / mu (decoupled PPO). With one optimizer update per step that ratio is 1,
+        so nothing bounds an update: on the quickstart at max_staleness=2 a seed collapsed (docs/async.md)."""
         correction = getattr(self.algorithm, "correction", None)
-        if not self.rollout.max_staleness or correction is None or correction.mode != "none":
+        staleness = self.rollout.max_staleness
+        if not staleness or correction is None:
             return
-        if "mode" in correction.model_fields_set:
+        if correction.mode == "none":
             self._notes.append(
-                f"rollout.max_staleness={self.rollout.max_staleness} with algorithm.correction.mode=none: "
-                "episodes of older weights are trained as if on-policy"
+                f"rollout.max_staleness={staleness}: the clipped ratio is taken against the rollout's own log-probs "
+                "(algorithm.correction.mode=none): it weights the older weights' episodes and bounds each update"
             )
-            return
-        correction.mode = "tis"
-        self._notes.append(
-            f"rollout.max_staleness={self.rollout.max_staleness}: algorithm.correction.mode=tis "
-            f"(cap {correction.cap}) corrects for the episodes' older weights; set it to none to turn it off"
-        )
+        elif self.trainer.updates_per_step == 1:
+            self._notes.append(
+                f"rollout.max_staleness={staleness} with algorithm.correction.mode={correction.mode}: the clipped "
+                "ratio is taken against the trainer's recomputed log-probs, which trainer.updates_per_step=1 keeps "
+                "at 1, so no clip bounds an update (docs/async.md); mode none clips against the rollout's own"
+            )
 
     @property
     def notes(self) -> list[str]:

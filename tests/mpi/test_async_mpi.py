@@ -35,7 +35,7 @@ def test_the_staleness_bound_holds_over_a_whole_run(tmp_path, tiny_model_dir):
     )
     result = train(4, overrides, timeout=400)
     assert_ok(result)
-    assert "algorithm.correction.mode=tis" in result.stdout  # the off-policy correction is on by default
+    assert "clipped ratio is taken against the rollout's own log-probs" in result.stdout  # weighted and bounded
     cores, roles = sorted(os.sched_getaffinity(0)), [Role.TRAINER, Role.ROLLOUT, Role.ROLLOUT, Role.ENV]
     if len(cores) >= 2:
         trainer, others = pinned_cores(cores, roles, Role.TRAINER), pinned_cores(cores, roles, Role.ENV)

@@ -112,13 +112,15 @@ def test_a_stop_cancels_the_episodes_in_flight(tiny_model_dir):
 
 
 def test_async_config_checks():
+    # Running ahead, the clipped ratio is taken against the rollout's own log-probs: that weights and bounds.
     config = load_config(QUICKSTART, ["rollout.max_staleness=2"])
-    assert config.algorithm.correction.mode == "tis"  # stale episodes are corrected unless told otherwise
-    assert any("algorithm.correction.mode=tis" in note for note in config.notes)
-    config = load_config(QUICKSTART, ["rollout.max_staleness=2", "algorithm.correction.mode=none"])
     assert config.algorithm.correction.mode == "none"
-    assert any("trained as if on-policy" in note for note in config.notes)
-    assert load_config(QUICKSTART, []).algorithm.correction.mode == "none"
+    assert any("against the rollout's own log-probs" in note for note in config.notes)
+    config = load_config(QUICKSTART, ["rollout.max_staleness=2", "algorithm.correction.mode=tis"])
+    assert any("no clip bounds an update" in note for note in config.notes)
+    tis_more_updates = ["rollout.max_staleness=2", "algorithm.correction.mode=tis", "trainer.updates_per_step=2"]
+    assert not any("max_staleness" in note for note in load_config(QUICKSTART, tis_more_updates).notes)
+    assert not any("max_staleness" in note for note in load_config(QUICKSTART, []).notes)
     with pytest.raises(ConfigError, match=r"layout\.colocate=true makes them take turns"):
         load_config(QUICKSTART, ["rollout.max_staleness=1", "layout.colocate=true"])
     with pytest.raises(ConfigError, match="max_staleness"):
