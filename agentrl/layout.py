@@ -201,12 +201,10 @@ def shared_trainer_gpu(roles: list[Role], nodes: list[int], gpus: list[int | Non
     return None
 
 
-def refuse_sharding_on_a_shared_gpu(shared: tuple[int, int, int, int] | None, fsdp: bool, role: str) -> None:
-    """ConfigError for parallelism.fsdp=true where two ranks of `role` (trainer, SFT) share a GPU."""
-    if shared is None or not fsdp:
-        return
+def sharding_refusal(shared: tuple[int, int, int, int], role: str) -> str:
+    """Why parallelism.fsdp=true cannot run where two ranks of `role` (trainer, SFT) share a GPU, and the fix."""
     first, second, node, gpu = shared
-    raise ConfigError(
+    return (
         f"parallelism.fsdp=true shards over NCCL, but {role} ranks {first} and {second} share node {node}'s "
         f"cuda:{gpu}, and NCCL refuses two ranks on one GPU; set parallelism.fsdp=false (replicas then reduce over "
         f"gloo) or run at most as many {role} ranks per node as it has GPUs"
@@ -268,7 +266,9 @@ def plan(
         nodes = [rank // per_node for rank in range(world_size)]
     colocate = layout.colocate and world_size > 1
     gpus = bind_gpus(roles, nodes, gpus_per_node, colocate, rollout_gpus)
-    refuse_sharding_on_a_shared_gpu(shared_trainer_gpu(roles, nodes, gpus), fsdp, "trainer")
+    shared = shared_trainer_gpu(roles, nodes, gpus)
+    if fsdp and shared is not None:
+        raise ConfigError(sharding_refusal(shared, "trainer"))
     if world_size > 1:
         from agentrl.weights.choice import resolve_weight_sync
 

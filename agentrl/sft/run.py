@@ -144,12 +144,9 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     device = device_for(world)
     shared = shared_gpu(world, device)
     if shared is not None and config.parallelism.fsdp:  # the same placements on every rank: all refuse alike
-        from agentrl.layout import refuse_sharding_on_a_shared_gpu
+        from agentrl.layout import sharding_refusal
 
-        try:
-            refuse_sharding_on_a_shared_gpu(shared, True, "SFT")
-        except UserError as error:
-            raise RefusedOnEveryRank(str(error)) from None
+        raise RefusedOnEveryRank(sharding_refusal(shared, "SFT"))
     group = init_trainer_group(world, device, shares_gpu=shared is not None)
     resumed_from = checkpoint.step_path(config.run_dir, start) if start else None
 
