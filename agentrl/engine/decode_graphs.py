@@ -159,9 +159,10 @@ class DecodeGraphs:
         first, added = len(batch.rows), len(new)
         past = [0 if kv is None else kv.shape[3] for kv in stored]
         tokens = token_bucket(max(map(len, new)))
-        batch.reserve(min(first + row_bucket(added), batch.max_rows), max(p + tokens for p in past) + 1)
+        reach = max(past) + tokens  # the columns the widest row's prefill writes, padding included
+        batch.reserve(min(first + row_bucket(added), batch.max_rows), reach + 1)
         rows = min(row_bucket(added), batch.slots - first)  # padding rows prefill free slots
-        width = min(column_bucket(max(p + tokens for p in past)), batch.columns)
+        width = min(column_bucket(reach), batch.columns)
         for slot, kv in enumerate(stored, start=first):
             if kv is not None:
                 batch.restore(slot, kv)
