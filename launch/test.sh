@@ -6,4 +6,4 @@ bash launch/setup.sh
 . .venv/bin/activate
 export OMP_NUM_THREADS=1
 python -m compileall -q agentrl envs tests >/dev/null  # each mpirun rank then reads bytecode, not source
-python -m pytest -q --durations=30 "$@" tests
+python -m pytest -q -n "${AGENTRL_TEST_WORKERS:-2}" --dist loadgroup --durations=30 "$@" tests

@@ -44,6 +44,18 @@ def _mpirun_version(mpirun: str) -> str:
         return ""
 
 
+def pytest_configure(config):
+    from agentrl import startup
+
+    startup.defer_collection()  # as every rank does: the suite imports torch, transformers and every test module
+
+
+def pytest_collection_finish(session):
+    from agentrl import startup
+
+    startup.settle()  # the collected tests and what they imported are set aside from later collections
+
+
 def pytest_runtest_logreport(report):
     """With $AGENTRL_FAILURE_LOG set, each failure's report is appended to that file as it happens, so a run cut
     short by a time limit (benchmarks/gpu_verify.sh) still says why its tests failed. Written by the process that
@@ -55,3 +67,34 @@ def pytest_runtest_logreport(report):
         log.write(f"==== {report.nodeid} ({report.when}) ====\n{report.longreprtext}\n")
         for title, text in report.sections:
             log.write(f"---- {title} ----\n{text[-6000:]}\n")
+
+
+# launch/test.sh runs the suite on two xdist workers. Tests that share a machine-wide test bed run on one of them:
+# the SLURM daemons, and the network-namespace nodes, whose bridge and namespace names are fixed. So do the tests of
+# a module whose module-scoped fixture runs jobs (each worker would run it again), and those compared with the
+# session's MPI reference run.
+SERIAL_FOLDERS = {"slurm": "clusters", "multinode": "clusters"}
+
+
+def _serial_group(item) -> str | None:
+    folder = Path(item.fspath).relative_to(ROOT / "tests").parts[0]
+    if folder in SERIAL_FOLDERS:
+        return SERIAL_FOLDERS[folder]
+    fixtures = getattr(item, "_fixtureinfo", None)
+    definitions = fixtures.name2fixturedefs if fixtures is not None else {}
+    if "mpi_sync_reference" in definitions:
+        return "mpi_sync_reference"
+    if any(defs and defs[-1].scope == "module" for defs in definitions.values()):
+        return item.module.__name__
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _serial_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
+    # The test beds first: their minutes of mostly waiting then overlap the mpirun tests on the other worker,
+    # instead of running alone at the end.
+    items.sort(key=lambda item: Path(item.fspath).relative_to(ROOT / "tests").parts[0] not in SERIAL_FOLDERS)

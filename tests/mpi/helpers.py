@@ -12,6 +12,7 @@ from pathlib import Path
 from tests.conftest import ROOT, mpirun_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
+RUN_SCRIPT = Path(__file__).parent / "run_script.py"  # starts a script as the agentrl command starts a rank
 
 
 QUICKSTART = str(ROOT / "launch" / "configs" / "quickstart.yaml")
@@ -125,7 +126,7 @@ def ranks_with(argument: str) -> dict[int, int]:
 
 
 def script(n: int, name: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return mpirun(n, [str(SCRIPTS / name), *args], timeout)
+    return mpirun(n, [str(RUN_SCRIPT), str(SCRIPTS / name), *args], timeout)
 
 
 def scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

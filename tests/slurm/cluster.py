@@ -8,6 +8,7 @@ uses free loopback ports, so it neither needs nor touches a system-wide SLURM or
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -78,6 +79,9 @@ class Cluster:
             "KillWait=10",
             "SchedulerParameters=sched_interval=5",  # a requeued job starts soon after its hold ends
             "MinJobAge=600",
+            # Job ids unlike any earlier test cluster's: MPICH names its shared-memory segments after the job, and a
+            # job killed with SIGKILL leaves its segments behind for a later job of the same id to trip over.
+            f"FirstJobId={random.randrange(1000, 1_000_000)}",
             f"NodeName={self.node} NodeAddr=127.0.0.1 CPUs={self.cpus} State=UNKNOWN",
             f"PartitionName=test Nodes={self.node} Default=YES MaxTime=INFINITE State=UP",
         ]

@@ -13,7 +13,8 @@ there, in lockstep: only once every rollout rank has looked at the last version.
 Then stop reaches every rank and leaves the weights alone (mapped: copied out of the window).
 
 Usage: weight_sync_shm.py MODEL_DIR [LAYOUT] [MAPPED]
-  LAYOUT: "1,3,0" (default) or "1,2,1" (trainer,rollout,env); MAPPED: auto (default), on, off, inplace
+  LAYOUT: "1,3,0" (default) or "1,2,1" (trainer,rollout,env); MAPPED: auto (default), on, off, inplace, or
+  several of them separated by commas: each in turn in the one job, its lines starting "[MAPPED] ".
 """
 
 import os
@@ -61,11 +62,20 @@ def in_window(model, sync) -> bool:
 def main():
     os.environ.setdefault("AGENTRL_RANKS_PER_NODE", "2")
     trainer, rollout, env = (int(n) for n in (sys.argv[2] if len(sys.argv) > 2 else "1,3,0").split(","))
-    choice = sys.argv[3] if len(sys.argv) > 3 else "auto"
+    layout = Layout(LayoutConfig(trainer=trainer, rollout=rollout, env=env), gpus_per_node=0)
+    choices = (sys.argv[3] if len(sys.argv) > 3 else "auto").split(",")
+    for choice in choices:
+        prefix = f"[{choice}] " if len(choices) > 1 else ""
+        sync_three_versions(layout, sys.argv[1], choice, prefix)
+
+
+def sync_three_versions(layout: Layout, model_dir: str, choice: str, prefix: str) -> None:
+    def say(line: str) -> None:
+        print(prefix + line, flush=True)
+
     mapped = {"on": True, "off": False, "auto": "auto", "inplace": True}[choice]
     lockstep = choice == "inplace"
-    layout = Layout(LayoutConfig(trainer=trainer, rollout=rollout, env=env), gpus_per_node=0)
-    model = load_causal_lm(sys.argv[1])
+    model = load_causal_lm(model_dir)
     versions = (1, 2, 3)  # three: with two slots per node, version 3 rewrites version 1's slot
     held = []
     if layout.role is Role.ENV:
@@ -89,8 +99,8 @@ def main():
         sync.stop()
         assert sync.window is None and torch.equal(flat(model), held[-1]), "stop: the trainer keeps its weights"
         node, leads = layout.node, sync.leaders_comm.Get_size()
-        print(f"trainer on node {node}: {leads} node leaders get the broadcast; mapped: {sync.mapped}", flush=True)
-        print(f"trainer trains in the window: {sync.in_place}", flush=True)
+        say(f"trainer on node {node}: {leads} node leaders get the broadcast; mapped: {sync.mapped}")
+        say(f"trainer trains in the window: {sync.in_place}")
     elif layout.role is Role.ROLLOUT:
         lagging = layout.rank in (1, 3)  # the window readers of both nodes (ranks 0 and 2 fill the windows)
         engine = (SlowFirstBucket if lagging else TorchEngine)(model, pad_token_id=0)
@@ -108,12 +118,12 @@ def main():
         assert not engine.weights_mapped, "stop must copy the weights out of the window it frees"
         part = "node leader (broadcast into the window)" if sync.is_node_leader else "window reader"
         how = "views the window" if sync.mapped else "copies from the window"
-        print(f"rank {layout.rank} on node {layout.node} is a {part}; it {how}", flush=True)
+        say(f"rank {layout.rank} on node {layout.node} is a {part}; it {how}")
     expected = transport.bcast_object(layout.world, held if layout.is_trainer_leader else None, root=0)
     if layout.role is Role.ROLLOUT:
         for version, mine, theirs in zip(versions, held, expected, strict=True):
             assert torch.equal(mine, theirs), f"rank {layout.rank} holds other weights than the trainer's {version}"
-        print(f"rank {layout.rank} holds versions 1, 2 and 3 bit for bit", flush=True)
+        say(f"rank {layout.rank} holds versions 1, 2 and 3 bit for bit")
 
 
 if __name__ == "__main__":
