@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl import startup
+
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
@@ -45,14 +47,10 @@ def _mpirun_version(mpirun: str) -> str:
 
 
 def pytest_configure(config):
-    from agentrl import startup
-
     startup.defer_collection()  # as every rank does: the suite imports torch, transformers and every test module
 
 
 def pytest_collection_finish(session):
-    from agentrl import startup
-
     startup.settle()  # the collected tests and what they imported are set aside from later collections
 
 
@@ -76,10 +74,14 @@ def pytest_runtest_logreport(report):
 SERIAL_FOLDERS = {"slurm": "clusters", "multinode": "clusters"}
 
 
+def _test_folder(item) -> str:
+    return item.path.relative_to(ROOT / "tests").parts[0]
+
+
 def _serial_group(item) -> str | None:
-    folder = Path(item.fspath).relative_to(ROOT / "tests").parts[0]
-    if folder in SERIAL_FOLDERS:
-        return SERIAL_FOLDERS[folder]
+    test_bed = SERIAL_FOLDERS.get(_test_folder(item))
+    if test_bed is not None:
+        return test_bed
     fixtures = getattr(item, "_fixtureinfo", None)
     definitions = fixtures.name2fixturedefs if fixtures is not None else {}
     if "mpi_sync_reference" in definitions:
@@ -97,4 +99,4 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group(group))
     # The test beds first: their minutes of mostly waiting then overlap the mpirun tests on the other worker,
     # instead of running alone at the end.
-    items.sort(key=lambda item: Path(item.fspath).relative_to(ROOT / "tests").parts[0] not in SERIAL_FOLDERS)
+    items.sort(key=lambda item: _test_folder(item) not in SERIAL_FOLDERS)

@@ -276,10 +276,10 @@ def test_abort_all_finishes_pending_requests(engine, prompts):
 
 
 def has_sampled(engine) -> bool:
-    """The batch runs on the engine's worker thread and has sampled a token. The batch engine counts its tokens
-    when the batch ends, so there the batch having started is all that can be seen; the continuous engine counts
-    a batch at its prefill, before any token."""
-    if "steps" in engine.stats:
+    """The batch runs on the engine's worker thread and has sampled a token. The continuous engine counts a batch at
+    its prefill, before any token; the batch engine counts its tokens when the batch ends, so there the batch having
+    started is all that can be seen."""
+    if isinstance(engine, ContinuousTorchEngine):
         return engine.stats["generated_tokens"] > 0
     return engine.stats["batches"] > 0
 
