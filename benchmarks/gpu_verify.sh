@@ -53,8 +53,9 @@ if wanted gpu_check; then
 fi
 if wanted mpi_tests; then
     # -v: a line per test as it ends, and each failure's report in mpi_failures.log as it happens, so a run cut
-    # short by its limit still says which passed and why the others failed.
-    AGENTRL_FAILURE_LOG="$OUT/mpi_failures.log" part mpi_tests "${MPI_TESTS_S:-420}" python3 -m pytest -v \
+    # short by its limit still says which passed and why the others failed. Every rank starts cold, as a user's
+    # does (no forks of a preloaded parent: tests/mpi/forkserver.py), so CUDA is first touched in the rank itself.
+    AGENTRL_TEST_FORKSERVER=0 AGENTRL_FAILURE_LOG="$OUT/mpi_failures.log" part mpi_tests "${MPI_TESTS_S:-420}" python3 -m pytest -v \
         -p no:cacheprovider -n "${MPI_WORKERS:-10}" -rfE --durations=15 tests/mpi
     echo "mpi_tests: $(grep -c ' PASSED' "$OUT/mpi_tests.log") passed, $(grep -c ' SKIPPED' "$OUT/mpi_tests.log") skipped," \
         "$(grep -cE ' (FAILED|ERROR)' "$OUT/mpi_tests.log") failed or errors"

@@ -13,6 +13,8 @@ from tests.conftest import ROOT, mpirun_command
 
 SCRIPTS = Path(__file__).parent / "scripts"
 RUN_SCRIPT = Path(__file__).parent / "run_script.py"  # starts a script as the agentrl command starts a rank
+FORKED_RANK = Path(__file__).parent / "forked_rank.py"  # a rank forked from the preloaded test parent
+FORKSERVER_VARIABLE = "AGENTRL_TEST_FORKSERVER"  # its socket (tests/mpi/conftest.py); "0": every rank starts cold
 
 
 QUICKSTART = str(ROOT / "launch" / "configs" / "quickstart.yaml")
@@ -38,9 +40,17 @@ def job_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
 
 
+def rank_command() -> list[str]:
+    """How mpirun starts each rank of `mpirun()`'s jobs: forked from the preloaded parent where one runs
+    (tests/mpi/forkserver.py), else a fresh interpreter."""
+    if os.environ.get(FORKSERVER_VARIABLE, "0") != "0":
+        return [sys.executable, "-S", str(FORKED_RANK)]
+    return [sys.executable]
+
+
 def mpirun(n: int, args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = job_env()
-    command = [*mpirun_command(n), sys.executable, *args]
+    command = [*mpirun_command(n), *rank_command(), *args]
     try:
         return subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as error:
@@ -55,7 +65,7 @@ def train(n: int, overrides: list[str], timeout: float = 240) -> subprocess.Comp
 
 def start_training(n: int, overrides: list[str]) -> subprocess.Popen:
     """`mpirun -n N agentrl train` in the background, leading its own process group (a terminal's Ctrl-C target)."""
-    command = [*mpirun_command(n), sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides]
+    command = [*mpirun_command(n), *rank_command(), "-m", "agentrl.cli", "train", QUICKSTART, *overrides]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     return subprocess.Popen(command, cwd=ROOT, env=job_env(), start_new_session=True, **pipes)
 
@@ -101,8 +111,25 @@ def processes_with(argument: str) -> dict[int, dict[str, str]]:
         except OSError:
             continue
         if argument.encode() in cmdline and state != "Z":
-            found[int(entry.name)] = dict(item.decode(errors="replace").partition("=")[::2] for item in environ)
+            pid = fork_of(int(entry.name)) if cmdline[1:3] == [b"-S", bytes(FORKED_RANK)] else int(entry.name)
+            found[pid] = dict(item.decode(errors="replace").partition("=")[::2] for item in environ)
     return found
+
+
+def fork_of(client: int) -> int:
+    """The pid of the rank that a forked_rank.py client started in the fork server (tests/mpi/forkserver.py):
+    the process a test means when it signals the rank. Waits a little for a fork still starting; a client that
+    ended meanwhile (or never reached the server) is its own answer."""
+    record = Path(f"{os.environ.get(FORKSERVER_VARIABLE, '')}.forks") / str(client)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            return int(record.read_text())
+        except (OSError, ValueError):
+            if not Path(f"/proc/{client}").exists():
+                break
+            time.sleep(0.01)
+    return client
 
 
 def job_pids(run_dir: Path) -> list[int]:

@@ -129,12 +129,11 @@ def test_bad_eval_input_is_one_message(tmp_path, tiny_model_dir, extra, message)
 
 def test_in_one_process_eval_leaves_training_bit_identical_and_agentrl_eval_agrees(tmp_path, tiny_model_dir):
     import subprocess
-    import sys
 
-    from tests.mpi.helpers import job_env
+    from tests.mpi.helpers import job_env, rank_command
 
     def alone(args: list[str]) -> subprocess.CompletedProcess:
-        command = [sys.executable, "-m", "agentrl.cli", *args]
+        command = [*rank_command(), "-m", "agentrl.cli", *args]
         return subprocess.run(command, cwd=ROOT, env=job_env(), capture_output=True, text=True, timeout=300)
 
     quickstart = str(ROOT / "launch/configs/quickstart.yaml")

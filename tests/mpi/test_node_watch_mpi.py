@@ -5,14 +5,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 from tests.conftest import ROOT, mpirun_command
-from tests.mpi.helpers import finish, job_env, ranks_with
+from tests.mpi.helpers import finish, job_env, rank_command, ranks_with
 from tests.unit.serve_server import build_serve_model, free_port
 
 pytestmark = pytest.mark.mpi
@@ -22,7 +21,7 @@ TIMEOUT_S = 2.0
 
 def start(args: list[str]) -> subprocess.Popen:
     env = {**job_env(), "AGENTRL_RANKS_PER_NODE": "1"}  # each rank its own node, so rank 1 leads node 1
-    command = [*mpirun_command(2), sys.executable, "-m", "agentrl.cli", *args]
+    command = [*mpirun_command(2), *rank_command(), "-m", "agentrl.cli", *args]
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
     return subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, **pipes)
 

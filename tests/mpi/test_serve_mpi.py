@@ -6,14 +6,13 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
 import pytest
 
 from tests.conftest import ROOT, mpirun_command
-from tests.mpi.helpers import finish, job_env
+from tests.mpi.helpers import finish, job_env, rank_command
 from tests.unit.serve_server import build_serve_model, free_port
 
 pytestmark = pytest.mark.mpi
@@ -23,7 +22,7 @@ openai = pytest.importorskip("openai")
 def test_two_ranks_serve_concurrent_calls_and_stop_on_sigterm(tmp_path):
     model = build_serve_model(tmp_path / "tiny")
     port = free_port()
-    command = [*mpirun_command(2), sys.executable, "-m", "agentrl.cli", "serve", str(model), "--port", str(port)]
+    command = [*mpirun_command(2), *rank_command(), "-m", "agentrl.cli", "serve", str(model), "--port", str(port)]
     job = subprocess.Popen(
         [*command, "--model-name", "tiny", "max_batch_size=16"],
         cwd=ROOT,

@@ -18,6 +18,7 @@ from tests.mpi.helpers import (
     job_env,
     mpirun,
     on_cpu_below_gpus,
+    rank_command,
     scalars,
     small_run,
     train,
@@ -147,7 +148,7 @@ def test_rejection_sampling_sft_on_two_ranks_then_rl(tmp_path):
 
     # The same run, stopped by a signal at its first step boundary and resumed: the same steps, the same weights.
     resumed = tmp_path / "resumed"
-    command = [*mpirun_command(2), sys.executable, *sft_args(tmp_path, resumed)]
+    command = [*mpirun_command(2), *rank_command(), *sft_args(tmp_path, resumed)]
     process = subprocess.Popen(
         command,
         cwd=ROOT,
