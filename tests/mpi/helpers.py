@@ -48,6 +48,19 @@ def rank_command() -> list[str]:
     return [sys.executable]
 
 
+def agentrl_on_path(folder: Path) -> str:
+    """A PATH whose `agentrl` starts as `rank_command()` does: for jobs that a launch script starts by name
+    (`launch/mpirun.sh` runs `mpirun -n N agentrl train`)."""
+    venv_bin = str(Path(sys.executable).parent)
+    if rank_command() == [sys.executable]:
+        return f"{venv_bin}{os.pathsep}{os.environ['PATH']}"
+    folder.mkdir(parents=True, exist_ok=True)
+    shim = folder / "agentrl"
+    shim.write_text(f'#!/bin/sh\nexec {" ".join(rank_command())} -m agentrl.cli "$@"\n')
+    shim.chmod(0o755)
+    return f"{folder}{os.pathsep}{venv_bin}{os.pathsep}{os.environ['PATH']}"
+
+
 def mpirun(n: int, args: list[str], timeout: float, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     env = job_env()
     command = [*mpirun_command(n), *rank_command(), *args]

@@ -10,7 +10,6 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -20,7 +19,7 @@ import torch
 from agentrl.trainer import checkpoint
 from agentrl.trainer.model import load_causal_lm
 from tests.conftest import ROOT, mpirun_command
-from tests.mpi.helpers import QUICKSTART, job_env, job_pids, rank_pids, scalars, small_run
+from tests.mpi.helpers import QUICKSTART, agentrl_on_path, job_env, job_pids, rank_pids, scalars, small_run
 
 pytestmark = [pytest.mark.mpi, pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -43,7 +42,7 @@ class Chaos:
         )
         env = {
             **job_env(),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",  # `agentrl` of this venv
+            "PATH": agentrl_on_path(tmp_path / "bin"),  # `agentrl` of this venv
             "MPIRUN": mpirun_command(RANKS)[0],
             "AGENTRL_RESTART_BACKOFF_S": "0.5",
         }
