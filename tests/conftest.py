@@ -18,6 +18,36 @@ GUESS_TEXTS = [
 
 
 @pytest.fixture(scope="session")
+def forkserver(tmp_path_factory):
+    """One preloaded parent per pytest worker for the ranks of `helpers.mpirun`'s jobs (tests/mpi/forkserver.py).
+    Until its socket appears, and where it is off (AGENTRL_TEST_FORKSERVER=0), ranks start cold."""
+    import subprocess
+
+    from tests.mpi.helpers import FORKSERVER_VARIABLE, job_env
+
+    if os.environ.get(FORKSERVER_VARIABLE) == "0":
+        yield None
+        return
+    folder = tmp_path_factory.mktemp("forkserver")
+    log = folder / "log"
+    with open(log, "w") as output:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "tests.mpi.forkserver", str(folder / "socket")],
+            cwd=ROOT,
+            env=job_env(),
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    os.environ[FORKSERVER_VARIABLE] = str(folder / "socket")
+    yield server
+    del os.environ[FORKSERVER_VARIABLE]
+    crashed = server.poll()
+    server.terminate()
+    server.wait(timeout=30)
+    assert crashed is None, f"the test fork server ended early (exit {crashed}):\n{log.read_text()[-4000:]}"
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 model and tokenizer, built once per session and loaded with from_pretrained."""
     from agentrl.models.tiny import build_tiny_model

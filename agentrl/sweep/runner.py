@@ -27,17 +27,17 @@ def _stop_when_parent_dies() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def launch_command(ranks: int) -> list[str]:
-    """`agentrl train` alone, or under the venv's mpirun for several ranks."""
-    agentrl = shutil.which("agentrl", path=str(Path(sys.executable).parent)) or "agentrl"
+def launch_command(ranks: int, agentrl_command: list[str] | None = None) -> list[str]:
+    """`agentrl train` alone, or under the venv's mpirun for several ranks; `agentrl_command` replaces `agentrl`."""
+    agentrl = agentrl_command or [shutil.which("agentrl", path=str(Path(sys.executable).parent)) or "agentrl"]
     if ranks == 1:
-        return [agentrl, "train"]
+        return [*agentrl, "train"]
     mpirun = shutil.which("mpirun", path=str(Path(sys.executable).parent)) or shutil.which("mpirun")
     if mpirun is None:
         from agentrl.errors import UserError
 
         raise UserError(f"ranks: {ranks} runs each trial under mpirun, which is not found; pip install mpich")
-    return [mpirun, "-n", str(ranks), agentrl, "train"]
+    return [mpirun, "-n", str(ranks), *agentrl, "train"]
 
 
 class TrialRun:
@@ -63,7 +63,8 @@ class TrialRun:
 
     def command(self) -> list[str]:
         threads = max(1, len(self.cores) // self.ranks) if self.cores else 0
-        command = [*launch_command(self.ranks), str(self.sweep.config_path(self.claim.number))]
+        launch = launch_command(self.ranks, self.sweep.spec.agentrl_command)
+        command = [*launch, str(self.sweep.config_path(self.claim.number))]
         command += [f"runtime.torch_threads={threads}", "logging.progress=false"]
         return command + (["resume=true"] if self.claim.resume else [])
 

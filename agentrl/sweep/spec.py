@@ -172,6 +172,12 @@ class SweepSpec(Section):
     )
     concurrency: int = Field(1, ge=1, description="Trials running at once (local), or the array's %K (SLURM).")
     ranks: int = Field(1, ge=1, description="Ranks per trial: 1 runs `agentrl train` alone, N: `mpirun -n N`.")
+    agentrl_command: list[str] | None = Field(
+        None,
+        min_length=1,
+        description="The command that starts `agentrl` for each trial (each of its ranks under mpirun), e.g. "
+        "[apptainer, exec, image.sif, agentrl] to train in a container; None: this environment's `agentrl`.",
+    )
     cores: int | None = Field(
         None, ge=1, description="Local: cores split between the running trials; None: the cores this process may use."
     )

@@ -18,7 +18,13 @@ pytest.importorskip("optuna")
 pytest.importorskip("matplotlib")
 
 from tests.conftest import ROOT
-from tests.mpi.helpers import scalars
+from tests.mpi.helpers import rank_command, scalars
+
+
+@pytest.fixture(autouse=True)
+def _trials_forked_from_a_preloaded_parent(forkserver):
+    """The trials' `agentrl train` starts as the mpirun tests' ranks do (`rank_command`)."""
+
 
 AGENTRL = str(Path(sys.executable).parent / "agentrl")
 
@@ -40,6 +46,8 @@ def write_spec(tmp_path: Path, model_dir: Path, **changes) -> Path:
         "trials": 4,
         "concurrency": 2,
     }
+    if rank_command() != [sys.executable]:  # each trial a fork of the preloaded parent (tests/mpi/forkserver.py)
+        data["agentrl_command"] = [*rank_command(), "-m", "agentrl.cli"]
     data.update(changes)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(data))

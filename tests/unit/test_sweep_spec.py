@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import yaml
@@ -198,3 +199,16 @@ def test_bases_errors_name_the_field(tmp_path):
     assert "bases.a" in message and "group_sise" in message
     assert "through bases:" in refused(tmp_path, space={"base": {"choice": ["a"]}})
     assert "seeds: [...]" in refused(tmp_path, base=None, bases={"a": {"config": BASE, "overrides": {"seed": 1}}})
+
+
+def test_agentrl_command_starts_each_trial_alone_or_each_rank_under_mpirun(tmp_path):
+    from agentrl.sweep.runner import launch_command
+
+    container = ["apptainer", "exec", "image.sif", "agentrl"]
+    spec = parse_spec(spec_data(tmp_path, agentrl_command=container), "test.yaml")
+    assert launch_command(1, spec.agentrl_command) == [*container, "train"]
+    mpirun, flag, ranks, *rest = launch_command(4, spec.agentrl_command)
+    assert Path(mpirun).name == "mpirun" and (flag, ranks) == ("-n", "4") and rest == [*container, "train"]
+    default = launch_command(1, parse_spec(spec_data(tmp_path), "test.yaml").agentrl_command)
+    assert Path(default[0]).name == "agentrl" and default[1:] == ["train"]
+    assert "agentrl_command" in refused(tmp_path, agentrl_command=[])
