@@ -51,7 +51,7 @@ def receive_exactly(connection: socket.socket, size: int) -> bytes:
 def main() -> None:
     args = sys.argv[1:]
     path = os.environ.get("AGENTRL_TEST_FORKSERVER", "")
-    if not path or not (args[0] == "-m" or not args[0].startswith("-")):
+    if not path or not args or not (args[0] == "-m" or not args[0].startswith("-")):
         start_cold(args)
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:

@@ -115,6 +115,7 @@ class ForkServer:
     def start_one(self) -> dict | None:
         connection, _ = self.listener.accept()
         connection.settimeout(30)
+        descriptors: list[int] = []
         try:
             header, descriptors, _, _ = socket.recv_fds(connection, 8, 8)
             if len(header) < 8:
@@ -123,6 +124,8 @@ class ForkServer:
             request = json.loads(receive_exactly(connection, size))
         except (OSError, ValueError) as error:
             print(f"forkserver: a bad request ({error})", file=sys.stderr, flush=True)
+            for descriptor in descriptors:
+                os.close(descriptor)
             connection.close()
             return None
         client_pid = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))[0]
@@ -146,6 +149,8 @@ class ForkServer:
         return None
 
     def client_readable(self, connection: socket.socket) -> None:
+        if connection.fileno() < 0:
+            return  # its rank was reaped earlier in this round of events
         try:
             if connection.recv(64):
                 return  # clients send nothing after their request
