@@ -43,7 +43,7 @@ def receive_exactly(connection: socket.socket, size: int) -> bytes:
     while len(data) < size:
         chunk = connection.recv(size - len(data))
         if not chunk:
-            raise ConnectionError("the test fork server closed the connection")
+            raise ConnectionError("the other end closed the connection")
         data += chunk
     return data
 

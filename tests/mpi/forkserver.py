@@ -33,6 +33,8 @@ import threading
 import traceback
 from pathlib import Path
 
+from tests.mpi.forked_rank import receive_exactly
+
 PR_SET_PDEATHSIG = 1
 HIGH_DESCRIPTORS = 512  # received descriptors wait here while the fork lays out 0, 1, 2 and PMI_FD
 NOT_PRELOADED = ("agentrl.cli", "agentrl.__main__")  # run as __main__ by `-m`, so they must be imported fresh
@@ -62,16 +64,6 @@ def preload() -> None:
     if threading.active_count() != 1:
         raise RuntimeError(f"preloading started threads ({threading.enumerate()}); forks would copy them half-alive")
     startup.settle()
-
-
-def receive_exactly(connection: socket.socket, size: int) -> bytes:
-    data = b""
-    while len(data) < size:
-        chunk = connection.recv(size - len(data))
-        if not chunk:
-            raise ConnectionError("the client went away while sending its request")
-        data += chunk
-    return data
 
 
 class ForkServer:
