@@ -19,7 +19,7 @@ GUESS_TEXTS = [
 
 @pytest.fixture(scope="session")
 def forkserver(tmp_path_factory):
-    """One preloaded parent per pytest worker for the ranks of `helpers.mpirun`'s jobs (tests/mpi/forkserver.py).
+    """One preloaded parent per pytest worker for the ranks of `helpers.rank_command()` (tests/mpi/forkserver.py).
     Until its socket appears, and where it is off (AGENTRL_TEST_FORKSERVER=0), ranks start cold."""
     import subprocess
 

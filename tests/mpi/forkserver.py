@@ -11,7 +11,8 @@ SOCKET.forks/CLIENT_PID holds the pid of the client's fork while it runs, for te
 by its command line (tests/mpi/helpers.processes_with). The forks die with this process; this process dies with
 the pytest worker that started it.
 
-`AGENTRL_TEST_FORKSERVER=0 bash launch/test.sh` starts every rank cold instead (tests/mpi/conftest.py).
+`AGENTRL_TEST_FORKSERVER=0 bash launch/test.sh` starts every rank cold instead (the `forkserver` fixture in
+tests/conftest.py).
 """
 
 from __future__ import annotations

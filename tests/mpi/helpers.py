@@ -14,7 +14,7 @@ from tests.conftest import ROOT, mpirun_command
 SCRIPTS = Path(__file__).parent / "scripts"
 RUN_SCRIPT = Path(__file__).parent / "run_script.py"  # starts a script as the agentrl command starts a rank
 FORKED_RANK = Path(__file__).parent / "forked_rank.py"  # a rank forked from the preloaded test parent
-FORKSERVER_VARIABLE = "AGENTRL_TEST_FORKSERVER"  # its socket (tests/mpi/conftest.py); "0": every rank starts cold
+FORKSERVER_VARIABLE = "AGENTRL_TEST_FORKSERVER"  # its socket (tests/conftest.py); "0": every rank starts cold
 
 
 QUICKSTART = str(ROOT / "launch" / "configs" / "quickstart.yaml")
