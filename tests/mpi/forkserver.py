@@ -32,6 +32,7 @@ import struct
 import sys
 import threading
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 
 from tests.mpi.forked_rank import receive_exactly
@@ -67,6 +68,12 @@ def preload() -> None:
     startup.settle()
 
 
+@dataclass
+class Fork:
+    connection: socket.socket | None  # to its client, until either ends
+    record: Path  # SOCKET.forks/CLIENT_PID, holding the fork's pid
+
+
 class ForkServer:
     def __init__(self, path: str):
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -84,8 +91,7 @@ class ForkServer:
         self.selector = selectors.DefaultSelector()
         self.selector.register(self.listener, selectors.EVENT_READ)
         self.selector.register(self.wake_read, selectors.EVENT_READ)
-        self.clients: dict[int, socket.socket | None] = {}  # fork pid -> its client's connection
-        self.client_pids: dict[int, int] = {}  # fork pid -> its client's pid
+        self.forks: dict[int, Fork] = {}  # by the fork's pid, until it is reaped
 
     def serve(self) -> dict:
         """Serve until this process is a fork; return the request the fork is to run."""
@@ -101,7 +107,7 @@ class ForkServer:
                     self.client_readable(key.fileobj)
 
     def stop(self) -> None:
-        for pid in self.clients:
+        for pid in self.forks:
             _kill(pid)
         sys.exit(0)
 
@@ -130,14 +136,14 @@ class ForkServer:
             return request
         for descriptor in descriptors:
             os.close(descriptor)
-        (self.forks_folder / str(client_pid)).write_text(str(pid))
-        self.client_pids[pid] = client_pid
+        fork = Fork(connection, self.forks_folder / str(client_pid))
+        fork.record.write_text(str(pid))
+        self.forks[pid] = fork
         try:
             connection.sendall(struct.pack("!i", pid))
         except OSError:
             _kill(pid)
         connection.setblocking(False)
-        self.clients[pid] = connection
         self.selector.register(connection, selectors.EVENT_READ, pid)
         return None
 
@@ -153,14 +159,13 @@ class ForkServer:
             pass
         pid = self.selector.get_key(connection).data
         _kill(pid)  # its client was killed: mpirun's kill reaches the rank
-        self.forget(pid)
+        self.close_connection(self.forks[pid])
 
-    def forget(self, pid: int) -> None:
-        connection = self.clients.get(pid)
-        if connection is not None:
-            self.selector.unregister(connection)
-            connection.close()
-            self.clients[pid] = None
+    def close_connection(self, fork: Fork) -> None:
+        if fork.connection is not None:
+            self.selector.unregister(fork.connection)
+            fork.connection.close()
+            fork.connection = None
 
     def reap(self) -> None:
         while True:
@@ -170,15 +175,15 @@ class ForkServer:
                 return
             if pid == 0:
                 return
-            connection = self.clients.get(pid)
-            if connection is not None:
-                connection.setblocking(True)
+            fork = self.forks.pop(pid, None)
+            if fork is None:
+                continue
+            if fork.connection is not None:
+                fork.connection.setblocking(True)
                 with contextlib.suppress(OSError):
-                    connection.sendall(struct.pack("!i", status))
-                self.forget(pid)
-            self.clients.pop(pid, None)
-            if (client_pid := self.client_pids.pop(pid, None)) is not None:
-                (self.forks_folder / str(client_pid)).unlink(missing_ok=True)
+                    fork.connection.sendall(struct.pack("!i", status))
+                self.close_connection(fork)
+            fork.record.unlink(missing_ok=True)
 
     def drain_wakeups(self) -> None:
         try:
@@ -197,7 +202,8 @@ class ForkServer:
                 signal.signal(number, signal.SIG_DFL)
             signal.signal(signal.SIGINT, signal.default_int_handler)
             self.selector.close()
-            for other in [self.listener, connection, *filter(None, self.clients.values())]:
+            others = [fork.connection for fork in self.forks.values() if fork.connection is not None]
+            for other in [self.listener, connection, *others]:
                 other.close()
             os.close(self.wake_read)
             os.close(self.wake_write)

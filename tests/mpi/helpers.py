@@ -40,19 +40,20 @@ def job_env() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TRANSFORMERS_VERBOSITY": "error"}
 
 
+FORKED = [sys.executable, "-S", str(FORKED_RANK)]  # how a forked rank's client starts
+
+
 def rank_command() -> list[str]:
     """How mpirun starts each rank of `mpirun()`'s jobs: forked from the preloaded parent where one runs
     (tests/mpi/forkserver.py), else a fresh interpreter."""
-    if os.environ.get(FORKSERVER_VARIABLE, "0") != "0":
-        return [sys.executable, "-S", str(FORKED_RANK)]
-    return [sys.executable]
+    return [*FORKED] if os.environ.get(FORKSERVER_VARIABLE, "0") != "0" else [sys.executable]
 
 
 def agentrl_on_path(folder: Path) -> str:
     """A PATH whose `agentrl` starts as `rank_command()` does: for jobs that a launch script starts by name
     (`launch/mpirun.sh` runs `mpirun -n N agentrl train`)."""
     venv_bin = str(Path(sys.executable).parent)
-    if rank_command() == [sys.executable]:
+    if rank_command() != FORKED:
         return f"{venv_bin}{os.pathsep}{os.environ['PATH']}"
     folder.mkdir(parents=True, exist_ok=True)
     shim = folder / "agentrl"
@@ -124,7 +125,8 @@ def processes_with(argument: str) -> dict[int, dict[str, str]]:
         except OSError:
             continue
         if argument.encode() in cmdline and state != "Z":
-            pid = fork_of(int(entry.name)) if cmdline[1:3] == [b"-S", bytes(FORKED_RANK)] else int(entry.name)
+            is_client = cmdline[: len(FORKED)] == [os.fsencode(part) for part in FORKED]
+            pid = fork_of(int(entry.name)) if is_client else int(entry.name)
             found[pid] = dict(item.decode(errors="replace").partition("=")[::2] for item in environ)
     return found
 

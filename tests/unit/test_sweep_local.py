@@ -18,7 +18,7 @@ pytest.importorskip("optuna")
 pytest.importorskip("matplotlib")
 
 from tests.conftest import ROOT
-from tests.mpi.helpers import rank_command, scalars
+from tests.mpi.helpers import FORKED, rank_command, scalars
 
 
 @pytest.fixture(autouse=True)
@@ -46,7 +46,7 @@ def write_spec(tmp_path: Path, model_dir: Path, **changes) -> Path:
         "trials": 4,
         "concurrency": 2,
     }
-    if rank_command() != [sys.executable]:  # each trial a fork of the preloaded parent (tests/mpi/forkserver.py)
+    if rank_command() == FORKED:  # each trial a fork of the preloaded parent (tests/mpi/forkserver.py)
         data["agentrl_command"] = [*rank_command(), "-m", "agentrl.cli"]
     data.update(changes)
     path = tmp_path / "spec.yaml"
