@@ -9,6 +9,7 @@ the training gateway mounts the router at `/sessions/{sid}/v1` that way. `build_
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 
 from fastapi import APIRouter, FastAPI, Request
@@ -26,34 +27,42 @@ def openai_router(completions: Completions, hook_for: HookFor | None = None) -> 
     router = APIRouter()
 
     async def call(request: Request, handler) -> Response:
+        started = time.perf_counter()
         on_call = hook_for(request) if hook_for is not None else None
         result = await handler(await _json_body(request), on_call)
         if isinstance(result, dict):
-            return Response(_dumps(result), media_type="application/json")
+            body = _dumps(result)
+            # The call's time in this app, as W3C Server-Timing: a client's latency minus it is what the HTTP
+            # layer (client library, connection, uvicorn, routing) took (benchmarks/bench_serve.py).
+            timing = {"Server-Timing": f"app;dur={(time.perf_counter() - started) * 1e3:.3f}"}
+            return Response(body, media_type="application/json", headers=timing)
         return StreamingResponse(result, media_type="text/event-stream", headers=SSE_HEADERS)
 
-    @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Response:
         return await call(request, completions.chat)
 
-    @router.post("/completions")
     async def text_completions(request: Request) -> Response:
         return await call(request, completions.complete)
 
-    @router.get("/models")
     async def models(request: Request) -> Response:
         if hook_for is not None:
             hook_for(request)
         return Response(_dumps(completions.models()), media_type="application/json")
 
-    @router.get("/models/{model_id:path}")
-    async def model(model_id: str, request: Request) -> Response:
+    async def model(request: Request) -> Response:
         if hook_for is not None:
             hook_for(request)
+        model_id = request.path_params["model_id"]
         if model_id != completions.model_name:
             raise APIError(f"The model `{model_id}` does not exist", status=404, param="model", code="model_not_found")
         return Response(_dumps(completions.model_card()), media_type="application/json")
 
+    # Starlette routes, not FastAPI path operations: each request skips FastAPI's parameter solving, which
+    # these handlers do not use (they parse and check the body themselves), about 0.2 ms per call.
+    router.add_route("/chat/completions", chat_completions, methods=["POST"])
+    router.add_route("/completions", text_completions, methods=["POST"])
+    router.add_route("/models", models, methods=["GET"])
+    router.add_route("/models/{model_id:path}", model, methods=["GET"])
     return router
 
 
@@ -88,10 +97,11 @@ def build_app(completions: Completions) -> FastAPI:
     install_error_handlers(app)
     app.include_router(openai_router(completions), prefix="/v1")
 
-    @app.get("/health")
-    async def health_check() -> Response:
+    async def health_check(request: Request) -> Response:
         body = {"status": "ok", "model": completions.model_name, **completions.backend.health()}
         return Response(_dumps(body), media_type="application/json")
+
+    app.add_route("/health", health_check, methods=["GET"])
 
     return app
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
+import time
 
 import httpx
 import numpy as np
@@ -206,8 +207,21 @@ def test_the_openai_client_raises_on_errors(client):
 def test_models_and_health(served, client):
     assert [m.id for m in client.models.list().data] == [MODEL]
     assert client.models.retrieve(MODEL).id == MODEL
+    _chat(client, max_tokens=1)  # so that `served` counts one call when this test runs alone
     health = httpx.get(served.base_url + "/health", timeout=10).json()
     assert health["status"] == "ok" and health["model"] == MODEL and health["served"] > 0
+
+
+def test_replies_carry_the_apps_time_and_wrong_methods_get_405(served):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "seed": 2}
+    started = time.perf_counter()
+    reply = httpx.post(served.base_url + "/v1/chat/completions", json=body, timeout=60)
+    latency_ms = (time.perf_counter() - started) * 1e3
+    name, _, duration = reply.headers["server-timing"].partition(";dur=")
+    assert reply.status_code == 200 and name == "app" and 0 < float(duration) < latency_ms
+    wrong = httpx.get(served.base_url + "/v1/chat/completions", timeout=10)
+    assert wrong.status_code == 405 and "GET is not allowed" in wrong.json()["error"]["message"]
+    assert httpx.head(served.base_url + "/health", timeout=10).status_code == 200
 
 
 def test_curl_chat_stream_and_error(served):
