@@ -14,8 +14,7 @@ for a model that learnt the call format from demonstrations, it halves the promp
 
 from __future__ import annotations
 
-import zlib
-
+from agentrl.env.heldout import DEFAULT_SEEDS, HeldoutSplit
 from agentrl.env.tools import ToolEnv, tool
 from agentrl.rewards import last_number
 from envs.calculator.arithmetic import evaluate, format_number
@@ -35,7 +34,7 @@ TEMPLATES = [
         "{a} / {b} - {c}",
     ),
 ]
-HELDOUT_SEEDS = (1_000_000, 1_000_000)
+HELDOUT_SEEDS = DEFAULT_SEEDS
 
 
 class CalculatorEnv(ToolEnv):
@@ -50,13 +49,8 @@ class CalculatorEnv(ToolEnv):
         super().__init__(max_steps=max_steps)
         if max_value < 4:
             raise ValueError(f"calculator needs max_value >= 4, got {max_value}")
-        if heldout_every < 0 or heldout_every == 1:
-            raise ValueError(f"heldout_every must be 0 (no held-out problems) or >= 2, got {heldout_every}")
-        if len(heldout_seeds) != 2 or heldout_seeds[1] < 1:
-            raise ValueError(f"heldout_seeds must be [first seed, count >= 1], got {list(heldout_seeds)}")
+        self.split = HeldoutSplit(heldout_every, heldout_seeds)
         self.max_value = max_value
-        self.heldout_every = heldout_every
-        self.heldout_seeds = (int(heldout_seeds[0]), int(heldout_seeds[1]))
         self.target: float | None = None
         if not list_tools:  # the tool still works; the prompt just does not describe it (a model taught by demos)
             self.tools = []
@@ -70,13 +64,9 @@ class CalculatorEnv(ToolEnv):
         """
         return format_number(evaluate(expression))
 
-    def is_heldout_seed(self, seed: int | None) -> bool:
-        first, count = self.heldout_seeds
-        return seed is not None and first <= seed < first + count
-
     def is_heldout(self, question: str) -> bool:
         """True for the problems held out for evaluation (none when heldout_every is 0)."""
-        return self.heldout_every > 0 and zlib.crc32(question.encode()) % self.heldout_every == 0
+        return self.split.is_heldout(question)
 
     def _draw(self) -> tuple[str, str, int]:
         rng = self.np_random
@@ -94,11 +84,7 @@ class CalculatorEnv(ToolEnv):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        question, expression, template = self._draw()
-        if self.heldout_every:
-            heldout = self.is_heldout_seed(seed)
-            while self.is_heldout(question) != heldout:
-                question, expression, template = self._draw()
+        question, expression, template = self.split.draw(seed, self._draw, text_of=lambda drawn: drawn[0])
         self.target = evaluate(expression)
         return question, {"answer": format_number(self.target), "expression": expression, "template": template}
 

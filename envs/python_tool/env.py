@@ -5,11 +5,18 @@ The model may run code any number of times (up to `max_steps` turns); each run's
 without a tool call is the final answer: reward 1 when it matches the problem's answer.
 A snippet that fails (exception, non-zero exit, timeout, memory limit) counts in
 `info["tool_errors"]` like any other failed tool call.
+
+`heldout_every: N` holds out one problem in N for evaluation (agentrl.env.heldout: env seeds from 1000000 draw only
+those, every other seed never does); `list_tools: false` leaves the tool's description out of the prompt (the tool
+still runs), for a model that learnt the call from demonstrations (envs/python_tool/demos.py).
 """
 
 from __future__ import annotations
 
+import functools
+
 from agentrl.env.code_sandbox import SandboxLimits, choose_backend, require_contained, run_python
+from agentrl.env.heldout import DEFAULT_SEEDS, HeldoutSplit
 from agentrl.env.tools import ToolEnv, tool
 from envs.python_tool.grading import is_correct
 from envs.python_tool.problems import Problem, check_difficulty, check_families, generate
@@ -30,8 +37,12 @@ class PythonToolEnv(ToolEnv):
         memory_mb: int = 512,
         sandbox_backend: str = "auto",
         allow_weak_sandbox: bool = False,
+        heldout_every: int = 0,
+        heldout_seeds: tuple[int, int] | list[int] = DEFAULT_SEEDS,
+        list_tools: bool = True,
     ):
         super().__init__(max_steps=max_steps)
+        self.split = HeldoutSplit(heldout_every, heldout_seeds)
         check_families(families)
         check_difficulty(difficulty)
         # fail now, naming the fix, rather than in every tool call
@@ -41,6 +52,8 @@ class PythonToolEnv(ToolEnv):
         self.limits = SandboxLimits(cpu_seconds=cpu_seconds, wall_seconds=wall_seconds, memory_mb=memory_mb)
         self.sandbox_backend = sandbox_backend
         self.problem: Problem | None = None
+        if not list_tools:
+            self.tools = []
 
     @tool
     def python(self, code: str) -> str:
@@ -56,7 +69,8 @@ class PythonToolEnv(ToolEnv):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.problem = generate(self.np_random, self.difficulty, self.families)
+        draw = functools.partial(generate, self.np_random, self.difficulty, self.families)
+        self.problem = self.split.draw(seed, draw, text_of=lambda problem: problem.text)
         return self.problem.text, {"answer": self.problem.answer, "family": self.problem.family}
 
     def answer(self, text):
