@@ -17,16 +17,14 @@ reward has to learn to run code there too.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import itertools
-import json
 import multiprocessing
 import re
-from dataclasses import dataclass
 
 import numpy as np
 
-from agentrl.env.tool_calls import CLOSE, OPEN
+from agentrl.sft import demos
 from envs.python_tool.env import PythonToolEnv
 
 EASY_FAMILIES = frozenset({"vowel_count", "median_of_list", "weekday"})
@@ -99,61 +97,29 @@ PROGRAMS = {
 }
 
 
-@dataclass(frozen=True)
-class Demonstrator:
-    direct_easy: float = 0.6  # chance to answer an easy-looking problem without the tool
-    direct_hard: float = 0.1  # ... and any other problem
-    direct_correct: float = 0.3  # chance that an answer without the tool is right
-
-    def direct_rate(self, family: str) -> float:
-        return self.direct_easy if family in EASY_FAMILIES else self.direct_hard
-
-
-def tool_call(code: str) -> dict:
-    return {"type": "function", "function": {"name": "python", "arguments": {"code": code}}}
-
-
-def call_text(code: str) -> str:
-    """The turn a model writes for this call (as agentrl.sft.transcripts renders `tool_calls`)."""
-    return OPEN + json.dumps({"name": "python", "arguments": {"code": code}}) + CLOSE
+@dataclasses.dataclass(frozen=True)
+class Demonstrator(demos.Demonstrator):
+    direct_correct: float = 0.3
+    easy: frozenset = EASY_FAMILIES
 
 
 def near_miss(answer: str, rng: np.random.Generator) -> str:
     """A wrong answer close to the right one, as working it out in one's head gets it wrong."""
     if answer in DAYS:
         return DAYS[(DAYS.index(answer) + int(rng.integers(1, 7))) % 7]
-    offset = int(rng.choice([-10, -2, -1, 1, 2, 10, int(rng.integers(3, 30))]))
+    offset = demos.miss_by(rng)
     if "." in answer:
         return f"{float(answer) + offset:.2f}"
     return str(int(answer) + offset)
 
 
-def tool_output(observation: str) -> str:
-    """The program's output from the tool's observation (<tool_response>\\nOUTPUT\\n</tool_response>)."""
-    return observation.split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]
-
-
 def demonstration(env: PythonToolEnv, seed: int, kind: str, rng: np.random.Generator, direct_correct: float = 0.3):
     """One transcript of `kind` ("tool" or "direct") for the env's task of `seed`, and its reward."""
     question, info = env.reset(seed=seed)
-    messages = [{"role": "user", "content": question}]
-    if kind == "tool":
-        code = PROGRAMS[info["family"]](question)
-        observation, reward, terminated, _, step_info = env.step(call_text(code))
-        assert not terminated and reward == 0 and not step_info.get("tool_errors"), observation
-        answer = tool_output(observation)
-        messages += [
-            {"role": "assistant", "content": "", "tool_calls": [tool_call(code)]},
-            {"role": "tool", "name": "python", "content": answer},
-        ]
-    elif kind == "direct":
-        answer = info["answer"] if rng.random() < direct_correct else near_miss(info["answer"], rng)
-    else:
-        raise ValueError(f"kind must be 'tool' or 'direct', got {kind!r}")
-    _, reward, terminated, _, _ = env.step(answer)
-    assert terminated
-    messages.append({"role": "assistant", "content": answer})
-    return {"messages": messages, **({"tools": env.tools} if env.tools else {})}, reward
+    direct = None
+    if kind == "direct":  # drawn only here: the demonstrator's choices stay one stream
+        direct = info["answer"] if rng.random() < direct_correct else near_miss(info["answer"], rng)
+    return demos.play(env, question, kind, ("python", {"code": PROGRAMS[info["family"]](question)}), direct)
 
 
 def demonstrations(seeds, demonstrator: Demonstrator, env_kwargs: dict, seed: int = 0):
@@ -174,41 +140,18 @@ def _chunk(task) -> list[tuple[dict, str, float]]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("out", help="JSONL file to write")
-    parser.add_argument("--seeds", default="0:3000", help="START:STOP env seeds (keep them out of heldout_seeds)")
+    parser = demos.demonstration_parser(__doc__, "0:3000", Demonstrator())
     parser.add_argument("--difficulty", type=int, default=1)
-    parser.add_argument("--heldout-every", type=int, default=10)
-    parser.add_argument("--direct-easy", type=float, default=Demonstrator.direct_easy)
-    parser.add_argument("--direct-hard", type=float, default=Demonstrator.direct_hard)
-    parser.add_argument("--direct-correct", type=float, default=Demonstrator.direct_correct)
-    parser.add_argument("--no-tool-list", action="store_true", help="env kwarg list_tools=false: no tools in prompts")
-    parser.add_argument("--only-tool", action="store_true", help="correct tool-using transcripts only")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrator's choices")
     parser.add_argument("--workers", type=int, default=8, help="processes playing demonstrations side by side")
     args = parser.parse_args()
-    start, stop = map(int, args.seeds.split(":"))
-    demonstrator = Demonstrator(
-        0.0 if args.only_tool else args.direct_easy, 0.0 if args.only_tool else args.direct_hard, args.direct_correct
-    )
-    env_kwargs = {"difficulty": args.difficulty, "heldout_every": args.heldout_every}
-    if args.no_tool_list:
-        env_kwargs["list_tools"] = False
-    counts = {"tool": 0, "direct": 0, "direct_right": 0}
+    demonstrator = demos.demonstrator_from(args, EASY_FAMILIES)
+    env_kwargs = demos.env_kwargs_from(args, difficulty=args.difficulty)
+    seeds = demos.seed_range(args)
     # a sandbox run mostly waits for its namespaces: several processes overlap the waits
-    slices = [range(first, min(first + 50, stop)) for first in range(start, stop, 50)]
-    chunks = [(seeds, demonstrator, env_kwargs, args.seed) for seeds in slices]
-    with open(args.out, "w") as out, multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        for transcript, kind, reward in itertools.chain.from_iterable(pool.imap(_chunk, chunks)):
-            out.write(json.dumps(transcript) + "\n")
-            counts[kind] += 1
-            counts["direct_right"] += int(kind == "direct" and reward == 1)
-    total = counts["tool"] + counts["direct"]
-    print(
-        f"{args.out}: {total} transcripts, {counts['tool']} with the tool, {counts['direct']} without "
-        f"({counts['direct_right']} of those right); demonstrator success "
-        f"{(counts['tool'] + counts['direct_right']) / max(total, 1):.2f}"
-    )
+    chunks = [(seeds[i : i + 50], demonstrator, env_kwargs, args.seed) for i in range(0, len(seeds), 50)]
+    with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
+        rows = itertools.chain.from_iterable(pool.imap(_chunk, chunks))
+        print(demos.write_demonstrations(args.out, rows))
 
 
 if __name__ == "__main__":

@@ -60,6 +60,11 @@ def test_direct_answers_skip_the_tool_more_on_easy_families_and_are_mostly_wrong
     assert np.mean(skipped[True]) > 0.4 and np.mean(skipped[False]) < 0.25
 
 
+def test_a_demonstration_of_an_unknown_kind_is_refused():
+    with pytest.raises(ValueError, match="kind must be 'tool' or 'direct', got 'guess'"):
+        demonstration(PythonToolEnv(**KWARGS), 0, "guess", np.random.default_rng(0))
+
+
 def _direct_only_demos():
     always_direct = Demonstrator(direct_easy=1.0, direct_hard=1.0, direct_correct=0.3)
     return list(demonstrations(range(60), always_direct, KWARGS, seed=5))

@@ -1,0 +1,128 @@
+"""Scripted demonstrations for SFT: a demonstrator that calls the tool on most problems and answers some in its head,
+and the command line of the envs' demonstration scripts (envs/calculator/demos.py, envs/python_tool/demos.py).
+
+An env's script plays each transcript through the env itself and yields (transcript, kind, reward), kind "tool" or
+"direct"; `write_demonstrations` writes them as `agentrl sft` reads them and says how good the demonstrator was.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Hashable, Iterable
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentrl.env.tool_calls import CLOSE, OPEN
+
+
+@dataclass(frozen=True)
+class Demonstrator:
+    """How often the demonstrator skips the tool (more often on the problems in `easy`), and how often it is
+    then right."""
+
+    direct_easy: float = 0.6  # chance to answer an easy-looking problem without the tool
+    direct_hard: float = 0.1  # ... and any other problem
+    direct_correct: float = 0.5  # chance that an answer without the tool is right
+    easy: frozenset = frozenset()  # the problem kinds (templates, families) that look easy
+
+    def direct_rate(self, kind: Hashable) -> float:
+        return self.direct_easy if kind in self.easy else self.direct_hard
+
+
+def tool_call(name: str, arguments: dict) -> dict:
+    """One call of an assistant message's `tool_calls`."""
+    return {"type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def call_text(name: str, arguments: dict) -> str:
+    """The turn a model writes for this call (as agentrl.sft.transcripts renders `tool_calls`)."""
+    return OPEN + json.dumps({"name": name, "arguments": arguments}) + CLOSE
+
+
+def miss_by(rng: np.random.Generator) -> int:
+    """How far off a number worked out in one's head is: mostly by a little, sometimes by ten or more."""
+    return int(rng.choice([-10, -2, -1, 1, 2, 10, int(rng.integers(3, 30))]))
+
+
+def tool_output(observation: str) -> str:
+    """A single tool call's result from its observation (<tool_response>\nRESULT\n</tool_response>)."""
+    return observation.split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]
+
+
+def play(env, question: str, kind: str, call: tuple[str, dict], direct_answer: str | None) -> tuple[dict, float]:
+    """Play one transcript through `env`, just reset to `question`: for kind "tool", `call` (a tool's name and
+    arguments), then the tool's result as the answer; for kind "direct", `direct_answer` at once. The transcript
+    and the env's reward for it."""
+    messages = [{"role": "user", "content": question}]
+    if kind == "tool":
+        name, arguments = call
+        observation, reward, terminated, _, info = env.step(call_text(name, arguments))
+        if terminated or reward != 0 or info.get("tool_errors"):
+            raise ValueError(f"the demonstration's {name} call did not run cleanly: {observation}")
+        answer = tool_output(observation)
+        messages += [
+            {"role": "assistant", "content": "", "tool_calls": [tool_call(name, arguments)]},
+            {"role": "tool", "name": name, "content": answer},
+        ]
+    elif kind == "direct":
+        answer = direct_answer
+    else:
+        raise ValueError(f"kind must be 'tool' or 'direct', got {kind!r}")
+    _, reward, terminated, _, _ = env.step(answer)
+    if not terminated:
+        raise ValueError(f"the env did not end the episode at the answer {answer!r}")
+    messages.append({"role": "assistant", "content": answer})
+    return {"messages": messages, **({"tools": env.tools} if env.tools else {})}, reward
+
+
+def demonstration_parser(doc: str, seeds: str, demonstrator: Demonstrator) -> argparse.ArgumentParser:
+    """The options every demonstration script takes; the env's own ones are added by the caller."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="JSONL file to write")
+    parser.add_argument("--seeds", default=seeds, help="START:STOP env seeds (keep them out of heldout_seeds)")
+    parser.add_argument("--heldout-every", type=int, default=10)
+    parser.add_argument("--direct-easy", type=float, default=demonstrator.direct_easy)
+    parser.add_argument("--direct-hard", type=float, default=demonstrator.direct_hard)
+    parser.add_argument("--direct-correct", type=float, default=demonstrator.direct_correct)
+    parser.add_argument("--no-tool-list", action="store_true", help="env kwarg list_tools=false: no tools in prompts")
+    parser.add_argument("--only-tool", action="store_true", help="correct tool-using transcripts only")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrator's choices")
+    return parser
+
+
+def demonstrator_from(args: argparse.Namespace, easy: frozenset) -> Demonstrator:
+    if args.only_tool:
+        return Demonstrator(0.0, 0.0, args.direct_correct, easy)
+    return Demonstrator(args.direct_easy, args.direct_hard, args.direct_correct, easy)
+
+
+def env_kwargs_from(args: argparse.Namespace, **kwargs) -> dict:
+    """The env's kwargs for the held-out split and the tool list, plus the env's own `kwargs`."""
+    kwargs["heldout_every"] = args.heldout_every
+    if args.no_tool_list:
+        kwargs["list_tools"] = False
+    return kwargs
+
+
+def seed_range(args: argparse.Namespace) -> range:
+    start, stop = map(int, args.seeds.split(":"))
+    return range(start, stop)
+
+
+def write_demonstrations(path: str, rows: Iterable[tuple[dict, str, float]]) -> str:
+    """Write each transcript as one JSON line; the summary: how many, with the tool or not, the demonstrator's
+    success."""
+    counts = {"tool": 0, "direct": 0, "direct_right": 0}
+    with open(path, "w") as out:
+        for transcript, kind, reward in rows:
+            out.write(json.dumps(transcript) + "\n")
+            counts[kind] += 1
+            counts["direct_right"] += int(kind == "direct" and reward == 1)
+    total = counts["tool"] + counts["direct"]
+    return (
+        f"{path}: {total} transcripts, {counts['tool']} with the tool, {counts['direct']} without "
+        f"({counts['direct_right']} of those right); demonstrator success "
+        f"{(counts['tool'] + counts['direct_right']) / max(total, 1):.2f}"
+    )
