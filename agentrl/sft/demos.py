@@ -51,23 +51,27 @@ def tool_output(observation: str) -> str:
     return observation.split("<tool_response>\n", 1)[1].rsplit("\n</tool_response>", 1)[0]
 
 
-def play(env, question: str, kind: str, call: tuple[str, dict], direct_answer: str | None) -> tuple[dict, float]:
-    """Play one transcript through `env`, just reset to `question`: for kind "tool", `call` (a tool's name and
-    arguments), then the tool's result as the answer; for kind "direct", `direct_answer` at once. The transcript
-    and the env's reward for it."""
+def play(
+    env, question: str, kind: str, calls: list[tuple[str, dict]], direct_answer, answer: str | None = None
+) -> tuple[dict, float]:
+    """Play one transcript through `env`, just reset to `question`: for kind "tool", `calls` (each a tool's name and
+    arguments, one turn each), then `answer` (by default the last tool's result); for kind "direct",
+    `direct_answer()` at once (called only then, so that its draws leave the demonstrator's other choices alone).
+    The transcript and the env's reward for it."""
     messages = [{"role": "user", "content": question}]
     if kind == "tool":
-        name, arguments = call
-        observation, reward, terminated, _, info = env.step(call_text(name, arguments))
-        if terminated or reward != 0 or info.get("tool_errors"):
-            raise ValueError(f"the demonstration's {name} call did not run cleanly: {observation}")
-        answer = tool_output(observation)
-        messages += [
-            {"role": "assistant", "content": "", "tool_calls": [tool_call(name, arguments)]},
-            {"role": "tool", "name": name, "content": answer},
-        ]
+        for name, arguments in calls:
+            observation, reward, terminated, _, info = env.step(call_text(name, arguments))
+            if terminated or reward != 0 or info.get("tool_errors"):
+                raise ValueError(f"the demonstration's {name} call did not run cleanly: {observation}")
+            result = tool_output(observation)
+            messages += [
+                {"role": "assistant", "content": "", "tool_calls": [tool_call(name, arguments)]},
+                {"role": "tool", "name": name, "content": result},
+            ]
+        answer = result if answer is None else answer
     elif kind == "direct":
-        answer = direct_answer
+        answer = direct_answer()
     else:
         raise ValueError(f"kind must be 'tool' or 'direct', got {kind!r}")
     _, reward, terminated, _, _ = env.step(answer)
@@ -75,6 +79,18 @@ def play(env, question: str, kind: str, call: tuple[str, dict], direct_answer: s
         raise ValueError(f"the env did not end the episode at the answer {answer!r}")
     messages.append({"role": "assistant", "content": answer})
     return {"messages": messages, **({"tools": env.tools} if env.tools else {})}, reward
+
+
+def play_all(env, seeds, demonstrator: Demonstrator, kind_of, demonstrate, rng_for):
+    """(transcript, kind, reward) for each env seed: the demonstrator draws from `rng_for(task seed)` whether it uses
+    the tool on the problem (`kind_of(reset info)` says which kind of problem it is), then
+    `demonstrate(env, task seed, kind, rng, direct_correct)` plays it."""
+    for task_seed in seeds:
+        rng = rng_for(task_seed)
+        _, info = env.reset(seed=task_seed)
+        kind = "direct" if rng.random() < demonstrator.direct_rate(kind_of(info)) else "tool"
+        transcript, reward = demonstrate(env, task_seed, kind, rng, demonstrator.direct_correct)
+        yield transcript, kind, reward
 
 
 def demonstration_parser(doc: str, seeds: str, demonstrator: Demonstrator) -> argparse.ArgumentParser:

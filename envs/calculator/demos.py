@@ -45,21 +45,18 @@ def near_miss(answer: str, rng: np.random.Generator) -> str:
 def demonstration(env: CalculatorEnv, seed: int, kind: str, rng: np.random.Generator, direct_correct: float = 0.5):
     """One transcript of `kind` ("tool" or "direct") for the env's task of `seed`, and its reward."""
     question, info = env.reset(seed=seed)
-    direct = None
-    if kind == "direct":  # drawn only here: the demonstrator's choices stay one stream
-        direct = info["answer"] if rng.random() < direct_correct else near_miss(info["answer"], rng)
-    return demos.play(env, question, kind, ("calculator", {"expression": info["expression"]}), direct)
+
+    def direct() -> str:
+        return info["answer"] if rng.random() < direct_correct else near_miss(info["answer"], rng)
+
+    return demos.play(env, question, kind, [("calculator", {"expression": info["expression"]})], direct)
 
 
 def demonstrations(seeds, demonstrator: Demonstrator, env_kwargs: dict, seed: int = 0):
     """(transcript, kind, reward) for each env seed; the demonstrator's choices drawn from `seed`."""
     env = CalculatorEnv(**env_kwargs)
     rng = np.random.default_rng(seed)
-    for task_seed in seeds:
-        _, info = env.reset(seed=task_seed)
-        kind = "direct" if rng.random() < demonstrator.direct_rate(info["template"]) else "tool"
-        transcript, reward = demonstration(env, task_seed, kind, rng, demonstrator.direct_correct)
-        yield transcript, kind, reward
+    yield from demos.play_all(env, seeds, demonstrator, lambda info: info["template"], demonstration, lambda _: rng)
 
 
 def main() -> None:

@@ -116,22 +116,22 @@ def near_miss(answer: str, rng: np.random.Generator) -> str:
 def demonstration(env: PythonToolEnv, seed: int, kind: str, rng: np.random.Generator, direct_correct: float = 0.3):
     """One transcript of `kind` ("tool" or "direct") for the env's task of `seed`, and its reward."""
     question, info = env.reset(seed=seed)
-    direct = None
-    if kind == "direct":  # drawn only here: the demonstrator's choices stay one stream
-        direct = info["answer"] if rng.random() < direct_correct else near_miss(info["answer"], rng)
-    return demos.play(env, question, kind, ("python", {"code": PROGRAMS[info["family"]](question)}), direct)
+
+    def direct() -> str:
+        return info["answer"] if rng.random() < direct_correct else near_miss(info["answer"], rng)
+
+    return demos.play(env, question, kind, [("python", {"code": PROGRAMS[info["family"]](question)})], direct)
 
 
 def demonstrations(seeds, demonstrator: Demonstrator, env_kwargs: dict, seed: int = 0):
     """(transcript, kind, reward) for each env seed; the demonstrator's choices for a task drawn from (`seed`, the
     task's seed), so any slice of the seeds gives the same transcripts as the whole run."""
     env = PythonToolEnv(**env_kwargs)
-    for task_seed in seeds:
-        rng = np.random.default_rng([seed, task_seed])
-        _, info = env.reset(seed=task_seed)
-        kind = "direct" if rng.random() < demonstrator.direct_rate(info["family"]) else "tool"
-        transcript, reward = demonstration(env, task_seed, kind, rng, demonstrator.direct_correct)
-        yield transcript, kind, reward
+
+    def rng_for(task_seed: int) -> np.random.Generator:
+        return np.random.default_rng([seed, task_seed])
+
+    yield from demos.play_all(env, seeds, demonstrator, lambda info: info["family"], demonstration, rng_for)
 
 
 def _chunk(task) -> list[tuple[dict, str, float]]:

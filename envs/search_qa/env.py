@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+from agentrl.env.heldout import DEFAULT_SEEDS, HeldoutSplit
 from agentrl.env.tools import ToolEnv, tool
 from agentrl.rewards import exact_match_score as exact_match
 from agentrl.rewards import token_f1_score as token_f1
 from envs.search_qa.library import Library, load_library
 from envs.search_qa.questions import Question, expand_kinds
 
-SPLITS = ("train", "test", "all")
+SPLITS = ("train", "test", "all", "seeds")
 TEST_EVERY = 10  # every 10th question of the fixed order is held out as the test split
 MAX_K = 10
 
@@ -28,13 +29,17 @@ class SearchQAEnv(ToolEnv):
         corpus_seed: seed of the world, its passages and questions (shared by every env built with it)
         num_documents: passages in the corpus (one per entity), at least 20
         question_types: "one_hop", "two_hop" and/or single kinds such as "birth_year" (see questions.py)
-        split: "train" (9 in 10 questions), "test" (every 10th) or "all"
+        split: "train" (9 in 10 questions), "test" (every 10th), "all", or "seeds": test questions for the seeds in
+            `heldout_seeds` (eval.seeds' default range), train questions for every other seed
+        heldout_seeds: [first seed, count] of the seeds that draw test questions with split "seeds"
         k: passages `search` returns when the call gives no k
         snippet_chars: search results are cut to this many characters; `open` shows the whole passage
         max_steps: turns before the episode is truncated
         partial_credit: reward a wrong answer with its token F1 against the gold answer
         k1: BM25 term-frequency saturation
         b: BM25 length normalisation
+        list_tools: describe the tools in the prompt; false leaves them out (the tools still run), for a model that
+            learnt the calls from demonstrations (envs/search_qa/demos.py)
     """
 
     def __init__(
@@ -42,15 +47,18 @@ class SearchQAEnv(ToolEnv):
         corpus_seed: int = 0,
         num_documents: int = 300,
         question_types: list[str] | tuple[str, ...] = ("one_hop", "two_hop"),
-        split: Literal["train", "test", "all"] = "train",
+        split: Literal["train", "test", "all", "seeds"] = "train",
         k: int = 3,
         snippet_chars: int = 200,
         max_steps: int = 6,
         partial_credit: bool = False,
         k1: float = 1.2,
         b: float = 0.75,
+        list_tools: bool = True,
+        heldout_seeds: tuple[int, int] | list[int] = DEFAULT_SEEDS,
     ):
         super().__init__(max_steps=max_steps)
+        self.heldout: HeldoutSplit | None = None
         if split not in SPLITS:
             raise ValueError(f"search_qa split must be one of {SPLITS}, got {split!r}")
         if not 1 <= k <= MAX_K:
@@ -59,14 +67,21 @@ class SearchQAEnv(ToolEnv):
             raise ValueError(f"search_qa snippet_chars must be >= 20 to show useful text, got {snippet_chars}")
         self.library: Library = load_library(corpus_seed, num_documents, float(k1), float(b))
         kinds = expand_kinds(question_types)
-        self.questions = [q for i, q in enumerate(self.library.questions) if q.kind in kinds and in_split(i, split)]
-        if not self.questions:
+        questions = [(i, q) for i, q in enumerate(self.library.questions) if q.kind in kinds]
+        if split == "seeds":
+            self.heldout = HeldoutSplit(seeds=heldout_seeds)
+            self.test_questions = [q for i, q in questions if in_split(i, "test")]
+            split = "train"
+        self.questions = [q for i, q in questions if in_split(i, split)]
+        if not self.questions or (self.heldout is not None and not self.test_questions):
             raise ValueError(
                 f"search_qa has no {split} questions of types {sorted(kinds)}; add types or use split='all'"
             )
         self.k, self.snippet_chars = k, snippet_chars
         self.partial_credit = partial_credit
         self.question: Question | None = None
+        if not list_tools:
+            self.tools = []
 
     @tool
     def search(self, query: str, k: int | None = None) -> str:
@@ -101,7 +116,10 @@ class SearchQAEnv(ToolEnv):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.question = self.questions[int(self.np_random.integers(len(self.questions)))]
+        pool = self.questions
+        if self.heldout is not None and self.heldout.is_heldout_seed(seed):
+            pool = self.test_questions
+        self.question = pool[int(self.np_random.integers(len(pool)))]
         return self.question.text, {"answer": self.question.answer, "kind": self.question.kind}
 
     def answer(self, text):
