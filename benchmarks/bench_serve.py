@@ -12,7 +12,7 @@ sampling through the engine `agentrl serve` builds (its engine section), in this
 `generate` runs `model.generate` on each prompt in turn.
 `httpx` (concurrency 1) sends the same JSON with a bare httpx client, to tell the openai client's own cost apart.
 
-`raw socket` (concurrency 1) writes the request bytes on a kept-alive socket and reads the reply: no client library.
+`raw socket` writes the request bytes on kept-alive sockets (one per client) and reads the replies: no client library.
 
 The HTTP layer's cost per call is read two ways at concurrency 1:
 - split: the server reports how long its app took with each reply (`Server-Timing: app;dur=MS`, from the route
@@ -157,16 +157,17 @@ class RawSocket:
         self.sock.setblocking(False)
         self.pending = bytearray()
 
-    async def post(self, path: str, body: bytes) -> tuple[bytes, bytes]:
-        """(headers, body) of the reply; the reply must carry a Content-Length (JSON replies do)."""
+    async def post(self, path: str, body: bytes) -> tuple[dict[str, str], bytes]:
+        """(headers by lowercase name, body) of the reply; it must carry a Content-Length (JSON replies do)."""
         loop = asyncio.get_running_loop()
         head = f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
         await loop.sock_sendall(self.sock, f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
         while b"\r\n\r\n" not in self.pending:
             self.pending += await self._receive(loop)
         end = self.pending.index(b"\r\n\r\n") + 4
-        headers = bytes(self.pending[:end]).lower()
-        length = int(headers.partition(b"content-length:")[2].split(b"\r\n")[0])
+        lines = bytes(self.pending[: end - 4]).decode("latin-1").split("\r\n")[1:]  # after the status line
+        headers = {name.strip().lower(): value.strip() for name, _, value in (line.partition(":") for line in lines)}
+        length = int(headers["content-length"])
         while len(self.pending) < end + length:
             self.pending += await self._receive(loop)
         body = bytes(self.pending[end : end + length])
@@ -187,8 +188,7 @@ async def raw_call(client: RawSocket, text: str, seed: int, new_tokens: int, app
     """The same call's JSON, written and read on a bare socket."""
     headers, body = await client.post("/v1/chat/completions", json.dumps(chat_body(text, seed, new_tokens)).encode())
     if app_times is not None:
-        timing = headers.partition(b"server-timing: app;dur=")[2].split(b"\r\n")[0]
-        app_times.append(float(timing) / 1e3)
+        app_times.append(app_seconds(headers))
     return json.loads(body)["usage"]["completion_tokens"]
 
 

@@ -1,5 +1,5 @@
 """Scripted demonstrations for SFT: a demonstrator that calls the tool on most problems and answers some in its head,
-and the command line of the envs' demonstration scripts (envs/calculator/demos.py, envs/python_tool/demos.py).
+and the command line of the envs' demonstration scripts (envs/calculator, envs/python_tool, envs/search_qa: demos.py).
 
 An env's script plays each transcript through the env itself and yields (transcript, kind, reward), kind "tool" or
 "direct"; `write_demonstrations` writes them as `agentrl sft` reads them and says how good the demonstrator was.
@@ -98,7 +98,6 @@ def demonstration_parser(doc: str, seeds: str, demonstrator: Demonstrator) -> ar
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="JSONL file to write")
     parser.add_argument("--seeds", default=seeds, help="START:STOP env seeds (keep them out of heldout_seeds)")
-    parser.add_argument("--heldout-every", type=int, default=10)
     parser.add_argument("--direct-easy", type=float, default=demonstrator.direct_easy)
     parser.add_argument("--direct-hard", type=float, default=demonstrator.direct_hard)
     parser.add_argument("--direct-correct", type=float, default=demonstrator.direct_correct)
@@ -115,8 +114,7 @@ def demonstrator_from(args: argparse.Namespace, easy: frozenset) -> Demonstrator
 
 
 def env_kwargs_from(args: argparse.Namespace, **kwargs) -> dict:
-    """The env's kwargs for the held-out split and the tool list, plus the env's own `kwargs`."""
-    kwargs["heldout_every"] = args.heldout_every
+    """The env's own `kwargs`, and `list_tools: false` with --no-tool-list."""
     if args.no_tool_list:
         kwargs["list_tools"] = False
     return kwargs

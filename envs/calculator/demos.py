@@ -62,9 +62,10 @@ def demonstrations(seeds, demonstrator: Demonstrator, env_kwargs: dict, seed: in
 def main() -> None:
     parser = demos.demonstration_parser(__doc__, "0:4000", Demonstrator())
     parser.add_argument("--max-value", type=int, default=99)
+    parser.add_argument("--heldout-every", type=int, default=10)
     args = parser.parse_args()
     demonstrator = demos.demonstrator_from(args, EASY_TEMPLATES)
-    env_kwargs = demos.env_kwargs_from(args, max_value=args.max_value)
+    env_kwargs = demos.env_kwargs_from(args, max_value=args.max_value, heldout_every=args.heldout_every)
     rows = demonstrations(demos.seed_range(args), demonstrator, env_kwargs, args.seed)
     print(demos.write_demonstrations(args.out, rows))
 

@@ -142,10 +142,11 @@ def _chunk(task) -> list[tuple[dict, str, float]]:
 def main() -> None:
     parser = demos.demonstration_parser(__doc__, "0:3000", Demonstrator())
     parser.add_argument("--difficulty", type=int, default=1)
+    parser.add_argument("--heldout-every", type=int, default=10)
     parser.add_argument("--workers", type=int, default=8, help="processes playing demonstrations side by side")
     args = parser.parse_args()
     demonstrator = demos.demonstrator_from(args, EASY_FAMILIES)
-    env_kwargs = demos.env_kwargs_from(args, difficulty=args.difficulty)
+    env_kwargs = demos.env_kwargs_from(args, difficulty=args.difficulty, heldout_every=args.heldout_every)
     seeds = demos.seed_range(args)
     # a sandbox run mostly waits for its namespaces: several processes overlap the waits
     chunks = [(seeds[i : i + 50], demonstrator, env_kwargs, args.seed) for i in range(0, len(seeds), 50)]

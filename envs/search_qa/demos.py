@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--split", default="seeds", help="the env's split; seeds: test questions from seed 1000000 on")
     args = parser.parse_args()
     demonstrator = demos.demonstrator_from(args, Demonstrator.easy)
-    env_kwargs = {"split": args.split, **({"list_tools": False} if args.no_tool_list else {})}
+    env_kwargs = demos.env_kwargs_from(args, split=args.split)
     rows = demonstrations(demos.seed_range(args), demonstrator, env_kwargs, args.seed)
     print(demos.write_demonstrations(args.out, rows))
 

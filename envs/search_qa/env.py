@@ -58,7 +58,8 @@ class SearchQAEnv(ToolEnv):
         heldout_seeds: tuple[int, int] | list[int] = DEFAULT_SEEDS,
     ):
         super().__init__(max_steps=max_steps)
-        self.heldout: HeldoutSplit | None = None
+        self.heldout: HeldoutSplit | None = None  # split "seeds": which seeds draw from test_questions
+        self.test_questions: list[Question] = []
         if split not in SPLITS:
             raise ValueError(f"search_qa split must be one of {SPLITS}, got {split!r}")
         if not 1 <= k <= MAX_K:
