@@ -52,9 +52,9 @@ def test_direct_answers_skip_the_tool_more_on_easy_families_and_are_mostly_wrong
     assert {reward for _, _, reward in rows} == {0.0, 1.0}, "direct answers must be right sometimes, wrong sometimes"
     assert np.mean([reward for _, _, reward in rows]) < 0.5
     env = PythonToolEnv(**KWARGS)
-    family_of = {question: info["family"] for question, info in (env.reset(seed=s) for s in range(300))}
+    family_of = {question: info["family"] for question, info in (env.reset(seed=s) for s in range(150))}
     skipped = {True: [], False: []}  # easy-looking family or not -> whether each demonstration skipped the tool
-    for transcript, kind, _ in demonstrations(range(300), Demonstrator(), KWARGS, seed=3):
+    for transcript, kind, _ in demonstrations(range(150), Demonstrator(), KWARGS, seed=3):  # a sandbox run each
         easy = family_of[transcript["messages"][0]["content"]] in EASY_FAMILIES
         skipped[easy].append(kind == "direct")
     assert np.mean(skipped[True]) > 0.4 and np.mean(skipped[False]) < 0.25
