@@ -84,6 +84,11 @@ class PolicyGradientOptions(AlgorithmOptions):
         "only where a token's entropy (nats) fell below the floor: it keeps the policy from going deterministic "
         "without pulling a high-entropy policy toward uniform. None: the plain bonus on every token.",
     )
+    entropy_schedule: Literal["constant", "lr"] = Field(
+        "constant",
+        description="`lr`: the entropy bonus follows the learning-rate schedule (entropy_coef x lr / peak lr), so "
+        "it fades as the lr decays and the policy may sharpen at the end; `constant`: entropy_coef throughout.",
+    )
     loss_agg: Literal[LOSS_AGGREGATIONS] = Field(  # type: ignore[valid-type]
         "token-mean",
         description="How per-token losses become one number: over all tokens, or per sequence then over sequences.",
@@ -129,6 +134,7 @@ class LossInputs:
     global_sequences: float  # episodes with at least one trained token in it
     model_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # each ExtraModel's output, with grad
     prepared: dict[str, torch.Tensor] = field(default_factory=dict)  # Prepared.per_token rows of this micro-batch
+    lr_scale: float = 1.0  # the scheduler's factor this step: lr / peak lr
 
 
 Forward = Callable[[str], np.ndarray]  # ExtraModel name -> its flat per-token output, no grad (see `prepare`)
@@ -362,7 +368,8 @@ class PolicyGradient(Algorithm):
             stats["kl"] = float((kl.detach() * mask).sum())
         if options.entropy_coef > 0:
             bonus = inputs.entropy if options.entropy_floor is None else inputs.entropy.clamp(max=options.entropy_floor)
-            token_loss = token_loss - options.entropy_coef * bonus
+            scale = inputs.lr_scale if options.entropy_schedule == "lr" else 1.0
+            token_loss = token_loss - options.entropy_coef * scale * bonus
         loss = self.aggregate(token_loss, mask, inputs)
         stats["loss_sum"] = float((token_loss.detach() * mask).sum())
         stats["clip_frac"] = float((clipped * mask).sum())

@@ -234,6 +234,11 @@ class PolicyTrainer:
         metrics["train/adv_abs_mean"] = abs_sum / max(abs_count, 1.0)
         return metrics
 
+    def _lr_scale(self) -> float:
+        """The scheduler's factor at this step (lr / peak lr)."""
+        group = self.optimizer.param_groups[0]
+        return group["lr"] / group["initial_lr"] if group.get("initial_lr") else 1.0
+
     def _agreed_micro_steps(self, mine: int) -> int:
         """Sharded: forward/backward passes are collectives, so every rank runs the most any rank needs."""
         if not self.sharded:
@@ -366,6 +371,7 @@ class PolicyTrainer:
             global_sequences=global_sequences,
             model_outputs=outputs,
             prepared=rows,
+            lr_scale=self._lr_scale(),
         )
         loss, stats = self.algorithm.loss(inputs)
         loss.backward()

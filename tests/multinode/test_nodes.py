@@ -109,7 +109,8 @@ PEER_TIMEOUT_S = 8  # runtime.peer_timeout_s for the cut link: short, yet well o
 
 def test_a_cut_link_ends_the_job_within_the_peer_timeout_and_the_run_resumes(nodes, shared_model):
     run = jobs.shared_dir("cut-link") / "run"
-    overrides = run_settings(run, shared_model, steps=4, **{"checkpoint.every": 2})
+    steps = 6  # the cut can land after a later checkpoint than the first (steps run on while it goes unnoticed)
+    overrides = run_settings(run, shared_model, steps=steps, **{"checkpoint.every": 2})
     overrides.append(f"runtime.peer_timeout_s={PEER_TIMEOUT_S}")
     lines = jobs.Lines(jobs.start(jobs.supervised_train_argv(HOSTS, overrides)))
     try:
@@ -129,9 +130,10 @@ def test_a_cut_link_ends_the_job_within_the_peer_timeout_and_the_run_resumes(nod
     ended = lines.first("agentrl supervise: restart 1/2")
     assert ended is not None and ended - cut_at < PEER_TIMEOUT_S + 5, text[-6000:]
     assert re.search(r"rank 0 on node0\): nothing heard from node1 \(its first rank, 2\) for [0-9.]+ s", text), text
-    assert re.search(r"resuming from .*step_000002 at step 2", text), text[-6000:]
-    assert checkpoint.latest(run)[0] == 4
-    assert sorted(step for step, _ in scalars(run)["episode/count"]) == list(range(4))  # none lost or repeated
+    resumed = re.search(r"resuming from .*step_(\d+) at step (\d+)", text)
+    assert resumed and int(resumed[1]) == int(resumed[2]) >= 2, text[-6000:]
+    assert checkpoint.latest(run)[0] == steps
+    assert sorted(step for step, _ in scalars(run)["episode/count"]) == list(range(steps))  # none lost or repeated
     print(f"\nnode1's link cut: the supervisor saw the job end after {ended - cut_at:.2f} s")
 
 

@@ -269,6 +269,8 @@ def reference_gradients(
     high = options.get("clip_eps_high", defaults[1])
     agg = options.get("loss_agg", defaults[2])
     kl_coef, entropy_coef = options.get("kl_coef", 0.0), options.get("entropy_coef", 0.0)
+    if options.get("entropy_schedule") == "lr":
+        entropy_coef *= LR_SCALE
     correction = options.get("correction", {"mode": "none"})
     tokens = sum(mask.sum() for _, mask in rows)
     sequences = sum(mask.sum() > 0 for _, mask in rows)
@@ -362,7 +364,9 @@ CASES = [(name, {}) for name in SHIPPED] + [
     ("gigpo", {"std_norm": False, "gamma": 0.5, "step_weight": 0.7}),
     ("rloo", {"loss_agg": "seq-mean-token-mean", "entropy_coef": 0.02}),
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6}),  # the random logits' entropies lie on both sides
+    ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_schedule": "lr"}),
 ]
+LR_SCALE = 0.3  # the scheduler's factor the loss is told (only `entropy_schedule: lr` reads it)
 
 
 def test_every_registered_algorithm_has_a_reference():
@@ -461,6 +465,7 @@ def test_algorithm_gradient_float64(name, options):
         global_sequences=float((mask.sum(-1) > 0).sum()),
         model_outputs=model_outputs,
         prepared=rows_prepared,
+        lr_scale=LR_SCALE,
     )
     loss, stats = algorithm.loss(inputs)
     loss.backward()
@@ -653,3 +658,25 @@ def test_on_policy_gspo_is_grpo_with_sequence_mean_aggregation():
         grads[name] = logits.grad
     assert grads["gspo"].abs().max() > 1e-3
     torch.testing.assert_close(grads["gspo"], grads["grpo"], rtol=1e-12, atol=1e-15)
+
+
+def test_the_loss_is_told_the_schedulers_factor(tiny_model_dir):
+    """`entropy_schedule: lr` scales the bonus by what the trainer passes as lr_scale: lr / peak lr, step by step."""
+    config = config_for(
+        "rloo",
+        {"entropy_coef": 0.1, "entropy_schedule": "lr"},
+        tiny_model_dir,
+        optimizer={"lr": 1e-3},
+        lr_scheduler={"warmup_steps": 2, "decay": "cosine"},
+        steps=5,
+    )
+    trainer = policy_trainer(config, str(tiny_model_dir), "cpu")
+    told, expected = [], []
+    loss = trainer.algorithm.loss
+    trainer.algorithm.loss = lambda inputs: (told.append(inputs.lr_scale), loss(inputs))[1]
+    batch = make_batch()
+    for _ in range(4):
+        expected.append(trainer.scheduler.get_last_lr()[0] / 1e-3)
+        trainer.train_step(batch)
+    assert told == pytest.approx(expected)
+    assert told[0] < told[1] and told[2] > told[3]  # the warm-up, then the decay
