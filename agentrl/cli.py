@@ -4,6 +4,7 @@ envs | algorithms | check-env | config-doc."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from agentrl import startup
@@ -398,7 +399,11 @@ COMMANDS = {
 def entry_point() -> None:
     """The `agentrl` command: `main`, then MPI ended where its errors are still reported."""
     startup.defer_collection()
-    code = main()
+    try:
+        code = main()
+    except BrokenPipeError:  # the reader went away (`agentrl sweep status DIR | head`): not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # so exit's flush of stdout fails no more
+        code = 141  # what a shell reports for a command ended by SIGPIPE
     from agentrl.transport import finalize
 
     finalize()

@@ -175,3 +175,16 @@ def test_an_engine_option_alone_picks_the_torch_engine():
     assert config.rollout.engine.backend == "torch" and config.rollout.engine.scheduler == "continuous"
     with pytest.raises(ConfigError, match=r"rollout\.engine\.torch\.tp_size: unknown field"):
         load_config(None, ["model.path=m", "rollout.engine.tp_size=2"])  # an SGLang option needs backend=sglang
+
+
+def test_a_reader_that_closes_the_pipe_early_gets_no_traceback():
+    """`agentrl config-doc | head`: the command stops quietly, as a shell tool does, with SIGPIPE's status."""
+    import subprocess
+    import sys
+
+    command = [sys.executable, "-c", "from agentrl.cli import entry_point; entry_point()", "config-doc"]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout.read(100)  # the reference is ~50 KB: far more than a pipe holds once we stop reading
+    process.stdout.close()
+    stderr = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 141 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
