@@ -108,6 +108,12 @@ class PolicyGradientOptions(AlgorithmOptions):
                 "algorithm.entropy_floor caps the entropy bonus, and algorithm.entropy_coef is 0, so there is no bonus "
                 "to cap; set entropy_coef (e.g. 0.2) or drop entropy_floor"
             )
+        if self.entropy_schedule != "constant" and self.entropy_coef == 0:
+            raise ValueError(
+                f"algorithm.entropy_schedule={self.entropy_schedule} scales the entropy bonus, and "
+                "algorithm.entropy_coef is 0, so there is no bonus to schedule; set entropy_coef (e.g. 0.2) or drop "
+                "entropy_schedule"
+            )
         return self
 
 

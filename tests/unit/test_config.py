@@ -128,6 +128,10 @@ def test_algorithm_options_are_validated_by_the_named_algorithm():
     assert floored.algorithm.entropy_floor == 0.2
     with pytest.raises(ConfigError, match=r"entropy_coef is 0, so there is no bonus to cap; set entropy_coef"):
         from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_floor": 0.2}})
+    with pytest.raises(ConfigError, match=r"entropy_schedule=lr scales the entropy bonus.*no bonus to schedule"):
+        from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_schedule": "lr"}})
+    with pytest.raises(ConfigError, match=r"entropy_schedule: Input should be 'constant' or 'lr'"):
+        from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_coef": 0.2, "entropy_schedule": "cosine"}})
 
 
 def test_engine_options_belong_to_their_backend():
@@ -179,12 +183,17 @@ def test_an_engine_option_alone_picks_the_torch_engine():
 
 def test_a_reader_that_closes_the_pipe_early_gets_no_traceback():
     """`agentrl config-doc | head`: the command stops quietly, as a shell tool does, with SIGPIPE's status."""
+    import fcntl
+    import os
     import subprocess
     import sys
 
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4096)  # the reference is ~50 KB: more than the pipe holds
     command = [sys.executable, "-c", "from agentrl.cli import entry_point; entry_point()", "config-doc"]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    assert process.stdout.read(100)  # the reference is ~50 KB: far more than a pipe holds once we stop reading
-    process.stdout.close()
+    process = subprocess.Popen(command, stdout=write_end, stderr=subprocess.PIPE)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as reader:
+        assert reader.read(100)
     stderr = process.stderr.read().decode()
     assert process.wait(timeout=60) == 141 and "Traceback" not in stderr and "BrokenPipe" not in stderr, stderr
