@@ -236,8 +236,8 @@ class PolicyTrainer:
 
     def _lr_scale(self) -> float:
         """The scheduler's factor at this step (lr / peak lr)."""
-        group = self.optimizer.param_groups[0]
-        return group["lr"] / group["initial_lr"] if group.get("initial_lr") else 1.0
+        peak = self.scheduler.base_lrs[0]
+        return self.scheduler.get_last_lr()[0] / peak if peak else 1.0
 
     def _agreed_micro_steps(self, mine: int) -> int:
         """Sharded: forward/backward passes are collectives, so every rank runs the most any rank needs."""
