@@ -150,8 +150,10 @@ class TrialRun:
             else:
                 self.study.tell(number, value)
                 state = "complete"
-        elif code == EXIT_STOPPED:
-            state = "stopped"  # stopped with a checkpoint (the sweep was stopped): a resumed sweep continues it
+        elif code == EXIT_STOPPED or (self.stopping and code in (-signal.SIGTERM, 128 + signal.SIGTERM)):
+            # stopped with a checkpoint (the sweep was stopped), or by the stop's SIGTERM itself while it was still
+            # starting, before agentrl's handler was in place: a resumed sweep continues it (or starts it again)
+            state = "stopped"
         else:
             self.study.tell(number, state=self.states.FAIL)
             record["reason"] = f"exit {code}; see {self.sweep.log_path(number)}"

@@ -149,6 +149,26 @@ def test_a_killed_sweep_resumes_without_losing_or_repeating_a_trial(tmp_path, ti
     assert any(record["attempt"] == 2 for record in resumed)
 
 
+def test_a_trial_stopped_before_it_could_checkpoint_is_stopped_not_failed(tmp_path, tiny_model_dir):
+    """A sweep stopped while a trial is still starting (here a trial that only sleeps, as one importing torch does)
+    sends it SIGTERM before agentrl's handler is in place: it dies of the signal, and is resumable, not failed."""
+    sleeper = [sys.executable, "-c", "import time; time.sleep(120)"]
+    spec = write_spec(tmp_path, tiny_model_dir, trials=2, agentrl_command=sleeper)
+    sweep_dir = tmp_path / "sweep"
+    process = subprocess.Popen([AGENTRL, "sweep", str(spec)], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while len(list(sweep_dir.glob("runners/*.json"))) < 2 or not all(
+        "training_pid" in path.read_text() for path in sweep_dir.glob("runners/*.json")
+    ):
+        assert process.poll() is None and time.monotonic() < deadline, process.stdout.read()
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=60)
+    assert process.returncode == 75, output
+    assert "trial 0 stopped" in output and "trial 1 stopped" in output and "failed" not in output
+    assert [row["state"] for row in results(sweep_dir)] == ["stopped", "stopped"]
+
+
 def test_a_sweeps_trials_are_one_wandb_group_and_one_mlflow_experiment(tmp_path, tiny_model_dir, monkeypatch):
     pytest.importorskip("wandb")
     pytest.importorskip("mlflow")
