@@ -29,18 +29,23 @@ CHAT_TEMPLATE = (
 # vocab and merges, so training must split text the same way.
 QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# The role names CHAT_TEMPLATE writes after <|im_start|> (a tool message is rendered as a user turn).
+CHAT_ROLES = ["user", "assistant", "system"]
 
 
 def build_tokenizer(texts: Iterable[str], vocab_size: int = 160):
     """Train a small byte-level BPE tokenizer on `texts` (the pre-tokenizer Qwen2 uses).
 
     The base alphabet is only the bytes that occur in `texts`, so the vocabulary stays
-    small; digits stay single tokens, as in Qwen2's regex.
+    small; digits stay single tokens, as in Qwen2's regex. Every message the model reads or writes opens with
+    its role's name, so the corpus holds one role header per text: "user" and "assistant" then become single
+    tokens where the vocabulary has room, instead of being spelled out letter by letter in every turn.
     """
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     texts = list(texts)
+    texts += [f"{CHAT_ROLES[i % len(CHAT_ROLES)]}\n" for i in range(max(len(texts), len(CHAT_ROLES)))]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     seen = {ch for text in [*texts, "0123456789 \n"] for word, _ in byte_level.pre_tokenize_str(text) for ch in word}
     tokenizer = Tokenizer(models.BPE())
@@ -71,6 +76,7 @@ def build_tiny_model(
     vocab_size: int = 160,
     seed: int = 0,
     init_std: float = 0.02,
+    output_scale: float = 1.0,
 ) -> Path:
     """Write a randomly initialised Qwen2 causal LM and its tokenizer to `out_dir`."""
     import torch
@@ -94,6 +100,8 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(output_scale)
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)

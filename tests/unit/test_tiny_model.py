@@ -34,3 +34,52 @@ def test_a_folder_built_from_another_tiny_section_is_refused_not_reused(tmp_path
     assert "hidden_size" not in str(error.value)
     assert (path / "model.safetensors").read_bytes() == weights  # nothing rebuilt or lost
     ensure_model(ModelConfig(path=str(path)), lambda: TEXTS)  # no tiny section: the folder is used as it is
+
+
+def test_the_chat_roles_are_single_tokens_so_a_turn_costs_few_tokens():
+    from agentrl.models.tiny import build_tokenizer
+
+    tokenizer = build_tokenizer(TEXTS, vocab_size=128)
+    messages = [
+        {"role": "system", "content": "The number"},
+        {"role": "user", "content": TEXTS[0]},
+        {"role": "assistant", "content": "4"},
+        {"role": "tool", "content": TEXTS[1]},
+    ]
+    ids = tokenizer(tokenizer.apply_chat_template(messages, tokenize=False))["input_ids"]
+    pieces = [tokenizer.decode([i]) for i in ids]
+    for role in ("system", "user", "assistant"):
+        assert role in pieces  # one token each, right after <|im_start|>
+    assert pieces.count("user") == 2  # the tool result is rendered as a user turn
+    assert tokenizer.decode(ids[:3]) == "<|im_start|>system\n"
+    assert tokenizer.decode(ids).startswith("<|im_start|>system\nThe number<|im_end|>\n<|im_start|>user\nYou have")
+
+
+def test_output_scale_starts_the_final_norm_small_so_the_first_answers_are_near_uniform(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spreads = {}
+    for scale in (1.0, 0.1):
+        path = tmp_path / f"model{scale}"
+        tiny = {"hidden_size": 64, "init_std": 0.1, "output_scale": scale}
+        ensure_model(ModelConfig(path=str(path), tiny=tiny), lambda: TEXTS)
+        model = AutoModelForCausalLM.from_pretrained(path)
+        assert torch.equal(model.model.norm.weight, torch.full((64,), scale))
+        assert float(model.model.layers[0].mlp.gate_proj.weight.std()) == pytest.approx(0.1, rel=0.05)  # unscaled
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        ids = tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+        with torch.no_grad():
+            probabilities = model(ids).logits[0, -1].softmax(-1)
+        spreads[scale] = float(probabilities.max() / probabilities.min())
+    assert spreads[0.1] < 2 and spreads[1.0] > 10, spreads  # the most likely token over the least likely
+
+
+def test_a_folder_built_before_a_tiny_field_existed_is_taken_as_built_with_its_default(tmp_path):
+    path = tmp_path / "model"
+    ensure_model(ModelConfig(path=str(path), tiny={"hidden_size": 32}), lambda: TEXTS)
+    record = json.loads((path / "agentrl_tiny.json").read_text())
+    del record["output_scale"]
+    (path / "agentrl_tiny.json").write_text(json.dumps(record))
+    ensure_model(ModelConfig(path=str(path), tiny={"hidden_size": 32}), lambda: TEXTS)
+    with pytest.raises(UserError, match=r"output_scale: 1\.0 there, 0\.5 in the config"):
+        ensure_model(ModelConfig(path=str(path), tiny={"hidden_size": 32, "output_scale": 0.5}), lambda: TEXTS)
