@@ -48,6 +48,14 @@ class TinyModelConfig(Section):
     init_std: float = Field(
         0.02, gt=0, description="Std of the normal initialisation of every weight matrix (Qwen2's initializer_range)."
     )
+    output_scale: float = Field(
+        1.0,
+        gt=0,
+        description="Initial weight of the final norm, which scales the first logits: below 1 the random model's "
+        "first answers are closer to uniform, so no answer is favoured by its random weights before training (a "
+        "policy's last layer initialised small, as in cleanrl's PPO). The states stay as distinct as init_std "
+        "makes them.",
+    )
 
 
 LORA_TARGETS_DEFAULT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

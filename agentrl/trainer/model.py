@@ -71,6 +71,7 @@ def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
         vocab_size=tiny.vocab_size,
         seed=tiny.seed,
         init_std=tiny.init_std,
+        output_scale=tiny.output_scale,
     )
     (path / TINY_RECORD).write_text(json.dumps(tiny.model_dump(), indent=1) + "\n")
 
@@ -82,10 +83,11 @@ def _check_tiny_record(path: Path, tiny) -> None:
         return  # not built by `agentrl` from a model.tiny section: the user's own folder, used as it is
     built = json.loads(record.read_text())
     wanted = tiny.model_dump()
+    defaults = type(tiny)().model_dump()  # a field added since the folder was built had its default then
     differ = [
-        f"{key}: {built.get(key)} there, {value} in the config"
+        f"{key}: {built.get(key, defaults[key])} there, {value} in the config"
         for key, value in wanted.items()
-        if built.get(key) != value
+        if built.get(key, defaults[key]) != value
     ]
     if differ:
         raise UserError(
