@@ -7,6 +7,12 @@ Feedback matters: guessing blind succeeds within `max_guesses` only by luck, whi
 policy that reads the replies (binary search: guess the middle of the range) always
 succeeds when 2**max_guesses > high - low.
 
+Two shapings pay for progress before the number is found. `progress_reward` pays a wrong guess by the share of the
+possible numbers it rules out, on top of a win's 1, so a game won in three guesses earns more than one won in one.
+`information_reward` pays every guess, the winning one included, the bits it gains (log of how much it shrinks the
+range, a correct guess leaving one number) as a share of the bits the game starts with: a potential-based shaping
+(Ng et al. 1999), so every win earns it in full and, within one secret, only a loss earns less.
+
 `shift` moves each game's range up by a random 0..shift; `name_the_last` replies "lower, it is 5" instead of
 "lower, between 5 and 5" once one number is left.
 
@@ -17,6 +23,7 @@ algorithms such as GiGPO group turns by it).
 
 from __future__ import annotations
 
+import math
 import re
 
 from agentrl.env.api import TextEnv
@@ -41,6 +48,7 @@ class GuessNumberEnv(TextEnv):
         progress_reward: float = 0.0,
         shift: int = 0,
         name_the_last: bool = False,
+        information_reward: float = 0.0,
     ):
         super().__init__()
         if high <= low:
@@ -54,6 +62,7 @@ class GuessNumberEnv(TextEnv):
         # shaping: paid for a wrong guess times the share of the still-possible numbers it rules out, so a guess
         # in the middle of the range earns the most (binary search's own measure of progress)
         self.progress_reward = progress_reward
+        self.information_reward = information_reward
         self.name_the_last = name_the_last  # with show_range: "it is 5" instead of "between 5 and 5"
         self.shift = shift  # each game moves the range up by a random 0..shift, so no one number is always right
         self.secret = None
@@ -81,8 +90,9 @@ class GuessNumberEnv(TextEnv):
         out_of_guesses = self.guesses >= self.max_guesses
         self.over = out_of_guesses or guess == self.secret
         if guess == self.secret:
+            reward = 1.0 + self._information(self.secret, self.secret)
             info = {"success": True, "guesses": self.guesses, "state_key": self.state_key()}
-            return "correct", 1.0, True, False, info
+            return "correct", reward, True, False, info
         lo, hi = self.possible
         reward = self.valid_reward if guess is not None and lo <= guess <= hi else 0.0
         if guess is None:
@@ -94,11 +104,19 @@ class GuessNumberEnv(TextEnv):
         if self.progress_reward:
             before = self.possible[1] - self.possible[0] + 1
             reward += self.progress_reward * (before - (hi - lo + 1)) / before
+        reward += self._information(lo, hi)
         self.possible = (lo, hi)
         if self.show_range:
             reply += f", it is {lo}" if self.name_the_last and lo == hi else f", between {lo} and {hi}"
         info = {"success": False, "guesses": self.guesses, "state_key": self.state_key()}
         return reply, reward, out_of_guesses, False, info
+
+    def _information(self, lo: int, hi: int) -> float:
+        """information_reward x the bits a guess gained, narrowing `self.possible` to lo..hi, over the game's bits."""
+        if not self.information_reward:
+            return 0.0
+        size = self.possible[1] - self.possible[0] + 1
+        return self.information_reward * math.log(size / (hi - lo + 1)) / math.log(self.high - self.low + 1)
 
     def state_key(self) -> tuple[int, int, int]:
         """(lowest possible, highest possible, guesses left)."""

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from agentrl.cli import main
@@ -49,6 +51,33 @@ def test_progress_reward_pays_the_share_of_the_range_a_guess_rules_out():
     env.secret = 7
     env.step("4")
     assert env.step("6")[1] == pytest.approx(0.2 * 2 / 3)  # the middle rules out two of three
+
+
+def play(env, secret: int, guesses: list[str]) -> tuple[list[float], bool]:
+    env.reset(seed=0)
+    env.secret = secret
+    rewards = []
+    for guess in guesses:
+        _, reward, terminated, _, info = env.step(guess)
+        rewards.append(reward)
+        if terminated:
+            return rewards, info["success"]
+    return rewards, False
+
+
+def test_information_reward_pays_each_guess_its_bits_and_every_win_the_same():
+    env = GuessNumberEnv(low=1, high=7, max_guesses=3, information_reward=0.5)
+    rewards, won = play(env, 7, ["4", "6", "7"])  # 7 -> 3 -> 1 possible numbers, then found
+    assert won
+    assert rewards == pytest.approx([0.5 * math.log(7 / 3) / math.log(7), 0.5 * math.log(3) / math.log(7), 1.0])
+    for secret, guesses in [(4, ["4"]), (6, ["4", "6"]), (1, ["3", "1"]), (5, ["1", "2", "5"]), (7, ["5", "6", "7"])]:
+        rewards, won = play(env, secret, guesses)
+        assert won and sum(rewards) == pytest.approx(1.5), (secret, guesses)  # a win in 1, 2 or 3 guesses alike
+    rewards, won = play(env, 7, ["3", "5", "6"])  # 7 -> 4 -> 2 -> 1 possible: all the bits, but no win
+    assert not won and sum(rewards) == pytest.approx(0.5)
+    rewards, won = play(env, 7, ["1", "2", "3"])  # 7 -> 6 -> 5 -> 4: a blind loss learns less
+    assert not won and sum(rewards) == pytest.approx(0.5 * math.log(7 / 4) / math.log(7))
+    assert play(env, 7, ["x", "4", "6"])[0][0] == 0.0  # no number, no bits
 
 
 def test_the_range_is_the_last_thing_before_every_guess():
