@@ -103,17 +103,21 @@ class PolicyGradientOptions(AlgorithmOptions):
 
     @model_validator(mode="after")
     def _floor_needs_a_bonus(self) -> PolicyGradientOptions:
-        if self.entropy_floor is not None and self.entropy_coef == 0:
-            raise ValueError(
-                "algorithm.entropy_floor caps the entropy bonus, and algorithm.entropy_coef is 0, so there is no bonus "
-                "to cap; set entropy_coef (e.g. 0.2) or drop entropy_floor"
-            )
-        if self.entropy_schedule != "constant" and self.entropy_coef == 0:
-            raise ValueError(
-                f"algorithm.entropy_schedule={self.entropy_schedule} scales the entropy bonus, and "
-                "algorithm.entropy_coef is 0, so there is no bonus to schedule; set entropy_coef (e.g. 0.2) or drop "
-                "entropy_schedule"
-            )
+        shapers = [  # (set?, what it does to the bonus, the verb, the field)
+            (self.entropy_floor is not None, "algorithm.entropy_floor caps", "cap", "entropy_floor"),
+            (
+                self.entropy_schedule != "constant",
+                f"algorithm.entropy_schedule={self.entropy_schedule} scales",
+                "schedule",
+                "entropy_schedule",
+            ),
+        ]
+        for used, what, verb, name in shapers:
+            if used and self.entropy_coef == 0:
+                raise ValueError(
+                    f"{what} the entropy bonus, and algorithm.entropy_coef is 0, so there is no bonus to {verb}; set "
+                    f"entropy_coef (e.g. 0.2) or drop {name}"
+                )
         return self
 
 

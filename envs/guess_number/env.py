@@ -102,7 +102,7 @@ class GuessNumberEnv(TextEnv):
         else:
             reply, hi = "lower", min(hi, guess - 1)
         if self.progress_reward:
-            before = self.possible[1] - self.possible[0] + 1
+            before = self._count()
             reward += self.progress_reward * (before - (hi - lo + 1)) / before
         reward += self._information(lo, hi)
         self.possible = (lo, hi)
@@ -115,8 +115,11 @@ class GuessNumberEnv(TextEnv):
         """information_reward x the bits a guess gained, narrowing `self.possible` to lo..hi, over the game's bits."""
         if not self.information_reward:
             return 0.0
-        size = self.possible[1] - self.possible[0] + 1
-        return self.information_reward * math.log(size / (hi - lo + 1)) / math.log(self.high - self.low + 1)
+        return self.information_reward * math.log(self._count() / (hi - lo + 1)) / math.log(self.high - self.low + 1)
+
+    def _count(self) -> int:
+        """How many numbers are still possible."""
+        return self.possible[1] - self.possible[0] + 1
 
     def state_key(self) -> tuple[int, int, int]:
         """(lowest possible, highest possible, guesses left)."""
