@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--low", type=int, default=1)
     parser.add_argument("--high", type=int, default=7)
     parser.add_argument("--guesses", type=int, default=3)
+    parser.add_argument("--name-the-last", action="store_true", help='the env\'s name_the_last ("it is 3")')
     args = parser.parse_args()
     from agentrl.trainer.lora import is_adapter_folder
 
@@ -56,7 +57,7 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     model = load_causal_lm(args.checkpoint).eval()  # a LoRA checkpoint: its base with the adapter merged
-    env = GuessNumberEnv(args.low, args.high, args.guesses)
+    env = GuessNumberEnv(args.low, args.high, args.guesses, name_the_last=args.name_the_last)
     wins = 0
     for secret in range(args.low, args.high + 1):
         won, trace = play(model, tokenizer, env, secret)
