@@ -212,3 +212,8 @@ def test_agentrl_command_starts_each_trial_alone_or_each_rank_under_mpirun(tmp_p
     default = launch_command(1, parse_spec(spec_data(tmp_path), "test.yaml").agentrl_command)
     assert Path(default[0]).name == "agentrl" and default[1:] == ["train"]
     assert "agentrl_command" in refused(tmp_path, agentrl_command=[])
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "sweeps").glob("*.yaml")), ids=lambda path: path.name)
+def test_every_shipped_spec_loads_and_its_trial_configs_pass_the_loader(path):
+    check_space(load_spec(path))
