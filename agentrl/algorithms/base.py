@@ -103,21 +103,16 @@ class PolicyGradientOptions(AlgorithmOptions):
 
     @model_validator(mode="after")
     def _floor_needs_a_bonus(self) -> PolicyGradientOptions:
-        shapers = [  # (set?, what it does to the bonus, the verb, the field)
-            (self.entropy_floor is not None, "algorithm.entropy_floor caps", "cap", "entropy_floor"),
-            (
-                self.entropy_schedule != "constant",
-                f"algorithm.entropy_schedule={self.entropy_schedule} scales",
-                "schedule",
-                "entropy_schedule",
-            ),
-        ]
-        for used, what, verb, name in shapers:
-            if used and self.entropy_coef == 0:
-                raise ValueError(
-                    f"{what} the entropy bonus, and algorithm.entropy_coef is 0, so there is no bonus to {verb}; set "
-                    f"entropy_coef (e.g. 0.2) or drop {name}"
-                )
+        def refuse(what: str, verb: str, field: str):
+            raise ValueError(
+                f"{what} the entropy bonus, and algorithm.entropy_coef is 0, so there is no bonus to {verb}; set "
+                f"entropy_coef (e.g. 0.2) or drop {field}"
+            )
+
+        if self.entropy_coef == 0 and self.entropy_floor is not None:
+            refuse("algorithm.entropy_floor caps", "cap", "entropy_floor")
+        if self.entropy_coef == 0 and self.entropy_schedule != "constant":
+            refuse(f"algorithm.entropy_schedule={self.entropy_schedule} scales", "schedule", "entropy_schedule")
         return self
 
 
