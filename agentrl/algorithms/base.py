@@ -89,6 +89,12 @@ class PolicyGradientOptions(AlgorithmOptions):
         description="`lr`: the entropy bonus follows the learning-rate schedule (entropy_coef x lr / peak lr), so "
         "it fades as the lr decays and the policy may sharpen at the end; `constant`: entropy_coef throughout.",
     )
+    entropy_on: Literal["all", "failed"] = Field(
+        "all",
+        description="`failed`: the entropy bonus only on the tokens of episodes that failed (the env's `success` is "
+        "false), so a state keeps exploring while the games through it are lost and may sharpen once they are won; "
+        "`all`: on every trained token.",
+    )
     loss_agg: Literal[LOSS_AGGREGATIONS] = Field(  # type: ignore[valid-type]
         "token-mean",
         description="How per-token losses become one number: over all tokens, or per sequence then over sequences.",
@@ -113,6 +119,8 @@ class PolicyGradientOptions(AlgorithmOptions):
             refuse("algorithm.entropy_floor caps", "cap", "entropy_floor")
         if self.entropy_coef == 0 and self.entropy_schedule != "constant":
             refuse(f"algorithm.entropy_schedule={self.entropy_schedule} scales", "schedule", "entropy_schedule")
+        if self.entropy_coef == 0 and self.entropy_on != "all":
+            refuse(f"algorithm.entropy_on={self.entropy_on} places", "place", "entropy_on")
         return self
 
 
@@ -320,6 +328,17 @@ class PolicyGradient(Algorithm):
     def needs_entropy_grad(self) -> bool:
         return self.options.entropy_coef > 0
 
+    def prepare(self, batch, valid, forward) -> Prepared:
+        if self.options.entropy_coef == 0 or self.options.entropy_on == "all":
+            return Prepared()
+        failed = valid & ~batch["success"].astype(bool)
+        first = batch.get("sample", np.zeros(len(valid), np.int32)) == 0
+        counts = self.context.reduce(np.array([float((failed & first).sum()), float((valid & first).sum())]))
+        return Prepared(
+            per_token={"entropy_weight": per_token(failed.astype(np.float32), batch["offsets"])},
+            metrics={"entropy_on_share": float(counts[0] / max(counts[1], 1.0))},
+        )
+
     def episode_advantages(self, batch: dict[str, np.ndarray], valid: np.ndarray) -> np.ndarray:
         """One value per episode; `advantages` spreads it over the episode's tokens."""
         raise NotImplementedError
@@ -374,6 +393,8 @@ class PolicyGradient(Algorithm):
         if options.entropy_coef > 0:
             bonus = inputs.entropy if options.entropy_floor is None else inputs.entropy.clamp(max=options.entropy_floor)
             scale = inputs.lr_scale if options.entropy_schedule == "lr" else 1.0
+            if "entropy_weight" in inputs.prepared:
+                bonus = bonus * inputs.prepared["entropy_weight"]
             token_loss = token_loss - options.entropy_coef * scale * bonus
         loss = self.aggregate(token_loss, mask, inputs)
         stats["loss_sum"] = float((token_loss.detach() * mask).sum())

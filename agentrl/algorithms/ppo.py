@@ -175,14 +175,14 @@ class PPO(PolicyGradient):
             advantages = masked_whiten(advantages, steps, reduce)
         self._advantages = from_rows(advantages, offsets)
         count = max(count, 1.0)
-        return Prepared(
-            per_token={"old_values": from_rows(old, offsets), "returns": from_rows(returns, offsets)},
-            metrics={
-                "explained_variance": variance,
-                "value_mean": float(value_sum / count),
-                "return_mean": float(return_sum / count),
-            },
+        prepared = super().prepare(batch, valid, forward)
+        prepared.per_token.update(old_values=from_rows(old, offsets), returns=from_rows(returns, offsets))
+        prepared.metrics.update(
+            explained_variance=variance,
+            value_mean=float(value_sum / count),
+            return_mean=float(return_sum / count),
         )
+        return prepared
 
     def advantages(self, batch, valid):
         if self._advantages is None or len(self._advantages) != len(batch["tokens"]):

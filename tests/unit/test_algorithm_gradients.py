@@ -76,7 +76,7 @@ def make_batch(seed: int = 0) -> dict[str, np.ndarray]:
             e.turn_states.append(state)
             e.extend([2], mask=0)  # eos, not trained
             e.extend(rng.integers(3, 40, size=2), mask=0)  # the observation
-        e.reward, e.turns = reward, len(turns)
+        e.reward, e.turns, e.success = reward, len(turns), reward > 1.0  # episodes 1 and 4 won
         episodes.append(e)
     return pack(episodes)
 
@@ -326,6 +326,8 @@ def reference_gradients(
             entropy = -(p * logp_all).sum(-1)
             floor = options.get("entropy_floor")
             below = np.ones(len(targets)) if floor is None else (entropy < floor)  # min(H, floor): no gradient above
+            if options.get("entropy_on") == "failed" and EPISODES[i][3] > 1.0:  # a won episode: no bonus
+                below = np.zeros(len(targets))
             grad = grad + (-entropy_coef * w * below)[:, None] * (-p * (logp_all + entropy[:, None]))
         grads.append(grad / temperature)
         if name == "ppo":
@@ -365,6 +367,8 @@ CASES = [(name, {}) for name in SHIPPED] + [
     ("rloo", {"loss_agg": "seq-mean-token-mean", "entropy_coef": 0.02}),
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6}),  # the random logits' entropies lie on both sides
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_schedule": "lr"}),
+    ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_on": "failed"}),
+    ("ppo", {"entropy_coef": 0.05, "entropy_on": "failed"}),  # PPO's prepare keeps the base's per-token weight
 ]
 LR_SCALE = 0.3  # the scheduler's factor the loss is told (only `entropy_schedule: lr` reads it)
 
@@ -445,14 +449,14 @@ def test_algorithm_gradient_float64(name, options):
     mask = padded(masks, width)
     per_token_adv = padded([advantages[offsets[i] + 1 : offsets[i + 1]] for i in range(len(rows))], width)
     value_leaf = None
-    model_outputs, rows_prepared = {}, {}
+    model_outputs = {}
+    rows_prepared = {
+        key: padded([flat[offsets[i] + 1 : offsets[i + 1]] for i in range(len(rows))], width)
+        for key, flat in prepared.per_token.items()
+    }
     if name == "ppo":
         value_leaf = padded(values, width).requires_grad_(True)
         model_outputs = {"critic": value_leaf}
-        rows_prepared = {
-            key: padded([flat[offsets[i] + 1 : offsets[i + 1]] for i in range(len(rows))], width)
-            for key, flat in prepared.per_token.items()
-        }
     inputs = LossInputs(
         logp=logp,
         old_logp=padded(old, width),
@@ -512,6 +516,7 @@ TRAINER_CASES = [(name, {}) for name in SHIPPED] + [
     ("grpo", {"entropy_coef": 0.03, "kl_coef": 0.1}),
     ("gspo", {"clip_eps_low": 0.05, "clip_eps_high": 0.05, "kl_coef": 0.1}),
     ("ppo", {"gamma": 0.9, "lam": 0.8, "entropy_coef": 0.01}),
+    ("rloo", {"entropy_coef": 0.05, "entropy_on": "failed"}),
 ]
 
 
