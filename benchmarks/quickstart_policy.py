@@ -1,7 +1,9 @@
-"""What a quickstart checkpoint's policy does: its greedy guess, and how sure it is, in every game of 1..7.
+"""What a quickstart checkpoint's policy does: its greedy guess, and how sure it is, in every game.
 
     python benchmarks/quickstart_policy.py runs/quickstart/checkpoints/step_000400
 
+The game is the one the run's own config.yaml (two folders up) set: its range, guesses and wording; the flags
+override it, and without a config.yaml the defaults are the quickstart's.
 Plays each secret with the greedy guess against `guess_number` itself, and prints
 each state it reached as (lowest possible, highest possible) -> guess : probability. A wrong guess held with
 probability near 1 is where a run stopped learning (docs/quickstart.md).
@@ -34,14 +36,34 @@ def play(model, tokenizer, env, secret: int) -> tuple[bool, list[str]]:
     return won, trace
 
 
+QUICKSTART_GAME = {"low": 1, "high": 7, "max_guesses": 4, "name_the_last": True}
+
+
+def run_game(checkpoint: Path) -> dict:
+    """The guess_number settings of the run that wrote `checkpoint`, from its config.yaml; {} when there is none."""
+    import yaml
+
+    config = checkpoint.parent.parent / "config.yaml"
+    if not config.is_file():
+        return {}
+    kwargs = (yaml.safe_load(config.read_text()).get("env") or {}).get("kwargs") or {}
+    return {key: kwargs[key] for key in ("low", "high", "max_guesses", "name_the_last") if key in kwargs}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint folder (full or LoRA adapter) of a quickstart run")
-    parser.add_argument("--low", type=int, default=1)
-    parser.add_argument("--high", type=int, default=7)
-    parser.add_argument("--guesses", type=int, default=3)
-    parser.add_argument("--name-the-last", action="store_true", help='the env\'s name_the_last ("it is 3")')
+    parser.add_argument("--low", type=int)
+    parser.add_argument("--high", type=int)
+    parser.add_argument("--guesses", type=int)
+    parser.add_argument(
+        "--name-the-last", action=argparse.BooleanOptionalAction, help='the env\'s name_the_last ("it is 3")'
+    )
     args = parser.parse_args()
+    game = {**QUICKSTART_GAME, **run_game(Path(args.checkpoint))}
+    for flag, key in (("low", "low"), ("high", "high"), ("guesses", "max_guesses"), ("name_the_last", "name_the_last")):
+        if getattr(args, flag) is not None:
+            game[key] = getattr(args, flag)
     from agentrl.trainer.lora import is_adapter_folder
 
     if not ((Path(args.checkpoint) / "config.json").is_file() or is_adapter_folder(args.checkpoint)):
@@ -57,13 +79,14 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
     model = load_causal_lm(args.checkpoint).eval()  # a LoRA checkpoint: its base with the adapter merged
-    env = GuessNumberEnv(args.low, args.high, args.guesses, name_the_last=args.name_the_last)
+    env = GuessNumberEnv(**game)
+    print(f"game: {game}")
     wins = 0
-    for secret in range(args.low, args.high + 1):
+    for secret in range(game["low"], game["high"] + 1):
         won, trace = play(model, tokenizer, env, secret)
         wins += won
         print(f"{secret}  {'win ' if won else 'lose'}  " + "   ".join(trace))
-    print(f"greedy: {wins} of {args.high - args.low + 1} games won")
+    print(f"greedy: {wins} of {game['high'] - game['low'] + 1} games won")
 
 
 if __name__ == "__main__":
