@@ -3,7 +3,7 @@
     python benchmarks/quickstart_policy.py runs/quickstart/checkpoints/step_000400
 
 The game is the one the run's own config.yaml (two folders up) set: its range, guesses and wording; the flags
-override it, and without a config.yaml the defaults are the quickstart's.
+override it, and without a config.yaml it is launch/configs/quickstart.yaml's.
 Plays each secret with the greedy guess against `guess_number` itself, and prints
 each state it reached as (lowest possible, highest possible) -> guess : probability. A wrong guess held with
 probability near 1 is where a run stopped learning (docs/quickstart.md).
@@ -36,18 +36,17 @@ def play(model, tokenizer, env, secret: int) -> tuple[bool, list[str]]:
     return won, trace
 
 
-QUICKSTART_GAME = {"low": 1, "high": 7, "max_guesses": 4, "name_the_last": True}
+GAME_KEYS = ("low", "high", "max_guesses", "name_the_last")
+QUICKSTART_CONFIG = Path(__file__).resolve().parent.parent / "launch" / "configs" / "quickstart.yaml"
 
 
 def run_game(checkpoint: Path) -> dict:
-    """The guess_number settings of the run that wrote `checkpoint`, from its config.yaml; {} when there is none."""
+    """The guess_number settings of the run that wrote `checkpoint` (its config.yaml), else the quickstart's."""
     import yaml
 
     config = checkpoint.parent.parent / "config.yaml"
-    if not config.is_file():
-        return {}
-    kwargs = (yaml.safe_load(config.read_text()).get("env") or {}).get("kwargs") or {}
-    return {key: kwargs[key] for key in ("low", "high", "max_guesses", "name_the_last") if key in kwargs}
+    kwargs = yaml.safe_load((config if config.is_file() else QUICKSTART_CONFIG).read_text())["env"]["kwargs"]
+    return {key: kwargs[key] for key in GAME_KEYS if key in kwargs}
 
 
 def main() -> None:
@@ -55,15 +54,13 @@ def main() -> None:
     parser.add_argument("checkpoint", help="a checkpoint folder (full or LoRA adapter) of a quickstart run")
     parser.add_argument("--low", type=int)
     parser.add_argument("--high", type=int)
-    parser.add_argument("--guesses", type=int)
+    parser.add_argument("--guesses", type=int, dest="max_guesses")
     parser.add_argument(
         "--name-the-last", action=argparse.BooleanOptionalAction, help='the env\'s name_the_last ("it is 3")'
     )
     args = parser.parse_args()
-    game = {**QUICKSTART_GAME, **run_game(Path(args.checkpoint))}
-    for flag, key in (("low", "low"), ("high", "high"), ("guesses", "max_guesses"), ("name_the_last", "name_the_last")):
-        if getattr(args, flag) is not None:
-            game[key] = getattr(args, flag)
+    flags = {key: getattr(args, key) for key in GAME_KEYS if getattr(args, key) is not None}
+    game = {**run_game(Path(args.checkpoint)), **flags}
     from agentrl.trainer.lora import is_adapter_folder
 
     if not ((Path(args.checkpoint) / "config.json").is_file() or is_adapter_folder(args.checkpoint)):

@@ -115,11 +115,13 @@ class PolicyGradientOptions(AlgorithmOptions):
                 f"entropy_coef (e.g. 0.2) or drop {field}"
             )
 
-        if self.entropy_coef == 0 and self.entropy_floor is not None:
+        if self.entropy_coef > 0:
+            return self
+        if self.entropy_floor is not None:
             refuse("algorithm.entropy_floor caps", "cap", "entropy_floor")
-        if self.entropy_coef == 0 and self.entropy_schedule != "constant":
+        if self.entropy_schedule != "constant":
             refuse(f"algorithm.entropy_schedule={self.entropy_schedule} scales", "schedule", "entropy_schedule")
-        if self.entropy_coef == 0 and self.entropy_on != "all":
+        if self.entropy_on != "all":
             refuse(f"algorithm.entropy_on={self.entropy_on} places", "place", "entropy_on")
         return self
 
@@ -331,8 +333,10 @@ class PolicyGradient(Algorithm):
     def prepare(self, batch, valid, forward) -> Prepared:
         if self.options.entropy_coef == 0 or self.options.entropy_on == "all":
             return Prepared()
+        from agentrl.metrics import first_samples
+
         failed = valid & ~batch["success"].astype(bool)
-        first = batch.get("sample", np.zeros(len(valid), np.int32)) == 0
+        first = first_samples(batch)
         counts = self.context.reduce(np.array([float((failed & first).sum()), float((valid & first).sum())]))
         return Prepared(
             per_token={"entropy_weight": per_token(failed.astype(np.float32), batch["offsets"])},
@@ -346,7 +350,9 @@ class PolicyGradient(Algorithm):
     def advantages(self, batch, valid):
         """Per-token advantages; an episode of several samples (agentrl/gateway/trace.py) enters the group's
         statistics once, and each of its samples takes its advantage."""
-        first = batch.get("sample", np.zeros(len(valid), np.int32)) == 0
+        from agentrl.metrics import first_samples
+
+        first = first_samples(batch)
         if first.all():
             return per_token(self.episode_advantages(batch, valid), batch["offsets"])
         from agentrl.trajectory import select_episodes
