@@ -95,6 +95,15 @@ class PolicyGradientOptions(AlgorithmOptions):
         "false), so a state keeps exploring while the games through it are lost and may sharpen once they are won; "
         "`all`: on every trained token.",
     )
+    entropy_measure: Literal["shannon", "uniform_kl"] = Field(
+        "shannon",
+        description="What the bonus raises. `shannon`: the next-token distribution's entropy, whose pull on a token "
+        "shrinks with the token's probability, so a token the policy stopped sampling stays unsampled; "
+        "`uniform_kl`: minus the KL from the uniform distribution over the vocabulary to the policy (the mean "
+        "log-probability over the vocabulary, plus log V), which pulls every logit toward their mean with a force "
+        "that does not shrink with the probability (label smoothing), so it revives such tokens. With entropy_floor, "
+        "either acts only on tokens whose entropy fell below the floor.",
+    )
     loss_agg: Literal[LOSS_AGGREGATIONS] = Field(  # type: ignore[valid-type]
         "token-mean",
         description="How per-token losses become one number: over all tokens, or per sequence then over sequences.",
@@ -123,6 +132,8 @@ class PolicyGradientOptions(AlgorithmOptions):
             refuse(f"algorithm.entropy_schedule={self.entropy_schedule} scales", "schedule", "entropy_schedule")
         if self.entropy_on != "all":
             refuse(f"algorithm.entropy_on={self.entropy_on} places", "place", "entropy_on")
+        if self.entropy_measure != "shannon":
+            refuse(f"algorithm.entropy_measure={self.entropy_measure} picks", "measure", "entropy_measure")
         return self
 
 
@@ -150,6 +161,7 @@ class LossInputs:
     model_outputs: dict[str, torch.Tensor] = field(default_factory=dict)  # each ExtraModel's output, with grad
     prepared: dict[str, torch.Tensor] = field(default_factory=dict)  # Prepared.per_token rows of this micro-batch
     lr_scale: float = 1.0  # the scheduler's factor this step: lr / peak lr
+    uniform_kl: torch.Tensor | None = None  # per-token KL(uniform || policy), with grad, when `needs_uniform_kl`
 
 
 Forward = Callable[[str], np.ndarray]  # ExtraModel name -> its flat per-token output, no grad (see `prepare`)
@@ -267,6 +279,11 @@ class Algorithm:
     def needs_entropy_grad(self) -> bool:
         return False
 
+    @property
+    def needs_uniform_kl(self) -> bool:
+        """Fill `LossInputs.uniform_kl` (with grad)."""
+        return False
+
     def keep_group(self, rewards: np.ndarray) -> bool:
         """Rollout side: whether a finished group of episodes enters the batch (dynamic sampling).
 
@@ -329,6 +346,10 @@ class PolicyGradient(Algorithm):
     @property
     def needs_entropy_grad(self) -> bool:
         return self.options.entropy_coef > 0
+
+    @property
+    def needs_uniform_kl(self) -> bool:
+        return self.options.entropy_coef > 0 and self.options.entropy_measure == "uniform_kl"
 
     def prepare(self, batch, valid, forward) -> Prepared:
         if self.options.entropy_coef == 0 or self.options.entropy_on == "all":
@@ -397,7 +418,7 @@ class PolicyGradient(Algorithm):
             token_loss = token_loss + options.kl_coef * kl
             stats["kl"] = float((kl.detach() * mask).sum())
         if options.entropy_coef > 0:
-            bonus = inputs.entropy if options.entropy_floor is None else inputs.entropy.clamp(max=options.entropy_floor)
+            bonus = entropy_bonus(inputs, options.entropy_measure, options.entropy_floor)
             scale = inputs.lr_scale if options.entropy_schedule == "lr" else 1.0
             if "entropy_weight" in inputs.prepared:
                 bonus = bonus * inputs.prepared["entropy_weight"]
@@ -414,6 +435,14 @@ class PolicyGradient(Algorithm):
         return aggregate_loss(
             token_loss, mask, self.options.loss_agg, inputs.global_tokens, inputs.global_sequences, norm_length
         )
+
+
+def entropy_bonus(inputs: LossInputs, measure: str, floor: float | None) -> torch.Tensor:
+    """The per-token quantity the entropy bonus raises (see PolicyGradientOptions.entropy_measure)."""
+    if measure == "shannon":
+        return inputs.entropy if floor is None else inputs.entropy.clamp(max=floor)
+    bonus = -inputs.uniform_kl
+    return bonus if floor is None else bonus * (inputs.entropy.detach() < floor)
 
 
 def generation_budget(rollout) -> int:

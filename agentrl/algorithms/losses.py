@@ -10,6 +10,8 @@ masks and reduces it.
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
@@ -164,6 +166,12 @@ def token_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 def entropy(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     logp = F.log_softmax(logits.float() / temperature, dim=-1)
     return -(logp.exp() * logp).sum(-1)
+
+
+def uniform_kl(logits: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+    """Per position: KL(uniform || softmax(logits / temperature)) = logsumexp - mean logit - log V (of the scaled)."""
+    scaled = logits.float() / temperature
+    return torch.logsumexp(scaled, dim=-1) - scaled.mean(-1) - math.log(scaled.shape[-1])
 
 
 def clipped_ratio_terms(

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from agentrl.algorithms.base import Algorithm, ExtraModel, LossInputs, Prepared, Reduce, valid_episodes
-from agentrl.algorithms.losses import entropy, token_logprobs
+from agentrl.algorithms.losses import entropy, token_logprobs, uniform_kl
 from agentrl.config import (
     ConfigError,
     LRSchedulerConfig,
@@ -372,6 +372,7 @@ class PolicyTrainer:
             model_outputs=outputs,
             prepared=rows,
             lr_scale=self._lr_scale(),
+            uniform_kl=uniform_kl(logits, temperature) if self.algorithm.needs_uniform_kl else None,
         )
         loss, stats = self.algorithm.loss(inputs)
         loss.backward()

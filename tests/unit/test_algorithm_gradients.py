@@ -28,6 +28,7 @@ import torch
 from agentrl.algorithms import registered_names
 from agentrl.algorithms.advantages import local_sum
 from agentrl.algorithms.base import LossInputs
+from agentrl.algorithms.losses import uniform_kl
 from agentrl.config import from_dict
 from agentrl.run_start import algorithm_of, policy_trainer
 from agentrl.trajectory import Episode, pack
@@ -328,7 +329,11 @@ def reference_gradients(
             below = np.ones(len(targets)) if floor is None else (entropy < floor)  # min(H, floor): no gradient above
             if options.get("entropy_on") == "failed" and EPISODES[i][3] > 1.0:  # a won episode: no bonus
                 below = np.zeros(len(targets))
-            grad = grad + (-entropy_coef * w * below)[:, None] * (-p * (logp_all + entropy[:, None]))
+            if options.get("entropy_measure") == "uniform_kl":  # d mean_j log p_j / dz = 1/V - p
+                bonus_grad = 1.0 / p.shape[-1] - p
+            else:
+                bonus_grad = -p * (logp_all + entropy[:, None])
+            grad = grad + (-entropy_coef * w * below)[:, None] * bonus_grad
         grads.append(grad / temperature)
         if name == "ppo":
             # 0.5 max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2), aggregated like the policy loss
@@ -369,6 +374,8 @@ CASES = [(name, {}) for name in SHIPPED] + [
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_schedule": "lr"}),
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_on": "failed"}),
     ("ppo", {"entropy_coef": 0.05, "entropy_on": "failed"}),  # PPO's prepare keeps the base's per-token weight
+    ("rloo", {"entropy_coef": 0.05, "entropy_measure": "uniform_kl"}),
+    ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_on": "failed", "entropy_measure": "uniform_kl"}),
 ]
 LR_SCALE = 0.3  # the scheduler's factor the loss is told (only `entropy_schedule: lr` reads it)
 
@@ -470,6 +477,7 @@ def test_algorithm_gradient_float64(name, options):
         model_outputs=model_outputs,
         prepared=rows_prepared,
         lr_scale=LR_SCALE,
+        uniform_kl=uniform_kl(logits, temperature) if algorithm.needs_uniform_kl else None,
     )
     loss, stats = algorithm.loss(inputs)
     loss.backward()
@@ -517,6 +525,7 @@ TRAINER_CASES = [(name, {}) for name in SHIPPED] + [
     ("gspo", {"clip_eps_low": 0.05, "clip_eps_high": 0.05, "kl_coef": 0.1}),
     ("ppo", {"gamma": 0.9, "lam": 0.8, "entropy_coef": 0.01}),
     ("rloo", {"entropy_coef": 0.05, "entropy_on": "failed"}),
+    ("rloo", {"entropy_coef": 0.05, "entropy_on": "failed", "entropy_measure": "uniform_kl"}),
 ]
 
 

@@ -132,6 +132,8 @@ def test_algorithm_options_are_validated_by_the_named_algorithm():
         from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_schedule": "lr"}})
     with pytest.raises(ConfigError, match=r"entropy_on=failed places the entropy bonus.*no bonus to place"):
         from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_on": "failed"}})
+    with pytest.raises(ConfigError, match=r"entropy_measure=uniform_kl picks the entropy bonus.*no bonus to measure"):
+        from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_measure": "uniform_kl"}})
     with pytest.raises(ConfigError, match=r"entropy_schedule: Input should be 'constant' or 'lr'"):
         from_dict({**BASE, "algorithm": {"name": "rloo", "entropy_coef": 0.2, "entropy_schedule": "cosine"}})
 
