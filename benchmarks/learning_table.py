@@ -3,6 +3,7 @@
     agentrl sweep launch/sweeps/learning_table.yaml
     python benchmarks/learning_table.py runs/sweeps/learning_table                        # print the tables
     python benchmarks/learning_table.py runs/sweeps/learning_table --write docs/algorithms.md README.md
+    python benchmarks/learning_table.py runs/sweeps/learning_table_quickstart runs/sweeps/learning_table_frozen_lake
 
 Per trial, from its TensorBoard events: the policy's success rate (`rollout/success_rate`, the policy's own over
 each step's first round of tasks; dapo's trained batch leaves out the groups it drops) over the first 2% of steps
@@ -133,20 +134,29 @@ def write_into(path: Path, table: dict) -> None:
     )
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("sweep_dir", type=Path)
-    parser.add_argument("--write", nargs="*", type=Path, default=[], help="files whose learning-table block to fill")
-    args = parser.parse_args()
-    saved = args.sweep_dir / SPEC_FILE
+def sweep_cells(sweep_dir: Path) -> dict[tuple[str, str], list[dict]]:
+    """`cells` of the sweep saved in `sweep_dir`, which must search algorithm.name."""
+    saved = sweep_dir / SPEC_FILE
     if not saved.is_file():
-        raise SystemExit(f"{args.sweep_dir} is not a sweep folder (no {SPEC_FILE}); run agentrl sweep SPEC first")
+        raise SystemExit(f"{sweep_dir} is not a sweep folder (no {SPEC_FILE}); run agentrl sweep SPEC first")
     sweep = Sweep(parse_spec(yaml.safe_load(saved.read_text()), str(saved)))
     if "algorithm.name" not in sweep.spec.space:
         raise SystemExit(f"{saved} does not search algorithm.name; the learning table needs one row per algorithm")
-    table = cells(sweep, sweep.study())
+    return cells(sweep, sweep.study())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("sweep_dirs", type=Path, nargs="+", help="one sweep folder, or one per part of the table")
+    parser.add_argument("--write", nargs="*", type=Path, default=[], help="files whose learning-table block to fill")
+    args = parser.parse_args()
+    table: dict[tuple[str, str], list[dict]] = {}
+    for sweep_dir in args.sweep_dirs:
+        for key, trials in sweep_cells(sweep_dir).items():
+            table.setdefault(key, []).extend(trials)
     if not table:
-        raise SystemExit(f"{args.sweep_dir}: no finished trial yet")
+        raise SystemExit(f"{' '.join(map(str, args.sweep_dirs))}: no finished trial yet")
+    table = dict(sorted(table.items()))
     print(full_table(table))
     print(short_table(table))
     for path in args.write:
