@@ -154,7 +154,7 @@ class LossInputs:
     rollout_logp: torch.Tensor  # mu: the rollout engine's own log-probs
     advantages: torch.Tensor
     mask: torch.Tensor  # 1.0 on trained (generated) tokens
-    entropy: torch.Tensor | None  # per-token entropy, with grad when an entropy bonus is asked for
+    entropy: torch.Tensor | None  # per-token entropy; with grad only when `needs_entropy_grad`, else detached
     ref_logp: torch.Tensor | None  # frozen reference policy, when `needs_reference`
     global_tokens: float  # trained tokens in the whole global mini-batch
     global_sequences: float  # episodes with at least one trained token in it
@@ -345,7 +345,8 @@ class PolicyGradient(Algorithm):
 
     @property
     def needs_entropy_grad(self) -> bool:
-        return self.options.entropy_coef > 0
+        """The Shannon bonus raises the entropy itself; `uniform_kl` reads it only as the floor's gate."""
+        return self.options.entropy_coef > 0 and self.options.entropy_measure == "shannon"
 
     @property
     def needs_uniform_kl(self) -> bool:
@@ -442,7 +443,7 @@ def entropy_bonus(inputs: LossInputs, measure: str, floor: float | None) -> torc
     if measure == "shannon":
         return inputs.entropy if floor is None else inputs.entropy.clamp(max=floor)
     bonus = -inputs.uniform_kl
-    return bonus if floor is None else bonus * (inputs.entropy.detach() < floor)
+    return bonus if floor is None else bonus * (inputs.entropy < floor)
 
 
 def generation_budget(rollout) -> int:

@@ -358,7 +358,11 @@ class PolicyTrainer:
                     self.reference(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
                 )
                 ref_logp = token_logprobs(ref_logits, targets, temperature)
-        token_entropy = entropy(logits, temperature) if self.algorithm.needs_entropy_grad else None
+        if self.algorithm.needs_entropy_grad:
+            token_entropy = entropy(logits, temperature)
+        else:
+            with torch.no_grad():
+                token_entropy = entropy(logits.detach(), temperature)
         inputs = LossInputs(
             logp=logp,
             old_logp=old,
@@ -377,10 +381,8 @@ class PolicyTrainer:
         loss, stats = self.algorithm.loss(inputs)
         loss.backward()
         with torch.no_grad():
-            if token_entropy is None:
-                token_entropy = entropy(logits.detach(), temperature)
             tokens = float(mask.sum())
-            stats = {"tokens": tokens, **stats, "entropy": float((token_entropy * mask).sum())}
+            stats = {"tokens": tokens, **stats, "entropy": float((token_entropy.detach() * mask).sum())}
             current = logp.detach()
             stats["logprob_diff_vs_rollout"] = float(((current - rollout_logp).abs() * mask).sum())
             stats["ratio_mean"] = float((torch.exp(current - old) * mask).sum())

@@ -470,7 +470,7 @@ def test_algorithm_gradient_float64(name, options):
         rollout_logp=padded(rollout, width),
         advantages=per_token_adv,
         mask=mask,
-        entropy=entropy if algorithm.needs_entropy_grad else None,
+        entropy=entropy if algorithm.needs_entropy_grad else entropy.detach(),
         ref_logp=padded(ref, width) if algorithm.needs_reference else None,
         global_tokens=float(mask.sum()),
         global_sequences=float((mask.sum(-1) > 0).sum()),
@@ -526,6 +526,8 @@ TRAINER_CASES = [(name, {}) for name in SHIPPED] + [
     ("ppo", {"gamma": 0.9, "lam": 0.8, "entropy_coef": 0.01}),
     ("rloo", {"entropy_coef": 0.05, "entropy_on": "failed"}),
     ("rloo", {"entropy_coef": 0.05, "entropy_on": "failed", "entropy_measure": "uniform_kl"}),
+    # the floor's gate reads the entropy without its gradient: uniform_kl's gradient alone reaches the logits
+    ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.9, "entropy_measure": "uniform_kl"}),
 ]
 
 
@@ -545,11 +547,17 @@ def test_trainer_gradient_matches_reference(tiny_model_dir, name, options):
     torch.manual_seed(0)
     config = config_for(name, options, tiny_model_dir, trainer={"micro_batch_size": 4}, optimizer={"lr": 1e-3})
     trainer = policy_trainer(config, str(tiny_model_dir), "cpu")
+    # uniform_kl reads the entropy only as the floor's gate: no autograd graph is kept for it
+    assert trainer.algorithm.needs_entropy_grad == (
+        options.get("entropy_coef", 0) > 0 and "entropy_measure" not in options
+    )
     temperature = ROLLOUT["temperature"]
     with torch.no_grad():
         if options.get("kl_coef"):  # move the policy off the reference, so the KL term has a gradient
             for p in trainer.params:
                 p.add_(0.05 * torch.randn_like(p))
+        if options.get("entropy_floor"):  # spread the tokens' entropies, so the floor gates some and not others
+            trainer.model.lm_head.weight.mul_(6.0)
         if name == "ppo":  # a critic whose values are not all 0
             torch.nn.init.normal_(trainer.extras[0].module.value_head.weight, std=0.5)
     batch = make_batch()
@@ -602,6 +610,11 @@ def test_trainer_gradient_matches_reference(tiny_model_dir, name, options):
         during = [out for out in critic_out if out.requires_grad]
         old_values = [v * m for v, (_, m) in zip(per_episode(before), rows, strict=True)]
         values = per_episode(during)
+    if "entropy_floor" in options:  # a floor that gates some tokens and not others
+        entropies = np.concatenate(
+            [-(np.exp(lp) * lp).sum(-1) for lp, _ in map(softmax_parts, logits, [temperature] * 6)]
+        )
+        assert 0 < (entropies < options["entropy_floor"]).mean() < 1
     hand_advantages, returns = reference_advantages(name, options, batch, rows, old_values)
     expected, value_expected = reference_gradients(
         name,
