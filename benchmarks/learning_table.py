@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from runs import window_means
 
 TARGET = 0.8
+STALL_FACTOR = 20  # a step this many times the trial's median step was stalled from outside (its processes paused)
 SUCCESS_TAGS = ("rollout/success_rate", "episode/success_rate")  # the policy's own first, else the trained batch's
 MARKERS = re.compile(r"(<!-- learning-table:start( full)? -->\n)(.*?)(<!-- learning-table:end -->)", re.S)
 
@@ -45,6 +46,15 @@ def steps_to(points: list[tuple[int, float]], target: float = TARGET, window: in
     trailing = np.convolve(values, np.ones(window) / window, mode="valid")
     hits = np.flatnonzero(trailing >= target)
     return int(points[hits[0] + window - 1][0]) if len(hits) else None
+
+
+def training_minutes(step_times: list[tuple[int, float]], up_to: int) -> float:
+    """Minutes spent on steps 0..`up_to`, each step counted at most STALL_FACTOR x the median step: a trial whose
+    processes were paused (a sweep stopped with SIGSTOP, a suspended machine) logs the pause as one long step."""
+    if not step_times:
+        return 0.0
+    median_s = float(np.median([v for _, v in step_times]))
+    return sum(min(v, STALL_FACTOR * median_s) for s, v in step_times if s <= up_to) / 60
 
 
 def trial_numbers(run_dir: str) -> dict | None:
@@ -61,7 +71,7 @@ def trial_numbers(run_dir: str) -> dict | None:
         "start": start,
         "end": end,
         "steps_to": reached,
-        "minutes_to": sum(v for s, v in step_times if s <= reached) / 60 if reached is not None else None,
+        "minutes_to": training_minutes(step_times, reached) if reached is not None else None,
         "step_s": float(np.median([v for _, v in step_times])) if step_times else None,
         "ev": window_means(variance) if variance else None,
     }
