@@ -13,8 +13,9 @@ from agentrl.sweep.study import Sweep
 COLUMNS = ("trial", "seed", "params", "objective", "state", "steps", "wall_s")
 
 
-def rows(sweep: Sweep, study) -> list[dict]:
-    """One row per started trial (queued replicas left out), in trial order."""
+def rows(sweep: Sweep, study, steps: bool = True) -> list[dict]:
+    """One row per started trial (queued replicas left out), in trial order; `steps=False` leaves out each trial's
+    last logged step, read from its TensorBoard files (the slow part)."""
     optuna = require("optuna")
     out = []
     for trial in study.get_trials(deepcopy=False):
@@ -32,7 +33,7 @@ def rows(sweep: Sweep, study) -> list[dict]:
                 "params": params,
                 "objective": trial.value,
                 "state": state,
-                "steps": last_step(sweep.trial_dir(trial.number)),
+                "steps": last_step(sweep.trial_dir(trial.number)) if steps else None,
                 "wall_s": record.get("wall_s"),
                 "run_dir": str(sweep.trial_dir(trial.number)),
                 "last_report": max(trial.intermediate_values.items(), default=None),
@@ -55,7 +56,7 @@ def best(sweep: Sweep, table: list[dict]) -> tuple[dict, float, int] | None:
 
 
 def progress_line(sweep: Sweep, study) -> str:
-    table = rows(sweep, study)
+    table = rows(sweep, study, steps=False)  # computed every poll of a running sweep: no TensorBoard reads
     counts = {state: sum(row["state"] == state for row in table) for state in ("complete", "running", "pruned")}
     failed = sum(row["state"] in ("fail", "failed") for row in table)
     line = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -245,6 +246,8 @@ class Sweep:
             return False
         if why_stale(record) is not None:
             return False
+        if record.get("host") == socket.gethostname() and isinstance(record.get("pid"), int):
+            return True  # why_stale found its pid alive here: a runner busy for a minute is not a dead one
         return time.time() - record.get("heartbeat", 0) < STALE_S
 
     def training_alive(self, number: int) -> bool:
