@@ -362,7 +362,7 @@ class PolicyTrainer:
             token_entropy = entropy(logits, temperature)
         else:
             with torch.no_grad():
-                token_entropy = entropy(logits.detach(), temperature)
+                token_entropy = entropy(logits, temperature)
         inputs = LossInputs(
             logp=logp,
             old_logp=old,
@@ -382,7 +382,7 @@ class PolicyTrainer:
         loss.backward()
         with torch.no_grad():
             tokens = float(mask.sum())
-            stats = {"tokens": tokens, **stats, "entropy": float((token_entropy.detach() * mask).sum())}
+            stats = {"tokens": tokens, **stats, "entropy": float((token_entropy * mask).sum())}
             current = logp.detach()
             stats["logprob_diff_vs_rollout"] = float(((current - rollout_logp).abs() * mask).sum())
             stats["ratio_mean"] = float((torch.exp(current - old) * mask).sum())

@@ -611,9 +611,7 @@ def test_trainer_gradient_matches_reference(tiny_model_dir, name, options):
         old_values = [v * m for v, (_, m) in zip(per_episode(before), rows, strict=True)]
         values = per_episode(during)
     if "entropy_floor" in options:  # a floor that gates some tokens and not others
-        entropies = np.concatenate(
-            [-(np.exp(lp) * lp).sum(-1) for lp, _ in map(softmax_parts, logits, [temperature] * 6)]
-        )
+        entropies = np.concatenate([-(p * lp).sum(-1) for lp, p in (softmax_parts(z, temperature) for z in logits)])
         assert 0 < (entropies < options["entropy_floor"]).mean() < 1
     hand_advantages, returns = reference_advantages(name, options, batch, rows, old_values)
     expected, value_expected = reference_gradients(
