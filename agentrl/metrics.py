@@ -107,16 +107,21 @@ def group_counts(batch: dict[str, np.ndarray]) -> dict[str, float]:
 
 
 def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
-    """`episode/` scalars: sums become means per episode, except the counts in COUNT_NAMES."""
+    """`episode/` scalars: sums become means per episode, except the counts in COUNT_NAMES.
+
+    A batch without episodes (dynamic sampling dropped every group) logs its counts only: a mean over no
+    episode is not 0, and `episode/success_rate` at 0 there read as a collapse on a policy that won every game."""
     count = max(totals["count"], 1.0)
     metrics = {}
     for name, value in totals.items():
         if name in COUNT_NAMES:
             metrics[f"episode/{name}"] = value
+        elif totals["count"] == 0:
+            continue
         elif name.startswith("finish_"):
             metrics[f"episode/{name}"] = value / count
         else:
             metrics[f"episode/{EPISODE_NAMES.get(name, name + '_mean')}"] = value / count
-    if "tool_calls" in totals:
+    if "tool_calls" in totals and totals["count"] > 0:
         metrics["episode/tool_error_rate"] = totals.get("tool_errors", 0.0) / max(totals["tool_calls"], 1.0)
     return metrics

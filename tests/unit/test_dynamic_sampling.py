@@ -176,3 +176,14 @@ def test_trainers_count_groups_without_signal():
     assert metrics["episode/groups"] == 4  # 0 has signal; 1 all equal; 2 and 7 have one valid episode
     assert metrics["episode/zero_signal_groups"] == 3
     assert episode_sums(pack([]), version=0)["groups"] == 0
+
+
+def test_a_batch_without_episodes_logs_counts_not_means():
+    """Every group dropped: the counts are logged, and no mean (success 0 would read as a collapse)."""
+    from agentrl.metrics import episode_metrics, episode_sums
+    from agentrl.trajectory import pack
+
+    metrics = episode_metrics({**episode_sums(pack([]), version=0), "tool_calls": 0.0, "tool_errors": 0.0})
+    assert metrics["episode/count"] == 0 and metrics["episode/groups"] == 0
+    assert not {"episode/success_rate", "episode/reward_mean", "episode/tool_error_rate"} & set(metrics)
+    assert not any(name.startswith("episode/finish_") for name in metrics)
