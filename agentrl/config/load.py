@@ -94,6 +94,22 @@ def apply_override(data: dict, path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def merge_override(data: dict, path: list[str], value: Any) -> None:
+    """`apply_override`, except that a mapping merges into a mapping already there, key by key and at every depth,
+    so `rollout: {tasks_per_step: 16}` changes that one field as `rollout.tasks_per_step: 16` does and keeps the
+    rest of the section (a sweep spec's `overrides`)."""
+    node = data
+    for part in path[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {'.'.join(path)}: {part} is a value, not a section")
+    if isinstance(value, dict) and isinstance(node.get(path[-1]), dict):
+        for key, inner in value.items():
+            merge_override(node[path[-1]], [str(key)], inner)
+    else:
+        node[path[-1]] = value
+
+
 def from_dict(data: dict, source: str = "<dict>") -> Config:
     import copy
 

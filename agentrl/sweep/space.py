@@ -8,19 +8,20 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config.base import ConfigError
-from agentrl.config.load import apply_override, from_dict, parse_yaml
+from agentrl.config.load import apply_override, from_dict, merge_override, parse_yaml
 from agentrl.sweep.spec import SpecError, SweepSpec
 
 
 def base_data(spec: SweepSpec, name: str | None = None) -> dict:
     """A base config's YAML (`base:`, or `bases:` by name) with the spec's fixed overrides, then the named base's
-    own, applied (not validated yet)."""
+    own, applied (not validated yet). An override's mapping merges into the base's (nested mappings are dotted
+    keys); a search-space value replaces the field it names."""
     named = spec.named_bases()[name]
     data = parse_yaml(Path(named.config).read_text(), f"config file {named.config}") or {}
     if not isinstance(data, dict):
         raise SpecError(f"{base_label(name)}: {named.config} must hold a mapping of config sections")
     for key, value in [*spec.overrides.items(), *named.overrides.items()]:
-        apply_override(data, key.split("."), value)
+        merge_override(data, key.split("."), value)
     return data
 
 

@@ -151,7 +151,9 @@ class SweepSpec(Section):
         "envs of a learning table); each with overrides and ranks of its own.",
     )
     overrides: dict[str, Any] = Field(
-        default_factory=dict, description="Fixed `key: value` overrides of the base config, dotted keys as in train."
+        default_factory=dict,
+        description="Fixed `key: value` overrides of the base config, dotted keys as in train; a nested mapping "
+        "merges into the base's section, changing only the fields it names.",
     )
     sweep_dir: str = Field(description="Folder of the sweep: study journal, trials/NNNN run folders, results.")
     space: dict[str, Dimension] = Field(description="Dotted config key -> its range or choices.")

@@ -217,3 +217,20 @@ def test_agentrl_command_starts_each_trial_alone_or_each_rank_under_mpirun(tmp_p
 @pytest.mark.parametrize("path", sorted((ROOT / "launch" / "sweeps").glob("*.yaml")), ids=lambda path: path.name)
 def test_every_shipped_spec_loads_and_its_trial_configs_pass_the_loader(path):
     check_space(load_spec(path))
+
+
+def test_an_override_mapping_changes_only_the_fields_it_names(tmp_path):
+    """`rollout: {tasks_per_step: 16}` is `rollout.tasks_per_step: 16`: the base's other rollout fields stay (a
+    mapping that replaced the section ran the quickstart with the default rollout, many tokens a turn)."""
+    from agentrl.sweep.space import base_data
+
+    base = yaml.safe_load(Path(BASE).read_text())
+    overrides = {"rollout": {"tasks_per_step": 16}, "env": {"kwargs": {"high": 9}}, "model.tiny": {"num_layers": 3}}
+    data = spec_data(tmp_path, overrides=overrides, space={"algorithm.name": {"choice": ["grpo"]}}, method="grid")
+    spec = parse_spec(data, "test.yaml")
+    check_space(spec)
+    merged = base_data(spec)
+    assert merged["rollout"] == {**base["rollout"], "tasks_per_step": 16}
+    assert merged["env"]["kwargs"] == {**base["env"]["kwargs"], "high": 9} and merged["env"]["id"] == base["env"]["id"]
+    assert merged["model"]["tiny"] == {**base["model"]["tiny"], "num_layers": 3}
+    assert merged["algorithm"] == base["algorithm"]
