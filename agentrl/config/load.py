@@ -85,24 +85,25 @@ def parse_yaml(text: str, source: str) -> Any:
 
 
 def apply_override(data: dict, path: list[str], value: Any) -> None:
+    _parent(data, path)[path[-1]] = value
+
+
+def _parent(data: dict, path: list[str]) -> dict:
+    """The mapping that holds `path`'s last key, made on the way where missing."""
     node = data
     for part in path[:-1]:
         child = node.setdefault(part, {})
         if not isinstance(child, dict):
             raise ConfigError(f"override {'.'.join(path)}: {part} is a value, not a section")
         node = child
-    node[path[-1]] = value
+    return node
 
 
 def merge_override(data: dict, path: list[str], value: Any) -> None:
     """`apply_override`, except that a mapping merges into a mapping already there, key by key and at every depth,
     so `rollout: {tasks_per_step: 16}` changes that one field as `rollout.tasks_per_step: 16` does and keeps the
     rest of the section (a sweep spec's `overrides`)."""
-    node = data
-    for part in path[:-1]:
-        node = node.setdefault(part, {})
-        if not isinstance(node, dict):
-            raise ConfigError(f"override {'.'.join(path)}: {part} is a value, not a section")
+    node = _parent(data, path)
     if isinstance(value, dict) and isinstance(node.get(path[-1]), dict):
         for key, inner in value.items():
             merge_override(node[path[-1]], [str(key)], inner)
