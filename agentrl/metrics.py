@@ -111,17 +111,17 @@ def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
 
     A batch without episodes (dynamic sampling dropped every group) logs its counts only: a mean over no
     episode is not 0, and `episode/success_rate` at 0 there read as a collapse on a policy that won every game."""
-    count = max(totals["count"], 1.0)
+    count = totals["count"]
+    if count == 0:
+        return {f"episode/{name}": value for name, value in totals.items() if name in COUNT_NAMES}
     metrics = {}
     for name, value in totals.items():
         if name in COUNT_NAMES:
             metrics[f"episode/{name}"] = value
-        elif totals["count"] == 0:
-            continue
         elif name.startswith("finish_"):
             metrics[f"episode/{name}"] = value / count
         else:
             metrics[f"episode/{EPISODE_NAMES.get(name, name + '_mean')}"] = value / count
-    if "tool_calls" in totals and totals["count"] > 0:
+    if "tool_calls" in totals:
         metrics["episode/tool_error_rate"] = totals.get("tool_errors", 0.0) / max(totals["tool_calls"], 1.0)
     return metrics
