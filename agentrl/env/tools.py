@@ -23,6 +23,7 @@ model reads, counted in `info["tool_errors"]`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 import re
@@ -145,6 +146,16 @@ def _has_json_type(value, json_type: str) -> bool:
     return isinstance(value, python)
 
 
+@functools.cache
+def class_tools(env_class: type) -> dict[str, Tool]:
+    """The `@tool` methods of an env class, described once per class (not per episode's instance)."""
+    return {
+        name: describe(member)
+        for name, member in inspect.getmembers(env_class, inspect.isfunction)
+        if getattr(member, TOOL_MARK, False)
+    }
+
+
 class ToolEnv(TextEnv):
     """A TextEnv whose `@tool` methods the model calls; subclasses implement `reset` and `answer`.
 
@@ -162,11 +173,7 @@ class ToolEnv(TextEnv):
         self.max_steps = max_steps
         self.turns: int | None = None  # None until the first reset
         self.over = False
-        self._tools = {
-            name: describe(member)
-            for name, member in inspect.getmembers(type(self), inspect.isfunction)
-            if getattr(member, TOOL_MARK, False)
-        }
+        self._tools = dict(class_tools(type(self)))
         self.tools: list[dict] = [t.schema() for t in self._tools.values()]
 
     def add_tool(self, function) -> None:
