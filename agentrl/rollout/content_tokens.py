@@ -7,8 +7,8 @@ while content is tokenized as `tokenizer(text, split_special_tokens=True)` spell
 
 Content that holds no control string costs one cheap scan per message and is tokenized exactly as the whole text
 always was. Otherwise the template is rendered once more with a unique mark in place of each such content; the marks
-locate the content in the real text (which must be the marked text with each mark replaced by its content, verbatim
-or trimmed of surrounding whitespace, as Llama-style templates write it). Whole-text tokenization then decides: when
+locate the content in the real text (which must be the marked text with each mark replaced by its content: verbatim,
+trimmed of surrounding whitespace, or JSON-escaped, the ways templates write it). Whole-text tokenization decides: when
 no special token falls inside content, its ids are kept; otherwise the text between the template's own special tokens
 is tokenized with special tokens not recognized. A template that rewrites content in another way cannot place it:
 content holding a control string is then refused (ContentError), never tokenized into turn markers.
@@ -16,6 +16,7 @@ content holding a control string is then refused (ContentError), never tokenized
 
 from __future__ import annotations
 
+import json
 import re
 import secrets
 import threading
@@ -23,10 +24,16 @@ import weakref
 from collections.abc import Callable, Iterable
 
 Span = tuple[int, int]  # [start, end) of one content's characters in the rendered text
+# How templates write a message's content: as it is, trimmed (Llama 3), or as a JSON string's inside (`| tojson`).
+WRITTEN: tuple[Callable[[str], str], ...] = (
+    lambda content: content,
+    str.strip,
+    lambda content: json.dumps(content, ensure_ascii=False)[1:-1],
+)
 
 
 class ContentError(ValueError):
-    """Content holding a control string that the chat template does not write verbatim, so it cannot stay text."""
+    """Content holding a control string that the chat template rewrites, so that it cannot be kept as text."""
 
 
 class ContentTokenizer:
@@ -54,12 +61,12 @@ class ContentTokenizer:
 
     def control_string(self, content: str) -> str | None:
         """The first control string (special token's text) in `content`, or None."""
-        match = self._contains.search(content) if self._contains else None
+        match = self._contains.search(content)
         return match.group() if match else None
 
     def may_form_control(self, content: str) -> bool:
         """Whether `content` holds a control string or could complete one with the template's text beside it."""
-        if not content or self._contains is None:
+        if not content or not self.special_ids:
             return False
         if self._contains.search(content) or self._opens.match(content):
             return True
@@ -90,7 +97,7 @@ class ContentTokenizer:
         """`render(messages)`, and the spans in it of the contents that may form a control string ([] if none do).
 
         `render` is the chat template applied to messages (the same call each time). Raises ContentError for content
-        holding a control string that the template does not write verbatim.
+        holding a control string that the template rewrites (`WRITTEN` lists the ways it may write content).
         """
         suspects = {
             index: message["content"]
@@ -103,37 +110,42 @@ class ContentTokenizer:
         marked = render(
             [{**m, "content": self._mark.format(i)} if i in suspects else m for i, m in enumerate(messages)]
         )
-        for trim in (False, True):
-            spans = self._locate(marked, text, suspects, trim)
-            if spans is not None:
-                return text, spans
-        for index, content in suspects.items():
-            control = self.control_string(content)
+        spans, unplaced = self._locate(marked, text, suspects)
+        if spans is not None:
+            return text, spans
+        for index in sorted(suspects, key=lambda i: i != unplaced):  # the message that could not be placed first
+            control = self.control_string(suspects[index])
             if control is not None:
                 raise ContentError(
-                    f"message {index}'s content holds the control string {control!r}, and this chat template does not "
-                    "write message content verbatim, so agentrl cannot keep that string as text (it would become a "
-                    "turn marker); remove it from the content, or use a chat template that writes content unchanged"
+                    f"message {index}'s content holds the control string {control!r}, and this chat template rewrites "
+                    "message content (beyond trimming or JSON-escaping it), so agentrl cannot keep that string as text "
+                    "(it would become a turn marker); remove it from the content, or use a chat template that writes "
+                    "content unchanged"
                 )
         return text, []  # nothing to keep apart: no content holds a whole control string
 
-    def _locate(self, marked: str, text: str, contents: dict[int, str], trim: bool) -> list[Span] | None:
-        """The spans of `contents` in `text`, if `text` is `marked` with each mark replaced by its content."""
+    def _locate(self, marked: str, text: str, contents: dict[int, str]) -> tuple[list[Span] | None, int | None]:
+        """The spans of `contents` in `text`, if `text` is `marked` with each mark replaced by its content as the
+        template writes it (`WRITTEN`); else None and the index of the message that could not be placed."""
         spans: list[Span] = []
-        source = target = 0
-        for match in self._marks.finditer(marked):
-            chunk = marked[source : match.start()]
+        matches = list(self._marks.finditer(marked))
+        target = 0
+        for number, match in enumerate(matches):
+            index = int(match.group(1))
+            chunk = marked[matches[number - 1].end() if number else 0 : match.start()]
             if not text.startswith(chunk, target):
-                return None
+                return None, index
             target += len(chunk)
-            content = contents[int(match.group(1))]
-            content = content.strip() if trim else content
-            if not text.startswith(content, target):
-                return None
-            spans.append((target, target + len(content)))
-            target += len(content)
-            source = match.end()
-        return spans if marked[source:] == text[target:] else None
+            following = marked[match.end() : matches[number + 1].start() if number + 1 < len(matches) else None]
+            for written in (form(contents[index]) for form in WRITTEN):
+                if text.startswith(written, target) and text.startswith(following, target + len(written)):
+                    break
+            else:
+                return None, index
+            spans.append((target, target + len(written)))
+            target += len(written)
+        rest = marked[matches[-1].end() :] if matches else marked
+        return (spans, None) if rest == text[target:] else (None, None)
 
     def ids(self, text: str, spans: list[Span], start: int = 0) -> list[int]:
         """The tokens of `text[start:]`, the characters in `spans` (offsets into `text`) being content."""
@@ -167,23 +179,25 @@ _shared_lock = threading.Lock()
 
 
 def content_tokenizer(tokenizer) -> ContentTokenizer:
-    """The ContentTokenizer of `tokenizer`, built once per tokenizer object."""
+    """The ContentTokenizer of `tokenizer`, built once per tokenizer object (again if tokens were added since)."""
+    size = len(tokenizer)
     with _shared_lock:
         found = _shared.get(tokenizer)
-        if found is None:
-            found = _shared[tokenizer] = ContentTokenizer(tokenizer)
-        return found
+        if found is None or found[0] != size:
+            found = _shared[tokenizer] = (size, ContentTokenizer(tokenizer))
+        return found[1]
 
 
-def _any_of(strings: Iterable[str], tail: str = "") -> re.Pattern | None:
-    """A regex matching any of `strings` (then `tail`), factored by common prefixes so that a search fails fast."""
+def _any_of(strings: Iterable[str], tail: str = "") -> re.Pattern:
+    """A regex matching any of `strings` (then `tail`), factored by common prefixes so that a search fails fast;
+    with no strings, one that matches nothing."""
     trie: dict = {}
     for string in set(strings):
         node = trie
         for char in string:
             node = node.setdefault(char, {})
         node[""] = {}
-    return re.compile(f"(?:{_pattern(trie)}){tail}") if trie else None
+    return re.compile(f"(?:{_pattern(trie)}){tail}" if trie else "(?!)")
 
 
 def _pattern(node: dict) -> str:
