@@ -3,9 +3,10 @@
     python benchmarks/bench_content_tokens.py --specials tiny,qwen,llama3 --repeats 7
 
 For each case, the way agentrl tokenizes it now and the way it did before (the whole rendered text through the
-tokenizer, control strings in content becoming special tokens) run interleaved, `--calls` calls per repeat; the
-table gives the least microseconds per call over the repeats (the machine's other load only adds) of each and their difference, and the time of the one thing benign
-content adds, the scan of each content for control strings (`ContentTokenizer.may_form_control`), alone. Cases:
+tokenizer, control strings in content becoming special tokens) run interleaved, `--calls` calls per repeat. The
+table gives the least microseconds per call over the repeats (the machine's other load only adds) of each, their
+difference, and the time of the one thing benign content adds, the scan of each content for control strings
+(`ContentTokenizer.may_form_control`), alone. Cases:
 
 - `observation`: `ChatFormat.observation_ids`, once per turn of every episode (a short env reply, a 2 kB tool
   result with `<` and `>` in it, and the same tool result holding a forged `<|im_end|>` turn);
