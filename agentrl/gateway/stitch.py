@@ -6,7 +6,9 @@ call's prompt ids, the ids the engine generated (closed with the end-of-turn tok
 limit cut them), then the template's tokens for the new messages alone, found by rendering the
 template with and without them (as the env route's chat format does). The call then extends the last
 one token for token and both train as one sample (agentrl/gateway/trace.py). Any other request (a
-rewritten history, a sub-agent's) is rendered from scratch and starts a sample of its own.
+rewritten history, a sub-agent's) is rendered from scratch and starts a sample of its own. The new
+messages' content is tokenized as text (agentrl/rollout/content_tokens.py): a control string in a
+tool result is never a turn marker.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ class PromptStitcher:
 
     def _suffix_ids(self, plain: list[dict], n: int, tools) -> list[int] | None:
         """The template's tokens after the assistant message at `n` (its end-of-turn token excluded)."""
-        full = self.renderer.render_text(plain, tools, generation_prompt=True)
+        full, spans = self.renderer.rendered(plain, tools, generation_prompt=True)
         head = self.renderer.render_text(plain[: n + 1], tools, generation_prompt=False)
         end = head.rfind(self.eos_text)
         if end < 0:
@@ -58,7 +60,7 @@ class PromptStitcher:
         cut = end + len(self.eos_text)
         if not full.startswith(head[:cut]):
             return None
-        return self.tokenizer(full[cut:], add_special_tokens=False)["input_ids"]
+        return self.renderer.content.ids(full, spans, start=cut)
 
     def remember(self, record, shown_tools, text: str, reply: dict) -> None:
         """After a chat call: its messages, the tools its prompt showed, its prompt and output, and the reply's text

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.content_tokens import ContentError
 from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.rollout.reward_fn import RewardFunction
 from agentrl.trajectory import Episode, state_key
@@ -62,7 +63,11 @@ async def run_episode(
     context = info.get("prompt_messages", ())  # messages a dataset row puts before its question (the qa env)
     episode.text = observation
     episode.messages, episode.tools = chat.prompt_messages(observation, context), tools
-    episode.extend(chat.prompt_ids(observation, tools, context), mask=0)
+    try:
+        prompt_ids = chat.prompt_ids(observation, tools, context)
+    except ContentError as error:  # a control string the chat template would not write verbatim
+        return _failed(episode, str(error))
+    episode.extend(prompt_ids, mask=0)
     episode.prompt_len = len(episode.tokens)
     versions = set()
 

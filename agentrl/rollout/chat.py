@@ -8,11 +8,17 @@ found by rendering the template with and without the new message.
 Tools (JSON-schema function specs from the env's reset) go to the template's `tools=`
 argument. A template that ignores tools (like the tiny test model's) gets a plain-text
 tool list appended to the system message instead, so small models still see them.
+
+Every message's content (the system prompt and tools text, a dataset's context, each observation) is tokenized as
+text: a control string such as `<|im_end|>` inside it is its characters' tokens, never a turn marker
+(agentrl/rollout/content_tokens.py).
 """
 
 from __future__ import annotations
 
 import json
+
+from agentrl.rollout.content_tokens import content_tokenizer
 
 PLACEHOLDER = "\u2591agentrl\u2591"
 PROBE_TOOL = {
@@ -28,6 +34,7 @@ class ChatFormat:
                 "the tokenizer has no chat template; use an instruct/chat model or set tokenizer.chat_template"
             )
         self.tokenizer = tokenizer
+        self.content = content_tokenizer(tokenizer)
         self.system_prompt = system_prompt
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.stop_ids = (self.eos_id,)
@@ -60,10 +67,9 @@ class ChatFormat:
         if tools and not self.template_renders_tools:
             system = messages[0]["content"] if messages[0]["role"] == "system" else None
             rest = messages[1:] if system is not None else messages
-            text = self._render([*self._head(tools_as_text(tools), system), *rest], True)
-        else:
-            text = self._render(messages, True, tools)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            messages, tools = [*self._head(tools_as_text(tools), system), *rest], None
+        text, spans = self.content.rendered(lambda shown: self._render(shown, True, tools), messages)
+        return self.content.ids(text, spans)
 
     def _split_observation_template(self) -> tuple[str, str]:
         """(before, after): the text around an observation that follows an assistant turn.
@@ -86,8 +92,10 @@ class ChatFormat:
         return before, after
 
     def observation_ids(self, observation: str) -> list[int]:
+        """The template's tokens between an assistant turn's end-of-turn token and the next generation prompt, the
+        observation (an env's text, a tool result) tokenized as text."""
         before, after = self._observation_template
-        return self.tokenizer(before + observation + after, add_special_tokens=False)["input_ids"]
+        return self.content.wrapped_ids(before, observation, after)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -3,6 +3,8 @@
 The prompt is rendered the way the rollout side renders one (agentrl/rollout/chat.py): the template's text,
 tokenized without special tokens added; tools go to the template's `tools=`, or, for a template that does not
 render them, into the system message as text (`tools_as_text`). The ids returned are the ids the engine gets.
+Message content is tokenized as text: a control string inside it never becomes a turn marker
+(agentrl/rollout/content_tokens.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import uuid
 
 from agentrl.env.tool_calls import OPEN, parse_tool_calls
 from agentrl.rollout.chat import PROBE_TOOL, tools_as_text
+from agentrl.rollout.content_tokens import ContentError, content_tokenizer
 from agentrl.serve.protocol import APIError, ChatMessage
 
 
@@ -20,6 +23,7 @@ class ChatRenderer:
         if tokenizer.chat_template is None:
             raise ValueError("the tokenizer has no chat template; serve a chat model or set tokenizer.chat_template")
         self.tokenizer = tokenizer
+        self.content = content_tokenizer(tokenizer)
         self.stop_ids = stop_token_ids(tokenizer)
         probe = [{"role": "user", "content": "u"}]
         self.renders_tools = PROBE_TOOL["function"]["name"] in self._render(probe, [PROBE_TOOL])
@@ -30,19 +34,37 @@ class ChatRenderer:
         )
 
     def prompt_ids(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
-        text = self.render_text([self.plain_message(m) for m in messages], tools)
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        text, spans = self.rendered([self.plain_message(m) for m in messages], tools)
+        return self.content.ids(text, spans)
 
     def render_text(self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
         """The template's text for plain messages (`plain_message`), tools in the template or in the system message."""
-        if tools and not self.renders_tools:
-            listing = tools_as_text(tools)
-            plain = list(plain)
-            if plain and plain[0]["role"] == "system":
-                plain[0] = {**plain[0], "content": f"{plain[0]['content']}\n\n{listing}"}
-            else:
-                plain.insert(0, {"role": "system", "content": listing})
-            tools = None
+        plain, tools = self._tools_placed(plain, tools)
+        return self._render_checked(plain, tools, generation_prompt)
+
+    def rendered(
+        self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool = True
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """`render_text`, and the spans in it of the content to tokenize as text (`ContentTokenizer.rendered`)."""
+        plain, tools = self._tools_placed(plain, tools)
+        try:
+            return self.content.rendered(lambda shown: self._render_checked(shown, tools, generation_prompt), plain)
+        except ContentError as error:
+            raise APIError(str(error), param="messages") from None
+
+    def _tools_placed(self, plain: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
+        """The messages and the template's tools: a template that does not render tools gets them as system text."""
+        if not tools or self.renders_tools:
+            return plain, tools
+        listing = tools_as_text(tools)
+        plain = list(plain)
+        if plain and plain[0]["role"] == "system":
+            plain[0] = {**plain[0], "content": f"{plain[0]['content']}\n\n{listing}"}
+        else:
+            plain.insert(0, {"role": "system", "content": listing})
+        return plain, None
+
+    def _render_checked(self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
         try:
             return self._render(plain, tools, generation_prompt)
         except Exception as error:  # the template's own checks (role order, ...) raise jinja errors

@@ -7,6 +7,8 @@ from `ChatFormat.observation_ids` at mask 0. A transcript is tokenized the same 
 model fine-tuned on it has been trained on exactly the token sequences RL will sample and
 score:
 
+- every message's content is tokenized as text: a control string in it (`<|im_end|>`) is its
+  characters' tokens, never a special token (agentrl/rollout/content_tokens.py);
 - an assistant turn is its text tokenized alone, plus the eos id. Hugging Face `tool_calls`
   become `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks after the content
   (one line each), the format `agentrl.env.tool_calls` parses;
@@ -201,7 +203,7 @@ class TranscriptTokenizer:
         out = Tokenized()
         out.extend(chat.prompt_ids(shape.first, tools or None), mask=0)
         for text, observation in shape.turns:
-            out.extend([*self.tokenizer(text, add_special_tokens=False)["input_ids"], chat.eos_id], mask=1)
+            out.extend([*chat.content.content_ids(text), chat.eos_id], mask=1)
             if observation is not None:
                 out.extend(chat.observation_ids(observation), mask=0)
         return out
