@@ -15,7 +15,7 @@ from agentrl.models.tiny import build_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.reward_fn import ARGUMENTS, RewardFunction
-from agentrl.trajectory import Episode, pack
+from agentrl.trajectory import Episode, RewardError, pack
 from envs.guess_number import GuessNumberEnv
 from tests.unit import reward_fns
 from tests.unit.test_agent_loop import ScriptedEngine
@@ -89,7 +89,7 @@ def test_bad_reward_fn_paths_are_clear_errors(path, message):
 
 
 def test_a_reward_fn_returning_text_is_an_error():
-    with pytest.raises(TypeError, match="must return a number"):
+    with pytest.raises(RewardError, match=r"reward_fn tests.unit.reward_fns:returns_text's reward .* must be a finite"):
         RewardFunction("tests.unit.reward_fns:returns_text")(completion="x")
 
 
