@@ -391,7 +391,7 @@ class TrainerConfig(Section):
     @classmethod
     def _skip_limit(cls, value: int | None) -> int | None:
         if value is not None and value < 1:
-            raise ValueError("must be at least 1 (1: stop at the first update that is not finite), or null (never stop)")
+            raise ValueError("must be at least 1 (1: stop at the first update that is not finite) or null (never stop)")
         return value
 
 

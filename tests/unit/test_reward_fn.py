@@ -74,6 +74,14 @@ def test_a_raising_reward_fn_fails_only_its_episode(chat):
     assert episode.reward == 0.0 and sum(episode.loss_mask) == 0
 
 
+@pytest.mark.parametrize("name", ["nan_reward", "infinite_in_a_dict"])
+def test_a_reward_fn_reward_that_is_not_finite_fails_only_its_episode(chat, name):
+    episode, _ = calculator_episode(chat, [lambda i: "1"], RewardFunction(f"tests.unit.reward_fns:{name}"))
+    assert episode.finish == "error" and episode.reward == 0.0 and sum(episode.loss_mask) == 0
+    assert f"reward_fn tests.unit.reward_fns:{name}'s reward" in episode.error
+    assert "must be a finite number, got" in episode.error and "does not train" in episode.error
+
+
 @pytest.mark.parametrize(
     ("path", "message"),
     [
