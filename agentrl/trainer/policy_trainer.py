@@ -208,7 +208,7 @@ class PolicyTrainer:
             for _ in range(micro_steps - len(starts)):
                 self._idle_micro_step()
             norms = {"grad_norm": self._synced_clipped_norm(self.params, self.max_grad_norm)}
-            for extra in self.extras:  # as the policy: synced and clipped every time, stepped only on data
+            for extra in self.extras:  # as the policy: synced and clipped every time, stepped with it
                 params = [p for p in extra.module.parameters() if p.requires_grad]
                 norms[f"{extra.name}_grad_norm"] = self._synced_clipped_norm(params, extra.max_grad_norm)
                 extra_norms[extra.name].append(norms[f"{extra.name}_grad_norm"])
