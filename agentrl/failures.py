@@ -64,7 +64,8 @@ def abort_if_failing(step: int, tally: FailureTally, abort_on_failed_fraction: f
         f"agentrl: step {step}: {count} of {tally.episodes} episodes failed with the same error, at or above "
         f"runtime.abort_on_failed_fraction={abort_on_failed_fraction} of the step; stopping the run, "
         f"which cannot learn from failed episodes. The first of them:\n{first.rstrip()}\n"
-        "Fix the env or the reward_fn (`agentrl check-env ID` runs the env on its own); to train on through "
+        "Fix what it names: the env (`agentrl check-env ID` runs an env on its own), the agent program, the "
+        "reward_fn, or the policy (a model whose weights went NaN cannot sample); to train on through "
         "such steps, set runtime.abort_on_failed_fraction higher (at most 1) or to null (never stop).",
         file=sys.stderr,
         flush=True,

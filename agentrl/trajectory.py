@@ -10,6 +10,8 @@ state the turn acted in).
 from __future__ import annotations
 
 import hashlib
+import math
+import numbers
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,6 +19,7 @@ import numpy as np
 FINISH_REASONS = ("terminated", "truncated", "max_turns", "max_tokens", "error")
 METRIC_PREFIX = "metric/"
 TURN_KEYS = ("turn_episode", "turn_start", "turn_end", "turn_reward", "turn_state")
+LARGEST_REWARD = float(np.finfo(np.float32).max)  # rewards travel as float32 (`pack`): past this they become inf
 
 
 @dataclass
@@ -59,6 +62,35 @@ class Episode:
     def add_metrics(self, values: dict) -> None:
         for name, value in values.items():
             self.metrics[name] = self.metrics.get(name, 0.0) + float(value)
+
+
+class RewardError(ValueError):
+    """A reward that cannot train: not a real number, or not finite. Its episode fails instead (finish "error")."""
+
+
+def finite_reward(value, what: str) -> float:
+    """`value` as a float reward, or RewardError saying that `what` (where it came from) must be a finite number.
+
+    Refused: bools, strings, None and other non-numbers, NaN, infinities, and numbers beyond float32's range
+    (rewards travel as float32). Python and numpy ints and floats are taken.
+    """
+    if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
+        raise RewardError(f"{what} must be a finite number, got {_shown(value)} ({type(value).__name__})")
+    try:
+        number = float(value)
+    except OverflowError:  # an int too large for a float
+        number = math.inf
+    if not math.isfinite(number) or abs(number) > LARGEST_REWARD:
+        raise RewardError(f"{what} must be a finite number, got {_shown(value)}")
+    return number
+
+
+def _shown(value, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        return f"an int of about {int(value.bit_length() * 0.30103)} digits"
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 def state_key(value) -> int:

@@ -380,6 +380,19 @@ class TrainerConfig(Section):
     updates_per_step: int = Field(
         1, ge=1, description="Optimizer steps per batch (mini-batches); >1 is off-policy PPO."
     )
+    max_skipped_nonfinite: int | None = Field(
+        3,
+        description="An optimizer update whose loss or gradient norm is not finite (NaN, inf) is skipped on every "
+        "trainer rank, leaving weights and optimizer state untouched (`train/skipped_nonfinite` counts them); the "
+        "run stops after this many in a row (1: at the first). `null`: skip them and never stop.",
+    )
+
+    @field_validator("max_skipped_nonfinite")
+    @classmethod
+    def _skip_limit(cls, value: int | None) -> int | None:
+        if value is not None and value < 1:
+            raise ValueError("must be at least 1 (1: stop at the first update that is not finite) or null (never stop)")
+        return value
 
 
 class ParallelismConfig(Section):

@@ -21,6 +21,14 @@ from agentrl.engine.base import SamplingParams
 # benchmark); from 4000 on the candidates are faster, 4x at 32000 and more
 # (benchmarks/bench_sampler.py).
 LARGE_VOCAB = 2048
+NON_FINITE = (
+    "the model's next-token probabilities are not finite (NaN or inf), so no token can be drawn: its weights hold "
+    "NaN or inf (or its logits overflow), e.g. after a training update with a learning rate far too high"
+)
+
+
+class NonFiniteLogits(ValueError):
+    """The model's next-token distribution holds NaN or inf: its weights (or its input) are broken."""
 
 
 class RowSampling:
@@ -164,7 +172,10 @@ def sample_tokens(
             tokens = draw_from_unnormalised(probs, rows, generator, cdf)
         if rows.any_greedy:
             tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
-    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
+    if chosen.device.type == "cpu" and not bool(torch.isfinite(chosen).all()):  # on a GPU the check would sync
+        raise NonFiniteLogits(NON_FINITE)
+    return tokens, chosen
 
 
 def top_k_candidates(probs: torch.Tensor, rows: RowSampling) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -198,4 +209,6 @@ def draw_from_unnormalised(
     # float64 keeps the draw strictly below the total mass, so zero-probability tokens never win.
     cdf = probs.double() if cdf is None else cdf.copy_(probs)
     cdf.cumsum_(dim=-1)
+    if cdf.device.type == "cpu" and not bool(torch.isfinite(cdf[:, -1]).all()):  # else the draw falls off the end
+        raise NonFiniteLogits(NON_FINITE)
     return torch.searchsorted(cdf, uniform.double() * cdf[:, -1:], right=True).squeeze(1)

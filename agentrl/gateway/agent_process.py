@@ -11,6 +11,8 @@ import shlex
 import signal
 from dataclasses import dataclass
 
+from agentrl.trajectory import RewardError, finite_reward
+
 OUTPUT_TAIL_BYTES = 4000  # of stderr, kept for the error message of a failed run
 
 
@@ -19,7 +21,7 @@ class AgentRun:
     """How one run of the agent program ended."""
 
     returncode: int | None  # None: killed at the deadline
-    reward: float | None  # from a last stdout line {"reward": x}, else None
+    reward: float | None  # from a last stdout line {"reward": x} (a finite number), else None
     success: bool | None
     error: str | None  # why the run counts as failed, else None
     stdout_tail: str = ""
@@ -73,26 +75,31 @@ async def run_agent(
             await asyncio.shield(process.wait())
         raise
     out = stdout.decode(errors="replace")
-    reward, success = last_line_reward(out)
     if process.returncode != 0:
         tail = stderr.decode(errors="replace")[-OUTPUT_TAIL_BYTES:]
-        return AgentRun(process.returncode, reward, success, f"agent.command exited {process.returncode}:\n{tail}")
+        return AgentRun(process.returncode, None, None, f"agent.command exited {process.returncode}:\n{tail}")
+    try:
+        reward, success = last_line_reward(out)
+    except RewardError as refused:
+        return AgentRun(0, None, None, f"{refused}; the episode failed and does not train", out[-OUTPUT_TAIL_BYTES:])
     return AgentRun(0, reward, success, None, out[-OUTPUT_TAIL_BYTES:])
 
 
 def last_line_reward(stdout: str) -> tuple[float | None, bool | None]:
-    """(reward, success) from the last non-empty stdout line when it is a JSON object with a "reward"."""
+    """(reward, success) from the last non-empty stdout line when it is a JSON object with a "reward"; (None, None)
+    when it is not. RewardError when that "reward" is not a finite number (NaN, Infinity, 1e309, a string, null)."""
     lines = [line for line in stdout.splitlines() if line.strip()]
     if not lines:
         return None, None
     try:
         payload = json.loads(lines[-1])
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON (or an int past Python's digit limit)
         return None, None
-    if not isinstance(payload, dict) or not isinstance(payload.get("reward"), int | float):
+    if not isinstance(payload, dict) or "reward" not in payload:
         return None, None
+    reward = finite_reward(payload["reward"], 'the "reward" of the agent\'s last stdout line')
     success = payload.get("success")
-    return float(payload["reward"]), bool(success) if success is not None else None
+    return reward, bool(success) if success is not None else None
 
 
 def _kill_group(process) -> None:

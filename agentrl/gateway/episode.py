@@ -8,12 +8,13 @@ import time
 
 from agentrl.gateway.agent_process import run_agent
 from agentrl.gateway.trace import samples_from_calls
-from agentrl.trajectory import Episode
+from agentrl.trajectory import Episode, RewardError
 
 
 async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_fn=None, timers=None) -> Episode:
     """Fill `episode` from one run of the agent (`agent`: the config's AgentConfig). A run that crashes, passes
-    agent.timeout_s, never calls the model or ends without a reward fails: counted, no training signal.
+    agent.timeout_s, never calls the model, ends without a reward or gives one that is not a finite number (the
+    gateway refused it, or it printed one) fails: counted in episode/failed, no training signal.
     The samples after the first are in `episode.more_samples`."""
     task = task_row(episode)
     session = gateway.table.open(task)
@@ -32,6 +33,8 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
         if timers is not None:
             timers.env += time.perf_counter() - started  # the agent's own time, the model's calls included
     calls = session.calls
+    if session.refused is not None:  # the root cause, before the crash or hang it may have led to
+        error = session.refused
     if error is None and not calls:
         error = "the agent never called the model (no chat or completion request reached its session URL)"
     if error is not None:
@@ -51,9 +54,11 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
                 reset_info=task,
                 finish="terminated",
             )
+            reward = reward_fn.combine(reward or 0.0, score)
+        except RewardError as refused:
+            return failed(episode, f"{refused} (the episode failed and does not train)")
         except Exception as exception:  # user code: the episode fails, the run goes on
             return failed(episode, f"reward_fn {reward_fn.path} raised: {exception!r}")
-        reward = reward_fn.combine(reward or 0.0, score)
         success = score.success if score.success is not None else success
     if reward is None:
         return failed(

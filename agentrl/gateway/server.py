@@ -117,18 +117,20 @@ class Gateway:
         @app.post("/sessions/{session_id}/reward")
         async def reward(session_id: str, request: Request) -> Response:
             session = session_of(request)
-            session.reward, session.success = _reward_body(await request.body())
+            session.reward, session.success = _reward_body(await request.body(), session)
             return JSONResponse({"ok": True})
 
         @app.post("/sessions/{session_id}/end")
         async def end(session_id: str, request: Request) -> Response:
             session = session_of(request)
             body = await request.body()
-            if body.strip():
-                reward, success = _reward_body(body, required=False)
-                session.reward = session.reward if reward is None else reward
-                session.success = session.success if success is None else success
-            session.ended.set()
+            try:
+                if body.strip():
+                    reward, success = _reward_body(body, session, required=False)
+                    session.reward = session.reward if reward is None else reward
+                    session.success = session.success if success is None else success
+            finally:  # a refused reward ends it too: its episode has failed, nothing is left to wait for
+                session.ended.set()
             return JSONResponse({"ok": True})
 
         @app.post("/sessions/claim")
@@ -193,23 +195,39 @@ class _SessionCalls:
         )
 
 
-def _reward_body(raw: bytes, required: bool = True) -> tuple[float | None, bool | None]:
+def _reward_body(raw: bytes, session: Session, required: bool = True) -> tuple[float | None, bool | None]:
+    """(reward, success) of a /reward or /end body. A body it refuses (400, naming the field and the value) also
+    fails the session's episode, so that episode never trains, even if the agent then ends normally."""
     from agentrl.serve.protocol import APIError
 
     try:
+        return _parse_reward_body(raw, required)
+    except APIError as refused:
+        session.refused = f"the gateway refused the agent's reward: {refused.message}"
+        refused.message += "; this session's episode has failed and will not train"
+        raise
+
+
+def _parse_reward_body(raw: bytes, required: bool) -> tuple[float | None, bool | None]:
+    from agentrl.serve.protocol import APIError
+    from agentrl.trajectory import RewardError, finite_reward
+
+    try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise APIError('the body is not JSON; send {"reward": 1.0, "success": true}', param="reward") from None
+    except ValueError:  # not JSON, not UTF-8, or an int past Python's digit limit
+        raise APIError(
+            'the body is not JSON; send {"reward": 1.0, "success": true}', param="reward", code="invalid_reward"
+        ) from None
     reward = body.get("reward") if isinstance(body, dict) else None
-    if reward is None and not required:
-        reward_value = None
-    elif isinstance(reward, bool) or not isinstance(reward, int | float):
-        raise APIError(f'"reward" must be a number, got {reward!r}; send {{"reward": 1.0}}', param="reward")
-    else:
-        reward_value = float(reward)
+    reward_value = None
+    if reward is not None or required:
+        try:
+            reward_value = finite_reward(reward, '"reward"')
+        except RewardError as error:
+            raise APIError(f'{error}; send {{"reward": 1.0}}', param="reward", code="invalid_reward") from None
     success = body.get("success") if isinstance(body, dict) else None
     if success is not None and not isinstance(success, bool):
-        raise APIError(f'"success" must be true or false, got {success!r}', param="success")
+        raise APIError(f'"success" must be true or false, got {success!r:.80}', param="success", code="invalid_reward")
     return reward_value, success
 
 

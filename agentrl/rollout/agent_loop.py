@@ -20,7 +20,7 @@ from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.content_tokens import ContentError
 from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.rollout.reward_fn import RewardFunction
-from agentrl.trajectory import Episode, state_key
+from agentrl.trajectory import Episode, RewardError, finite_reward, state_key
 
 # Numbers an env's `info` may carry that are summed into `Episode.metrics` (besides `info["metrics"]`).
 INFO_COUNTS = ("tool_calls", "tool_errors")
@@ -97,8 +97,13 @@ async def run_episode(
         if not result.ok:
             return _failed(episode, result.error)
         observation, reward, terminated, truncated, info = result.value
-        episode.reward += reward
-        episode.turn_rewards.append(float(reward))
+        try:
+            reward = finite_reward(reward, "the env's step reward")
+            episode.reward = finite_reward(episode.reward + reward, "the env's rewards summed over the episode")
+        except RewardError as refused:
+            await env.call("close", key)
+            return _failed(episode, f"{refused}; fix the env's step() (the episode failed and does not train)")
+        episode.turn_rewards.append(reward)
         episode.success = episode.success or bool(info.get("success", False))
         episode.add_metrics({name: info[name] for name in INFO_COUNTS if name in info})
         episode.add_metrics(info.get("metrics", {}))
@@ -130,9 +135,12 @@ async def run_episode(
                 reset_info=reset_info,
                 finish=episode.finish,
             )
+            reward = reward_fn.combine(episode.reward, score)
+        except RewardError as refused:
+            return _failed(episode, f"{refused} (the episode failed and does not train)")
         except Exception:  # user code: the episode fails, the run goes on (counted in episode/failed)
             return _failed(episode, f"reward_fn {reward_fn.path} raised:\n{traceback.format_exc(limit=-3)}")
-        episode.reward = reward_fn.combine(episode.reward, score)
+        episode.reward = reward
         if score.success is not None:
             episode.success = score.success
     return episode

@@ -15,9 +15,10 @@ takes `**kwargs`):
     reset_info   reset's info dict
     finish       why the episode ended: terminated, truncated, max_turns or max_tokens
 
-It returns a number, or a dict {"reward": number, "success": bool (optional)}. With
+It returns a finite number, or a dict {"reward": number, "success": bool (optional)}. With
 `env.reward_mode: replace` its reward replaces the env's; with `add` it is added.
-An exception in it ends that episode as an error (counted in episode/failed).
+An exception in it, or a reward that is not a finite number (NaN, inf, a string, None),
+ends that episode as an error (counted in episode/failed): it never reaches the loss.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentrl.plugins import load_callable
+from agentrl.trajectory import finite_reward
 
 ARGUMENTS = ("completion", "task", "answer", "transcript", "env_reward", "info", "reset_info", "finish")
 
@@ -57,7 +59,10 @@ class RewardFunction:
         return Score(_number(result, self.path))
 
     def combine(self, env_reward: float, score: Score) -> float:
-        return score.reward if self.mode == "replace" else env_reward + score.reward
+        """The episode's reward; RewardError when adding them leaves float32's range."""
+        if self.mode == "replace":
+            return score.reward
+        return finite_reward(env_reward + score.reward, f"the env's reward plus reward_fn {self.path}'s")
 
 
 def _wanted_arguments(function: Callable, path: str) -> tuple[str, ...]:
@@ -77,6 +82,4 @@ def _wanted_arguments(function: Callable, path: str) -> tuple[str, ...]:
 
 
 def _number(value, path: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"reward_fn {path} must return a number (or a dict with 'reward'), got {value!r:.200}")
-    return float(value)
+    return finite_reward(value, f"reward_fn {path}'s reward (what it returns, or its dict's 'reward')")

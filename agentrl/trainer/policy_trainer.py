@@ -3,7 +3,8 @@
 The algorithm (agentrl/algorithms/) turns the batch into per-token advantages and a
 micro-batch's log-probs into a loss; this module does everything that is the same for
 all of them: micro-batches, the old policy's log-probs when asked, the frozen reference,
-gradient sync and clipping, the optimizer. Losses are normalised by global counts of the
+gradient sync and clipping, the optimizer, and skipping an update whose loss or gradient norm
+is not finite (agentrl/trainer/nonfinite.py). Losses are normalised by global counts of the
 whole mini-batch and gradients are summed over trainer ranks: by hand (one flattened
 all-reduce) when every rank holds the whole model, or by FSDP2's reduce-scatter when
 `parallelism.fsdp` shards it (see agentrl/trainer/parallel.py). Either way every rank
@@ -35,6 +36,7 @@ from agentrl.config import (
 )
 from agentrl.trainer import parallel
 from agentrl.trainer.model import load_causal_lm, load_policy
+from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 from agentrl.trajectory import num_episodes
 
@@ -65,6 +67,7 @@ class PolicyTrainer:
     ):
         self.model_config = model
         self.micro_batch_size, self.updates_per_step = trainer.micro_batch_size, trainer.updates_per_step
+        self.nonfinite = NonFiniteGuard(trainer.max_skipped_nonfinite, announce=_leads(group))
         self.max_grad_norm = optimizer.max_grad_norm
         self.temperature = temperature
         self.device = device
@@ -162,7 +165,8 @@ class PolicyTrainer:
         Shards may differ in size between ranks and steps (dynamic sampling), down to none: an empty
         shard trains on one placeholder episode that carries no trained token, so this rank still runs
         the same collectives and reports the same stat names. A mini-batch with no trained token on any
-        rank takes no optimizer or scheduler step (AdamW's momentum would move the weights on no data).
+        rank takes no optimizer or scheduler step (AdamW's momentum would move the weights on no data),
+        nor does one whose loss or gradient norm is not finite on any rank (`train/skipped_nonfinite`).
         """
         if num_episodes(batch) == 0:
             batch = _placeholder_batch()
@@ -175,6 +179,7 @@ class PolicyTrainer:
         sums: dict[str, float] = {}
         grad_norms = []
         extra_norms: dict[str, list[float]] = {extra.name: [] for extra in self.extras}
+        skipped = 0
         for update, minibatch in enumerate(np.array_split(np.arange(n), self.updates_per_step)):
             micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / micro_size))
             trained = [_trained_tokens(batch, i) for i in minibatch]
@@ -184,9 +189,10 @@ class PolicyTrainer:
             for extra in self.extras:
                 extra.optimizer.zero_grad(set_to_none=True)
             starts = range(0, len(minibatch), micro_size)
+            update_loss = 0.0
             for start in starts:
                 micro = minibatch[start : start + micro_size]
-                step_stats = self._micro_step(
+                step_stats, micro_loss = self._micro_step(
                     batch,
                     micro,
                     advantages,
@@ -196,23 +202,29 @@ class PolicyTrainer:
                     update,
                     prepared,
                 )
+                update_loss += micro_loss
                 for key, value in step_stats.items():
                     sums[key] = sums.get(key, 0.0) + value
             for _ in range(micro_steps - len(starts)):
                 self._idle_micro_step()
-            self._sync_gradients(self.params)
-            norm = torch.nn.utils.clip_grad_norm_(self.params, self.max_grad_norm)
-            grad_norms.append(parallel.scalar(norm))
-            if global_tokens > 0:
+            norms = {"grad_norm": self._synced_clipped_norm(self.params, self.max_grad_norm)}
+            for extra in self.extras:  # as the policy: synced and clipped every time, stepped with it
+                params = [p for p in extra.module.parameters() if p.requires_grad]
+                norms[f"{extra.name}_grad_norm"] = self._synced_clipped_norm(params, extra.max_grad_norm)
+                extra_norms[extra.name].append(norms[f"{extra.name}_grad_norm"])
+            grad_norms.append(norms["grad_norm"])
+            skip = self._any_rank(not all_finite(update_loss, *norms.values()))
+            if skip:  # nothing of this update reaches the weights or the optimizer state
+                self.optimizer.zero_grad(set_to_none=True)
+                for extra in self.extras:
+                    extra.optimizer.zero_grad(set_to_none=True)
+                skipped += 1
+            elif global_tokens > 0:
                 self.optimizer.step()
                 self.scheduler.step()
-            for extra in self.extras:  # as the policy: synced and clipped every time, stepped only on data
-                params = [p for p in extra.module.parameters() if p.requires_grad]
-                self._sync_gradients(params)
-                norm = torch.nn.utils.clip_grad_norm_(params, extra.max_grad_norm)
-                extra_norms[extra.name].append(parallel.scalar(norm))
-                if global_tokens > 0:
+                for extra in self.extras:
                     extra.optimizer.step()
+            self.nonfinite.record(skip, update_loss, norms)
         names = sorted(sums)
         totals = self._allreduce(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
         sums = dict(zip(names, totals, strict=True))
@@ -224,6 +236,7 @@ class PolicyTrainer:
             metrics[f"train/{key}"] = value / denominator
         metrics["train/loss"] = metrics.pop("train/loss_sum")
         metrics["train/grad_norm"] = float(np.mean(grad_norms))
+        metrics["train/skipped_nonfinite"] = float(skipped)
         metrics["train/lr"] = self.scheduler.get_last_lr()[0]
         for name, norms in extra_norms.items():
             metrics[f"train/{name}_grad_norm"] = float(np.mean(norms))
@@ -233,6 +246,15 @@ class PolicyTrainer:
         abs_sum, abs_count = self._allreduce(abs_sum).tolist()
         metrics["train/adv_abs_mean"] = abs_sum / max(abs_count, 1.0)
         return metrics
+
+    def _synced_clipped_norm(self, params, max_norm: float) -> float:
+        """Sum the gradients over trainer ranks, clip them to `max_norm`; their norm before clipping."""
+        self._sync_gradients(params)
+        return parallel.scalar(torch.nn.utils.clip_grad_norm_(params, max_norm))
+
+    def _any_rank(self, flag: bool) -> bool:
+        """Whether `flag` is true on any trainer rank: a decision every rank then takes alike."""
+        return bool(self._allreduce(torch.tensor([float(flag)], dtype=torch.float64)).item() > 0)
 
     def _lr_scale(self) -> float:
         """The scheduler's factor at this step (lr / peak lr)."""
@@ -326,7 +348,8 @@ class PolicyTrainer:
         global_sequences: float,
         update: int,
         prepared: Prepared,
-    ) -> dict[str, float]:
+    ) -> tuple[dict[str, float], float]:
+        """One forward and backward; its stats' sums and its loss (NaN or inf when not finite)."""
         ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
         mask = _gather_rows(batch["loss_mask"], batch["offsets"], episodes, lengths, torch.float32)
         rollout_logp = _gather_rows(batch["logprobs"], batch["offsets"], episodes, lengths, torch.float32)
@@ -392,7 +415,16 @@ class PolicyTrainer:
             stats["mismatch_kl_k1"] = float((-log_ratio * mask).sum()) if first else 0.0
             k3 = torch.exp(log_ratio) - log_ratio - 1.0
             stats["mismatch_kl_k3"] = float((k3 * mask).sum()) if first else 0.0
-        return stats
+        return stats, float(loss.detach())
+
+
+def _leads(group) -> bool:
+    """Whether this is the first rank of the trainer ranks (or the only one)."""
+    if group is None:
+        return True
+    import torch.distributed as dist
+
+    return dist.get_rank(group) == 0
 
 
 def _placeholder_batch() -> dict[str, np.ndarray]:

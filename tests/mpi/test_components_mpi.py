@@ -48,3 +48,11 @@ def test_exception_on_one_rank_aborts_all():
     assert result.returncode != 0
     assert "injected failure on rank 2" in result.stderr
     assert time.monotonic() - started < 30
+
+
+def test_trainer_ranks_skip_a_nonfinite_update_alike(tiny_model_dir):
+    """Only one rank sees the NaN loss (or the inf gradient); both skip, keep their state and stop together."""
+    result = script(2, "nonfinite_ranks.py", str(tiny_model_dir), timeout=240)
+    assert_ok(result)
+    for mode in ("replicas", "fsdp"):
+        assert f"{mode}: both ranks skipped alike, kept their state and stopped alike" in result.stdout

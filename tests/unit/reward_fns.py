@@ -25,3 +25,11 @@ def returns_text(completion: str) -> str:
 
 def turns_penalty(transcript: list, env_reward: float) -> float:
     return env_reward - 0.01 * len(transcript)
+
+
+def nan_reward(completion: str) -> float:
+    return float("nan")
+
+
+def infinite_in_a_dict(completion: str) -> dict:
+    return {"reward": float("inf"), "success": True}

@@ -6,7 +6,10 @@ import os
 import sys
 import time
 
+import pytest
+
 from agentrl.gateway.agent_process import last_line_reward, run_agent
+from agentrl.trajectory import RewardError
 
 ECHO_AGENT = """
 import json, os, sys
@@ -72,8 +75,21 @@ def test_a_command_that_does_not_exist_is_an_error_not_an_exception():
     assert result.error and "could not start" in result.error
 
 
-def test_only_a_json_object_with_a_numeric_reward_counts():
+def test_only_a_json_object_with_a_reward_counts():
     assert last_line_reward('log\n{"reward": 1}\n\n') == (1.0, None)
     assert last_line_reward('{"reward": 1}\nlater text') == (None, None)
-    assert last_line_reward('{"reward": "high"}') == (None, None)
+    assert last_line_reward('{"score": 1}') == (None, None)
+    assert last_line_reward("[1, 2]") == (None, None)
     assert last_line_reward("") == (None, None)
+
+
+@pytest.mark.parametrize("printed", ["NaN", "-Infinity", "1e309", "-1e39", '"high"', "null", "true", "[1]"])
+def test_a_printed_reward_that_is_not_a_finite_number_is_refused_naming_it(printed):
+    with pytest.raises(RewardError, match=r"last stdout line must be a finite number, got"):
+        last_line_reward(f'{{"reward": {printed}, "success": true}}')
+
+
+def test_an_agent_printing_a_nan_reward_fails_saying_so_instead_of_giving_no_reward():
+    result = run('print("working"); print(\'{"reward": NaN}\')')
+    assert result.returncode == 0 and result.reward is None
+    assert "must be a finite number, got nan" in result.error and "does not train" in result.error

@@ -252,3 +252,105 @@ def test_256_concurrent_sessions_lose_no_call_and_mix_no_tokens(gateway):
         assert marker in prompt and sum(f"s{i}x" in prompt for i in range(sessions)) == 1
         assert content == call.text
     assert len({json.dumps(session.calls[0].prompt_ids) for _, session, _ in results}) == sessions
+
+
+def post_to_session(gateway, endpoint: str, body: bytes):
+    """POST `body` to a new session's /reward or /end, then a good reward to its /reward; (both replies, session)."""
+
+    async def post():
+        session = gateway.table.open({})
+        try:
+            async with httpx.AsyncClient() as client:
+                headers = {"Authorization": f"Bearer {session.key}"}
+                base = session.base_url.removesuffix("/v1")
+                first = await client.post(f"{base}/{endpoint}", content=body, headers=headers)
+                later = await client.post(f"{base}/reward", json={"reward": 1.0}, headers=headers)
+            return first, later, session
+        finally:
+            gateway.table.close(session)
+
+    return gateway.loop_thread.run(post())
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [
+        (b'{"reward": NaN}', "got nan"),
+        (b'{"reward": Infinity, "success": true}', "got inf"),
+        (b'{"reward": 1e309}', "got inf"),
+        (b'{"reward": -1e309}', "got -inf"),
+        (b'{"reward": 1e39}', "got 1e+39"),
+        (b'{"reward": "high"}', "got 'high' (str)"),
+        (b'{"reward": true}', "got True (bool)"),
+    ],
+)
+@pytest.mark.parametrize("endpoint", ["reward", "end"])
+def test_a_reward_that_is_not_a_finite_number_is_refused_and_fails_the_session(gateway, body, shown, endpoint):
+    refused, later, session = post_to_session(gateway, endpoint, body)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "reward" and error["type"] == "invalid_request_error" and error["code"] == "invalid_reward"
+    assert f'"reward" must be a finite number, {shown}' in error["message"]
+    assert "episode has failed and will not train" in error["message"]
+    assert later.status_code == 200 and session.reward == 1.0  # taken, but the session stays failed
+    assert session.refused is not None and shown in session.refused
+    assert session.ended.is_set() == (endpoint == "end")  # a failed session's service need not end it again
+
+
+@pytest.mark.parametrize("body", [b'{"reward": null}', b'{"success": true}'])
+def test_reward_needs_a_reward_and_end_does_not(gateway, body):
+    refused, _, session = post_to_session(gateway, "reward", body)
+    assert refused.status_code == 400 and "got None" in refused.json()["error"]["message"] and session.refused
+    ended, _, session = post_to_session(gateway, "end", body)
+    assert ended.status_code == 200 and session.refused is None and session.ended.is_set()
+
+
+def test_an_agent_that_posts_a_nan_reward_then_ends_normally_does_not_train(gateway):
+    code = """
+import json, os, httpx
+from openai import OpenAI
+OpenAI(max_retries=0).completions.create(model="policy", prompt="hi")
+base = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+httpx.post(base + "/reward", content=b'{"reward": NaN}', headers=headers)  # 400, unread
+httpx.post(base + "/reward", json={"reward": 1.0}, headers=headers).raise_for_status()
+print(json.dumps({"reward": 1.0}))
+"""
+    done = run(gateway, agent([sys.executable, "-c", code]))
+    assert done.finish == "error" and done.reward == 0.0 and done.more_samples == []
+    assert "the gateway refused the agent's reward" in done.error and "got nan" in done.error
+    assert sum(done.loss_mask) == 0
+
+
+def test_an_agent_that_prints_a_nan_reward_fails_saying_so(gateway):
+    code = """
+from openai import OpenAI
+OpenAI(max_retries=0).completions.create(model="policy", prompt="hi")
+print('{"reward": NaN, "success": true}')
+"""
+    done = run(gateway, agent([sys.executable, "-c", code]))
+    assert done.finish == "error" and done.reward == 0.0 and sum(done.loss_mask) == 0
+    assert "last stdout line must be a finite number, got nan" in done.error
+
+
+def test_a_service_ending_with_an_infinite_reward_fails_at_once(gateway):
+    def service():
+        with httpx.Client(timeout=30) as client:
+            headers = {"Authorization": f"Bearer {gateway.table.service_key}"}
+            session = client.post(f"{gateway.url}/sessions/claim", headers=headers).json()
+            model = openai.OpenAI(base_url=session["base_url"], api_key=session["api_key"], max_retries=0)
+            model.completions.create(model="policy", prompt="hi")
+            end = f"{session['base_url'].removesuffix('/v1')}/end"
+            reply = client.post(
+                end, content=b'{"reward": 1e309}', headers={"Authorization": f"Bearer {session['api_key']}"}
+            )
+            assert reply.status_code == 400
+
+    thread = threading.Thread(target=service)
+    thread.start()
+    config = SimpleNamespace(command=None, service=True, timeout_s=60.0, claim_timeout_s=30.0, cwd=None)
+    started = time.monotonic()
+    done = run(gateway, config)
+    thread.join(10)
+    assert time.monotonic() - started < 30  # ended by the refused /end, not by agent.timeout_s
+    assert done.finish == "error" and "got inf" in done.error

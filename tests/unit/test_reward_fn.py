@@ -15,7 +15,7 @@ from agentrl.models.tiny import build_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.reward_fn import ARGUMENTS, RewardFunction
-from agentrl.trajectory import Episode, pack
+from agentrl.trajectory import Episode, RewardError, pack
 from envs.guess_number import GuessNumberEnv
 from tests.unit import reward_fns
 from tests.unit.test_agent_loop import ScriptedEngine
@@ -74,6 +74,14 @@ def test_a_raising_reward_fn_fails_only_its_episode(chat):
     assert episode.reward == 0.0 and sum(episode.loss_mask) == 0
 
 
+@pytest.mark.parametrize("name", ["nan_reward", "infinite_in_a_dict"])
+def test_a_reward_fn_reward_that_is_not_finite_fails_only_its_episode(chat, name):
+    episode, _ = calculator_episode(chat, [lambda i: "1"], RewardFunction(f"tests.unit.reward_fns:{name}"))
+    assert episode.finish == "error" and episode.reward == 0.0 and sum(episode.loss_mask) == 0
+    assert f"reward_fn tests.unit.reward_fns:{name}'s reward" in episode.error
+    assert "must be a finite number, got" in episode.error and "does not train" in episode.error
+
+
 @pytest.mark.parametrize(
     ("path", "message"),
     [
@@ -89,7 +97,7 @@ def test_bad_reward_fn_paths_are_clear_errors(path, message):
 
 
 def test_a_reward_fn_returning_text_is_an_error():
-    with pytest.raises(TypeError, match="must return a number"):
+    with pytest.raises(RewardError, match=r"reward_fn tests.unit.reward_fns:returns_text's reward .* must be a finite"):
         RewardFunction("tests.unit.reward_fns:returns_text")(completion="x")
 
 

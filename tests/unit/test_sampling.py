@@ -106,3 +106,18 @@ def test_large_vocabularies_reuse_their_buffers_across_steps_and_row_changes():
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
         pointers.add(rows.scratch((len(rows.params), vocab), torch.float64).data_ptr())
     assert len(pointers) == 1
+
+
+@pytest.mark.parametrize("vocab", [9, sampling.LARGE_VOCAB])
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(1), SamplingParams(1, top_k=5), SamplingParams(1, top_p=0.9), SamplingParams(1, temperature=0.0)],
+    ids=["plain", "top_k", "top_p", "greedy"],
+)
+@pytest.mark.parametrize("poison", [float("nan"), float("inf")])
+def test_logits_that_are_not_finite_are_a_clear_error_not_an_index_error(vocab, params, poison):
+    logits = torch.randn(3, vocab)
+    logits[1, 2] = poison  # one row of a batch, as from weights gone NaN
+    with pytest.raises(sampling.NonFiniteLogits, match="probabilities are not finite"):
+        sample_tokens(logits, settings([SamplingParams(1), params, SamplingParams(1)], vocab), torch.Generator())
+    sample_tokens(torch.randn(3, vocab), settings([params] * 3, vocab), torch.Generator())  # finite rows draw

@@ -1,0 +1,99 @@
+"""A NaN agent in a group trains to the end with finite weights: `agentrl train` (world size 1) through the gateway
+with an agent program of which one run in eight prints {"reward": NaN} last and one in eight posts 1e309 to its
+session's /reward. Those episodes fail and are counted; the others train; no update is skipped."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.conftest import ROOT
+from tests.mpi.helpers import scalars
+from tests.unit.serve_server import build_serve_model
+
+pytest.importorskip("openai")
+
+# Runs are numbered in the order they start (a locked counter file): runs 0, 8, 16 ... print NaN, runs 4, 12 ...
+# post 1e309. With 8 episodes a step, each step holds one of each, wherever its groups fall.
+AGENT = """
+import fcntl, json, os, sys
+import httpx
+from openai import OpenAI
+task = json.load(sys.stdin)
+with open(os.environ["COUNTER"], "a+") as counter:
+    fcntl.flock(counter, fcntl.LOCK_EX)
+    counter.seek(0)
+    run = len(counter.read())
+    counter.write("x")
+client = OpenAI(max_retries=0)
+reply = client.chat.completions.create(model="policy", messages=[{"role": "user", "content": task["question"]}])
+text = reply.choices[0].message.content or ""
+if run % 8 == 0:
+    print('{"reward": NaN}')
+elif run % 8 == 4:
+    base = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
+    headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+    refused = httpx.post(base + "/reward", content=b'{"reward": 1e309}', headers=headers)
+    print(json.dumps({"reward": 1.0, "status": refused.status_code}))
+else:
+    print(json.dumps({"reward": float(len(text) % 2)}))
+"""
+STEPS = 2
+
+
+def test_a_nan_agent_in_a_group_trains_to_the_end_with_finite_weights(tmp_path):
+    model = build_serve_model(tmp_path / "tiny")
+    rows = [{"question": f"What is {i} + 1?", "answer": i + 1} for i in range(8)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "agent.py").write_text(AGENT)
+    run_dir = tmp_path / "run"
+    overrides = {
+        "run_dir": run_dir,
+        "layout.rollout": 1,
+        "layout.env": 0,
+        "model.path": model,
+        "steps": STEPS,
+        "rollout.tasks_per_step": 2,
+        "rollout.group_size": 4,
+        "rollout.max_new_tokens": 6,
+        "data.train": tmp_path / "train.jsonl",
+        "agent.command": f"{sys.executable} {tmp_path / 'agent.py'}",
+        "agent.timeout_s": 120,
+        "eval.every": 0,
+        "checkpoint.every": 0,
+        "logging.progress": "false",
+        "optimizer.lr": 0.05,  # large steps: weights gone NaN would show at once
+    }
+    command = [sys.executable, "-m", "agentrl.cli", "train", "launch/configs/quickstart.yaml"]
+    command += [f"{key}={value}" for key, value in overrides.items()]
+    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COUNTER": str(tmp_path / "runs")}
+    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-5000:]}"
+    assert len((tmp_path / "runs").read_text()) == 8 * STEPS  # every episode ran its agent once
+
+    logged = scalars(run_dir)
+    assert [value for _, value in logged["episode/count"]] == [8.0] * STEPS
+    assert [value for _, value in logged["episode/failed"]] == [2.0] * STEPS
+    assert [value for _, value in logged["train/skipped_nonfinite"]] == [0.0] * STEPS
+    for name in ("train/loss", "train/grad_norm", "episode/reward_mean"):
+        assert all(math.isfinite(value) for _, value in logged[name]), name
+    assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
+    assert "last stdout line must be a finite number, got nan" in result.stdout + result.stderr
+    assert "the gateway refused the agent's reward" in result.stdout + result.stderr
+
+    (final,) = (run_dir / "checkpoints").iterdir()
+    weights = {}
+    for shard in final.glob("*.safetensors"):
+        weights.update(load_file(shard))
+    initial = {}
+    for shard in model.glob("*.safetensors"):
+        initial.update(load_file(shard))
+    assert weights and all(torch.isfinite(tensor).all() for tensor in weights.values())
+    assert any(not torch.equal(weights[name], initial[name]) for name in initial if name in weights)  # it trained
