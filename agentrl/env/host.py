@@ -131,7 +131,7 @@ class EnvHost:
                 (action,) = args
                 obs, reward, terminated, truncated, info = env.step(action)
                 return env, EnvResult(
-                    True, (_check_text(obs, "step"), float(reward), bool(terminated), bool(truncated), info)
+                    True, (_check_text(obs, "step"), reward, bool(terminated), bool(truncated), info)
                 )
             raise ValueError(f"unknown env op {op!r}")
         except Exception as error:  # env code is user code: contain it, count it, report it

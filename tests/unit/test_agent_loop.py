@@ -188,36 +188,10 @@ def test_a_step_reward_that_is_not_finite_fails_the_episode_and_closes_its_env(c
     assert episode_metrics(episode_sums(pack([episode]), version=0))["episode/failed"] == 1.0
 
 
-class StepRewardAsIs(LocalEnvClient):
-    """A client that hands over step rewards untouched (as a client of another host might), here `reward`."""
-
-    def __init__(self, host, reward):
-        super().__init__(host)
-        self.reward = reward
-
-    async def call(self, op, key, *args):
-        result = await super().call(op, key, *args)
-        if op == "step" and result.ok:
-            observation, _, terminated, truncated, info = result.value
-            result.value = (observation, self.reward, terminated, truncated, info)
-        return result
-
-
 @pytest.mark.parametrize("reward", [True, "1.0", None, [1.0]])
 def test_a_step_reward_that_is_no_number_fails_the_episode(chat, reward):
-    host = EnvHost("guess_number", {"low": 1, "high": 10, "max_guesses": 4})
+    host = EnvHost("rewarding", factory=lambda _id, **kw: RewardingEnv(reward))
     guess = [*chat.tokenizer("5", add_special_tokens=False)["input_ids"], chat.eos_id]
-    sampling = SamplingParams(max_new_tokens=4, stop_token_ids=chat.stop_ids)
-    client = StepRewardAsIs(host, reward)
-    loop = run_episode(
-        ScriptedEngine([guess], chat.eos_id),
-        client,
-        chat,
-        sampling,
-        EpisodeLimits(4, 4, 400),
-        key=0,
-        episode=Episode(group=0, task_seed=1),
-    )
-    episode = asyncio.run(loop)
+    episode = run(ScriptedEngine([guess] * 4, chat.eos_id), chat, EpisodeLimits(4, 4, 400), host=host)
     assert episode.finish == "error" and f"must be a finite number, got {reward!r}" in episode.error
     assert host.counts()["open"] == 0
