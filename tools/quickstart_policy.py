@@ -6,7 +6,7 @@ The game is the one the run's own config.yaml (two folders up) set: its range, g
 override it, and without a config.yaml it is launch/configs/quickstart.yaml's.
 Plays each secret with the greedy guess against `guess_number` itself, and prints
 each state it reached as (lowest possible, highest possible) -> guess : probability. A wrong guess held with
-probability near 1 is where a run stopped learning (docs/quickstart.md).
+probability near 1 is where a run stopped learning (docs/quickstart.md#read-it).
 """
 
 from __future__ import annotations
