@@ -1,4 +1,4 @@
-"""What the benchmarks that train share: the envs they train on, running a training command, reading its scalars."""
+"""What the benchmarks that train share: their envs, running a training command, its scalars (agentrl.sweep's)."""
 
 from __future__ import annotations
 
@@ -7,25 +7,14 @@ import subprocess
 import time
 from pathlib import Path
 
-import numpy as np
-
 from agentrl.sweep.objective import read_scalars as scalars  # noqa: F401 (what the benchmarks import from here)
+from agentrl.sweep.objective import window_means  # noqa: F401 (likewise)
 
 REPO = Path(__file__).resolve().parents[1]
 ENVS = {  # name -> (config, ranks)
     "quickstart": ("launch/configs/quickstart.yaml", 4),
     "frozen_lake": ("launch/configs/frozen_lake.yaml", 3),
 }
-
-
-def window_means(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """Mean over the first 2% of steps (at least one) and over the last 10%."""
-    values = np.array([v for _, v in points])
-    if not len(values):
-        return float("nan"), float("nan")
-    head = max(1, round(0.02 * len(values)))
-    tail = max(1, round(0.10 * len(values)))
-    return float(values[:head].mean()), float(values[-tail:].mean())
 
 
 def run_or_exit(command: list[str], run_dir: Path, what: str, env: dict | None = None) -> float:

@@ -6,7 +6,7 @@ For each init_std it builds the quickstart's tiny model as `agentrl train` does 
 texts), plays binary search in the quickstart's env to reach states that need different answers, and prints the
 total variation distance between the model's distributions over the digits 1..7 in those states. A policy-gradient
 step can only tell states apart through such differences, so near 0 the policy starts on the plateau where every
-state gets the same guess (docs/quickstart.md).
+state gets the same guess (benchmarks/results/quickstart-tuning.md, round 3).
 """
 
 from __future__ import annotations

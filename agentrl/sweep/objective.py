@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from agentrl.sweep.spec import Objective
 
 TB_DIR = "tb"
@@ -31,6 +33,16 @@ def read_run_scalars(run_dir: str | Path, tags: list[str]) -> dict[str, list[tup
             by_step = {event.step: event.value for event in events.Scalars(tag)}  # a later file's value wins
             by_tag[tag] = sorted(by_step.items())
     return by_tag
+
+
+def window_means(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """Mean over the first 2% of the points (at least one) and over the last 10%: where a run started and ended."""
+    values = np.array([value for _, value in points])
+    if not len(values):
+        return float("nan"), float("nan")
+    head = max(1, round(0.02 * len(values)))
+    tail = max(1, round(0.10 * len(values)))
+    return float(values[:head].mean()), float(values[-tail:].mean())
 
 
 def reduce(points: list[tuple[int, float]], objective: Objective, total_steps: int) -> float | None:

@@ -1,4 +1,4 @@
-"""benchmarks/learning_table.py's per-trial numbers: the training time to the target survives a paused trial."""
+"""tools/learning_table.py's per-trial numbers: the training time to the target survives a paused trial."""
 
 import importlib.util
 
@@ -9,7 +9,7 @@ from tests.conftest import ROOT
 
 @pytest.fixture(scope="module")
 def learning_table():
-    spec = importlib.util.spec_from_file_location("learning_table", ROOT / "benchmarks" / "learning_table.py")
+    spec = importlib.util.spec_from_file_location("learning_table", ROOT / "tools" / "learning_table.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

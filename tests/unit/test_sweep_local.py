@@ -202,7 +202,7 @@ def test_a_sweeps_trials_are_one_wandb_group_and_one_mlflow_experiment(tmp_path,
 
 def test_a_learning_table_sweep_over_two_bases_fills_the_table(tmp_path, tiny_model_dir):
     """bases: two configs as one more dimension, each trial with its base's ranks (1: train alone, 2: mpirun -n 2);
-    then benchmarks/learning_table.py writes each (base, algorithm) cell from the trials' TensorBoard files."""
+    then tools/learning_table.py writes each (base, algorithm) cell from the trials' TensorBoard files."""
     quickstart = str(ROOT / "launch" / "configs" / "quickstart.yaml")
     spec = write_spec(
         tmp_path,
@@ -240,7 +240,7 @@ def test_a_learning_table_sweep_over_two_bases_fills_the_table(tmp_path, tiny_mo
     page = tmp_path / "table.md"
     page.write_text("before\n<!-- learning-table:start full -->\nold\n<!-- learning-table:end -->\nafter\n")
     table = subprocess.run(
-        [sys.executable, "benchmarks/learning_table.py", str(sweep_dir), "--write", str(page)],
+        [sys.executable, "tools/learning_table.py", str(sweep_dir), "--write", str(page)],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert table.returncode == 0, table.stdout + table.stderr

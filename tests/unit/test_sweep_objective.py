@@ -3,9 +3,11 @@ run's redone steps counted once."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from agentrl.sweep.objective import last_step, read_scalars, reduce, score
+from agentrl.sweep.objective import last_step, read_scalars, reduce, score, window_means
 from agentrl.sweep.spec import Objective
 
 
@@ -37,3 +39,11 @@ def test_a_resumed_run_counts_each_step_once(tmp_path):
     assert [step for step, _ in points] == list(range(8))
     assert [value for _, value in points] == [0.0] * 4 + [1.0] * 4
     assert reduce(points, Objective(scalar="x", reduce="mean_last", fraction=0.5), total_steps=8) == 1.0
+
+
+def test_window_means_are_the_first_2_percent_and_the_last_10_percent():
+    """Where a run started and ended, as the learning table and the benchmarks report it (at least one point each)."""
+    points = [(step, float(step)) for step in range(200)]
+    assert window_means(points) == (pytest.approx((0 + 1 + 2 + 3) / 4), pytest.approx(sum(range(180, 200)) / 20))
+    assert window_means([(0, 0.25), (1, 0.75)]) == (0.25, 0.75)
+    assert all(math.isnan(mean) for mean in window_means([]))  # no points, no means

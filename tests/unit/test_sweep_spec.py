@@ -214,8 +214,12 @@ def test_agentrl_command_starts_each_trial_alone_or_each_rank_under_mpirun(tmp_p
     assert "agentrl_command" in refused(tmp_path, agentrl_command=[])
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "launch" / "sweeps").glob("*.yaml")), ids=lambda path: path.name)
+SHIPPED_SPECS = sorted([*(ROOT / "launch" / "sweeps").glob("*.yaml"), *(ROOT / "benchmarks" / "sweeps").glob("*.yaml")])
+
+
+@pytest.mark.parametrize("path", SHIPPED_SPECS, ids=lambda path: str(path.relative_to(ROOT)))
 def test_every_shipped_spec_loads_and_its_trial_configs_pass_the_loader(path):
+    """The specs a user runs (launch/sweeps/) and those behind the measurements in the docs (benchmarks/sweeps/)."""
     check_space(load_spec(path))
 
 

@@ -1,9 +1,9 @@
 """The learning table from a sweep over algorithms x envs x seeds (launch/sweeps/learning_table.yaml).
 
     agentrl sweep launch/sweeps/learning_table.yaml
-    python benchmarks/learning_table.py runs/sweeps/learning_table                        # print the tables
-    python benchmarks/learning_table.py runs/sweeps/learning_table --write docs/algorithms.md README.md
-    python benchmarks/learning_table.py runs/sweeps/learning_table_quickstart runs/sweeps/learning_table_frozen_lake
+    python tools/learning_table.py runs/sweeps/learning_table                        # print the tables
+    python tools/learning_table.py runs/sweeps/learning_table --write docs/algorithms.md README.md
+    python tools/learning_table.py runs/sweeps/learning_table_quickstart runs/sweeps/learning_table_frozen_lake
 
 Per trial, from its TensorBoard events: the policy's success rate (`rollout/success_rate`, the policy's own over
 each step's first round of tasks; dapo's trained batch leaves out the groups it drops) over the first 2% of steps
@@ -24,13 +24,10 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from agentrl.sweep.objective import read_run_scalars
+from agentrl.sweep.objective import read_run_scalars, window_means
 from agentrl.sweep.spec import parse_spec
 from agentrl.sweep.status import rows
 from agentrl.sweep.study import SPEC_FILE, Sweep
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import window_means
 
 TARGET = 0.8
 STALL_FACTOR = 20  # a step this many times the trial's median step was stalled from outside (its processes paused)

@@ -1,12 +1,12 @@
 """What a quickstart checkpoint's policy does: its greedy guess, and how sure it is, in every game.
 
-    python benchmarks/quickstart_policy.py runs/quickstart/checkpoints/step_000400
+    python tools/quickstart_policy.py runs/quickstart/checkpoints/step_000400
 
 The game is the one the run's own config.yaml (two folders up) set: its range, guesses and wording; the flags
 override it, and without a config.yaml it is launch/configs/quickstart.yaml's.
 Plays each secret with the greedy guess against `guess_number` itself, and prints
 each state it reached as (lowest possible, highest possible) -> guess : probability. A wrong guess held with
-probability near 1 is where a run stopped learning (docs/quickstart.md).
+probability near 1 is where a run stopped learning (docs/quickstart.md#read-it).
 """
 
 from __future__ import annotations

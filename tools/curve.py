@@ -1,6 +1,6 @@
 """Print a run's learning curve from its TensorBoard events: means over windows of steps.
 
-python benchmarks/curve.py runs/quickstart [--metric episode/success_rate] [--window 50]
+python tools/curve.py runs/quickstart [--metric episode/success_rate] [--window 50]
 """
 
 import argparse
