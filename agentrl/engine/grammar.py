@@ -1,0 +1,151 @@
+"""Constrained decoding in the torch engines: a request's output grammar, matched token by token with llguidance.
+
+A `Grammar` is plain text (a Lark grammar in llguidance's dialect, or a JSON schema), so a request carries it
+anywhere, pickled to another rank included. The engine turns it into an llguidance matcher per row
+(`GrammarVocab.matcher`); at each step `allowed_logprobs` leaves a constrained row only the tokens its grammar
+accepts next, and `advance` feeds the matcher the token drawn. Where the grammar may end, the row may draw its
+stop ids (and only them once the grammar is complete), so a finished grammar ends the row as any reply ends.
+
+llguidance is an optional dependency (`pip install 'agentrl[grammar]'`); it is imported only for a constrained
+request, and a batch with no constrained row takes none of these steps.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+INSTALL_HINT = "pip install 'agentrl[grammar]'"
+
+
+@dataclass(frozen=True)
+class Grammar:
+    """What a request's output must match: a Lark grammar (llguidance's dialect, JSON schemas inline as
+    `%json {...}`), or, where the output is one JSON value, its JSON schema (as JSON text)."""
+
+    lark: str | None = None
+    json_schema: str | None = None
+
+    def __post_init__(self):
+        if (self.lark is None) == (self.json_schema is None):
+            raise ValueError("a Grammar takes a lark grammar or a json_schema, exactly one")
+
+    def llguidance_text(self) -> str:
+        """The grammar as llguidance's matchers take it."""
+        llguidance = import_llguidance("constrained decoding")
+        if self.lark is not None:
+            return llguidance.LLMatcher.grammar_from_lark(self.lark)
+        return llguidance.LLMatcher.grammar_from_json_schema(self.json_schema)
+
+    def sglang_fields(self) -> dict:
+        """SGLang's sampling_params for this grammar: `json_schema`, or the Lark text as `ebnf` (which SGLang's
+        llguidance grammar backend reads: `--grammar-backend llguidance`)."""
+        return {"json_schema": self.json_schema} if self.json_schema is not None else {"ebnf": self.lark}
+
+
+class GrammarUnavailable(ImportError):
+    """llguidance is not installed."""
+
+
+def import_llguidance(what: str):
+    """The llguidance module, or GrammarUnavailable naming `what` needs it and how to install it."""
+    try:
+        import llguidance
+    except ImportError:
+        raise GrammarUnavailable(f"{what} needs llguidance, which is not installed; {INSTALL_HINT}") from None
+    return llguidance
+
+
+def check_grammar(grammar: Grammar) -> str:
+    """Why llguidance refuses `grammar` (a bad schema, a bad Lark rule), or "" where it takes it."""
+    llguidance = import_llguidance("constrained decoding")
+    return llguidance.LLMatcher.validate_grammar(grammar.llguidance_text())
+
+
+class GrammarVocab:
+    """llguidance's view of one tokenizer (its token bytes and eos), built on first use; the matchers made with
+    it, and the masks they give. `vocab_size` is the model's: masks cover it (a model may have more rows than
+    the tokenizer has tokens). Matchers may be made on any thread; masks are computed on the engine's worker."""
+
+    def __init__(self, tokenizer, vocab_size: int):
+        self.tokenizer = tokenizer
+        self.vocab_size = int(vocab_size)
+        self.words = (max(self.vocab_size, len(tokenizer)) + 31) // 32  # int32 words of one row's bitmask
+        self._llg_tokenizer = None
+        self._lock = threading.Lock()
+        self._bitmask = torch.zeros((0, self.words), dtype=torch.int32)
+        self._shifts: dict[torch.device, torch.Tensor] = {}
+
+    def _tokenizer(self):
+        with self._lock:
+            if self._llg_tokenizer is None:
+                llguidance = import_llguidance("constrained decoding")
+                from llguidance.hf import from_tokenizer
+
+                self.executor = llguidance.LLExecutor()
+                self._llg_tokenizer = from_tokenizer(self.tokenizer, n_vocab=self.words * 32)
+            return self._llg_tokenizer
+
+    def matcher(self, grammar: Grammar):
+        """A fresh matcher at the start of `grammar`; ValueError with llguidance's reason where it is invalid."""
+        llguidance = import_llguidance("constrained decoding")
+        matcher = llguidance.LLMatcher(self._tokenizer(), grammar.llguidance_text(), log_level=0)
+        if matcher.is_error():
+            raise ValueError(f"the output grammar is invalid: {matcher.get_error()}")
+        return matcher
+
+    def allowed(self, matchers: list, stop_ids: list[tuple[int, ...]], vocab: int, device) -> torch.Tensor:
+        """(rows, vocab) bool: the tokens each matcher accepts next. llguidance's eos bit, set where the grammar
+        may end, becomes the row's own stop ids (each row has at least one); a matcher in error leaves only
+        those, so its row ends (`grammar_error` says why)."""
+        rows = len(matchers)
+        if self._bitmask.shape[0] < rows:
+            self._bitmask = torch.zeros((rows, self.words), dtype=torch.int32)
+        bitmask = self._bitmask[:rows]
+        eos = self._tokenizer().eos_token
+        pairs = [(matcher, row) for row, matcher in enumerate(matchers)]
+        self.executor.unsafe_compute_mask_ptr(pairs, bitmask.data_ptr(), self.words * 4, rows)
+        shifts = self._shifts.get(device)
+        if shifts is None:
+            shifts = self._shifts[device] = torch.arange(32, dtype=torch.int32, device=device)
+        words = bitmask.to(device)
+        allowed = ((words[:, :, None] >> shifts) & 1).bool().reshape(rows, -1)[:, :vocab]
+        may_end = allowed[:, eos].clone()
+        allowed[:, eos] = False
+        failed = [row for row, matcher in enumerate(matchers) if matcher.is_error()]
+        if failed:
+            allowed[failed] = False
+            may_end[failed] = True
+        widest = max(map(len, stop_ids))
+        table = torch.tensor([list(ids) + [ids[0]] * (widest - len(ids)) for ids in stop_ids], device=device)
+        return allowed.scatter_(1, table, may_end[:, None].expand(rows, widest))
+
+
+def allowed_logprobs(logprobs: torch.Tensor, rows) -> torch.Tensor:
+    """`logprobs` (rows, vocab) with each constrained row renormalised over the tokens its grammar allows:
+    what such a row draws from (its top-p and top-k apply to this distribution)."""
+    index = rows.constrained
+    matchers = [rows.matchers[row] for row in index]
+    stops = [rows.params[row].stop_token_ids for row in index]
+    allowed = rows.grammars.allowed(matchers, stops, logprobs.shape[1], logprobs.device)
+    drawn = logprobs.clone()
+    drawn[index] = torch.log_softmax(logprobs[index].masked_fill(~allowed, float("-inf")), dim=-1)
+    return drawn
+
+
+def advance(tokens: torch.Tensor, rows) -> None:
+    """Feed each constrained row's matcher the token it drew (a stop id ends the row and is not fed)."""
+    index = rows.constrained
+    drawn = tokens[index].tolist()
+    for row, token in zip(index, drawn, strict=True):
+        if token not in rows.params[row].stop_token_ids:
+            rows.matchers[row].consume_token(token)
+
+
+def grammar_error(matcher) -> str | None:
+    """Why `matcher` stopped following its grammar (it left the row only its stop ids), or None."""
+    if matcher is None or not matcher.is_error():
+        return None
+    return matcher.get_error()
