@@ -37,6 +37,7 @@ class LocalBackend:
     def __init__(self, engine, tokenizer):
         self.engine = engine
         self.tokenizer = tokenizer
+        self.grammars = engine.allow_grammars(tokenizer)  # requests may carry an output grammar
         self.in_flight = 0
         self.served = 0
 

@@ -37,6 +37,9 @@ class FixedEngine:
     def __init__(self, ids: list[int]):
         self.ids = ids
 
+    def allow_grammars(self, tokenizer) -> bool:
+        return False
+
     async def generate(self, input_ids, sampling):
         ids = np.asarray(self.ids, dtype=np.int64)
         return GenerateOutput(ids, np.full(len(ids), -0.5, dtype=np.float32), "stop", self.weight_version)
