@@ -170,3 +170,22 @@ def test_a_grammar_is_a_lark_grammar_or_a_json_schema_and_travels_pickled():
     assert pickle.loads(pickle.dumps(sampling)) == sampling
     assert Grammar(lark="start: x").sglang_fields() == {"ebnf": "start: x"}
     assert sampling_params_for_sglang(SamplingParams(8, grammar=GRAMMAR))["json_schema"] == GRAMMAR.json_schema
+
+
+def test_masks_end_on_the_rows_stop_ids_and_a_failed_matcher_leaves_only_them(tokenizer):
+    from agentrl.engine.grammar import GrammarVocab, grammar_error
+
+    vocab = GrammarVocab(tokenizer, len(tokenizer) + 40)  # a model with more rows than the tokenizer has tokens
+    yes_no = Grammar(lark='start: "yes" | "no"')
+    eos, other_stop = tokenizer.eos_token_id, tokenizer.pad_token_id
+    fresh, done, failed = (vocab.matcher(yes_no) for _ in range(3))
+    assert done.consume_tokens(tokenizer("yes", add_special_tokens=False)["input_ids"])
+    assert not failed.consume_token(tokenizer("x", add_special_tokens=False)["input_ids"][0])
+    allowed = vocab.allowed([fresh, done, failed], [(eos,), (other_stop, eos), (other_stop,)], vocab.vocab_size, "cpu")
+    assert allowed.shape == (3, len(tokenizer) + 40)
+    starts = {tokenizer.decode([token]) for token in allowed[0].nonzero().squeeze(1).tolist()}
+    assert starts and all("yes".startswith(s) or "no".startswith(s) for s in starts) and not allowed[0, eos]
+    assert allowed[1].nonzero().squeeze(1).tolist() == sorted((other_stop, eos))  # complete: its stop ids only
+    assert allowed[2].nonzero().squeeze(1).tolist() == [other_stop]
+    assert not allowed[:, len(tokenizer) :].any()
+    assert grammar_error(failed) and grammar_error(fresh) is None and grammar_error(None) is None
