@@ -82,6 +82,11 @@ class GrammarVocab:
     def _tokenizer(self):
         with self._lock:
             if self._llg_tokenizer is None:
+                if len(self.tokenizer) > self.vocab_size:
+                    raise ValueError(
+                        f"the tokenizer has {len(self.tokenizer)} tokens, more than the model's {self.vocab_size} "
+                        "output rows: a grammar could ask for a token the model cannot write; serve a matching pair"
+                    )
                 llguidance = import_llguidance("constrained decoding")
                 from llguidance.hf import from_tokenizer
 
@@ -115,9 +120,9 @@ class GrammarVocab:
         if failed:
             allowed[failed] = False
             may_end[failed] = True
-        widest = max(map(len, stop_ids))
-        table = torch.tensor([list(ids) + [ids[0]] * (widest - len(ids)) for ids in stop_ids], device=device)
-        return allowed.scatter_(1, table, may_end[:, None].expand(rows, widest))
+        at_row, token = torch.tensor([(row, token) for row, ids in enumerate(stop_ids) for token in ids]).unbind(1)
+        allowed[at_row, token] = may_end[at_row.to(device)]
+        return allowed
 
     def _unpack(self, bitmask: torch.Tensor, device: torch.device) -> torch.Tensor:
         """One bool per token from the bitmask (bit i of word w: token 32w + i), on `device`. On a GPU the words
