@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import abc
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from agentrl.engine.grammar import Grammar
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -25,6 +28,9 @@ class SamplingParams:
     top_k: int = -1  # -1 or 0: no top-k filter
     stop_token_ids: tuple[int, ...] = ()
     seed: int | None = None
+    # The output must match this grammar (constrained decoding: agentrl/engine/grammar.py); it then ends on one
+    # of stop_token_ids once complete, so it needs at least one.
+    grammar: Grammar | None = None
 
 
 @dataclass
@@ -33,7 +39,9 @@ class GenerateOutput:
 
     `output_ids` holds every generated token, the stop token included when one ended
     the turn. `logprobs[i]` is the log-probability of `output_ids[i]` under
-    softmax(logits / temperature), not renormalised for top-p/top-k (as SGLang reports).
+    softmax(logits / temperature), not renormalised for top-p/top-k (as SGLang reports), nor for
+    an output grammar (the distribution the trainer recomputes). `meta["grammar_error"]`, where
+    present, says why a constrained output stopped following its grammar.
     """
 
     output_ids: np.ndarray  # int64, shape (n,)
@@ -52,6 +60,11 @@ class Engine(abc.ABC):
     @abc.abstractmethod
     async def generate(self, input_ids: list[int] | np.ndarray, sampling: SamplingParams) -> GenerateOutput:
         """Generate one completion for `input_ids`."""
+
+    def allow_grammars(self, tokenizer) -> bool:
+        """Take requests with `SamplingParams.grammar` from now on, their outputs in `tokenizer`'s tokens; False
+        where this engine cannot constrain its outputs (it must then be given none)."""
+        return False
 
     @abc.abstractmethod
     def load_weights(self, named_tensors, version: int) -> None:

@@ -29,6 +29,7 @@ import torch
 from transformers import DynamicCache
 
 from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingParams
+from agentrl.engine.grammar import GrammarVocab, grammar_error
 from agentrl.engine.hf import cache_keyword, takes_ready_made_sdpa_masks
 from agentrl.engine.sampling import RowSampling, sample_tokens, seeded_generator
 
@@ -42,6 +43,7 @@ class _Request:
     prompt: list[int]
     sampling: SamplingParams
     future: asyncio.Future
+    matcher: object = None  # the output grammar's matcher, for a constrained request
 
 
 @dataclass
@@ -113,6 +115,7 @@ class TorchEngine(Engine):
         )
         self._model_lock = threading.Lock()  # a batch and a weight update never overlap
         self._abort_epoch = 0  # bumped by abort_all; a batch from an older epoch stops early
+        self.grammars: GrammarVocab | None = None  # set by allow_grammars: requests may carry an output grammar
 
     # ---- requests -------------------------------------------------------------------
 
@@ -120,9 +123,22 @@ class TorchEngine(Engine):
         prompt = self._prompt(input_ids)
         if sampling.max_new_tokens <= 0:
             return self._empty_output("length")
-        request = _Request(prompt, sampling, asyncio.get_running_loop().create_future())
+        matcher = await self._matcher(sampling) if sampling.grammar is not None else None
+        request = _Request(prompt, sampling, asyncio.get_running_loop().create_future(), matcher)
         self._enqueue(request, self._schedule)
         return await request.future
+
+    def allow_grammars(self, tokenizer) -> bool:
+        self.grammars = GrammarVocab(tokenizer, self.vocab_size)
+        return True
+
+    async def _matcher(self, sampling: SamplingParams):
+        """The matcher of a constrained request, made off the event loop (a large grammar takes milliseconds)."""
+        if self.grammars is None:
+            raise ValueError("this engine was given no tokenizer for output grammars; call allow_grammars first")
+        if not sampling.stop_token_ids:
+            raise ValueError("a request with an output grammar needs stop_token_ids to end on once it is complete")
+        return await asyncio.get_running_loop().run_in_executor(None, self.grammars.matcher, sampling.grammar)
 
     @staticmethod
     def _prompt(input_ids: list[int] | np.ndarray) -> list[int]:
@@ -150,9 +166,10 @@ class TorchEngine(Engine):
                     continue
                 prompts = [r.prompt for r in batch]
                 params = [r.sampling for r in batch]
+                matchers = [r.matcher for r in batch]
                 try:
                     outputs = await loop.run_in_executor(
-                        self._worker, self._run_batch, prompts, params, self._abort_epoch
+                        self._worker, self._run_batch, prompts, params, self._abort_epoch, matchers
                     )
                 except Exception as exc:
                     for request in batch:
@@ -364,7 +381,7 @@ class TorchEngine(Engine):
     # ---- batched generation (worker thread) -----------------------------------------
 
     def _run_batch(
-        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int
+        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int, matchers=None
     ) -> list[GenerateOutput]:
         started = time.perf_counter()
         with self._model_lock, torch.inference_mode():
@@ -372,23 +389,24 @@ class TorchEngine(Engine):
             self.stats["requests"] += len(prompts)
             self.stats["prompt_tokens"] += sum(map(len, prompts))
             self.stats["largest_batch"] = max(self.stats["largest_batch"], len(prompts))
-            tokens, logprobs, lengths, reasons = self._decode_batch(prompts, params, abort_epoch)
+            tokens, logprobs, lengths, reasons = self._decode_batch(prompts, params, abort_epoch, matchers)
             version = self.weight_version
         self.stats["generated_tokens"] += sum(lengths)
         self.busy_seconds += time.perf_counter() - started
+        matchers = matchers or [None] * len(prompts)
         return [
             GenerateOutput(
                 output_ids=tokens[row, :n].copy(),
                 logprobs=logprobs[row, :n].copy(),
                 finish_reason=reasons[row],
                 weight_version=version,
-                meta={"prompt_tokens": len(prompts[row]), "completion_tokens": n},
+                meta=_output_meta(len(prompts[row]), n, matchers[row]),
             )
             for row, n in enumerate(lengths)
         ]
 
     def _decode_batch(
-        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int
+        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int, matchers=None
     ) -> tuple[np.ndarray, np.ndarray, list[int], list[FinishReason]]:
         batch_size = len(prompts)
         longest_output = max(p.max_new_tokens for p in params)
@@ -396,7 +414,7 @@ class TorchEngine(Engine):
         prompt_width = input_ids.shape[1]
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min_(0)
         decode_mask = self._decode_mask(prompt_mask, longest_output)
-        rows = RowSampling(params, self.vocab_size, self.device)
+        rows = RowSampling(params, self.vocab_size, self.device, matchers=matchers, grammars=self.grammars)
 
         cache = DynamicCache(config=self.model.config)
         logits = self._last_logits(input_ids, prompt_mask, positions, cache)
@@ -472,3 +490,11 @@ class TorchEngine(Engine):
             **extra,
         )
         return out.logits[:, -1, :]
+
+
+def _output_meta(prompt_tokens: int, completion_tokens: int, matcher) -> dict:
+    meta = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens}
+    error = grammar_error(matcher)
+    if error is not None:
+        meta["grammar_error"] = error
+    return meta

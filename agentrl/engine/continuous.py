@@ -36,6 +36,7 @@ from transformers import DynamicCache
 from agentrl.engine.base import FinishReason, GenerateOutput, SamplingParams
 from agentrl.engine.batch import TorchEngine, _LoopQueue
 from agentrl.engine.decode_graphs import DecodeGraphs
+from agentrl.engine.grammar import grammar_error
 from agentrl.engine.kv_sessions import KVSessionStore
 from agentrl.engine.lean_decoder import COLUMN_HEADROOM, FAMILIES, Feed, LeanDecoder
 from agentrl.engine.running_batch import RunningBatch
@@ -61,6 +62,7 @@ class _Row:
     stop_ids: frozenset[int] = frozenset()
     generator: torch.Generator | None = None
     progress: Callable[[list[int], list[float]], None] | None = None  # called on `loop` with each step's tokens
+    matcher: object = None  # the output grammar's matcher, for a constrained request
     output: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     version: int | None = None
@@ -159,6 +161,7 @@ class ContinuousTorchEngine(TorchEngine):
             return self._empty_output("length")
         if self._closed:
             return self._empty_output("abort")
+        matcher = await self._matcher(sampling) if sampling.grammar is not None else None
         loop = asyncio.get_running_loop()
         row = _Row(
             prompt,
@@ -169,6 +172,7 @@ class ContinuousTorchEngine(TorchEngine):
             stop_ids=frozenset(sampling.stop_token_ids),
             generator=seeded_generator(sampling.seed, self.device) if sampling.seed is not None else None,
             progress=progress,
+            matcher=matcher,
         )
         self._enqueue(row, self._hand_over)
         return await row.future
@@ -348,7 +352,12 @@ class ContinuousTorchEngine(TorchEngine):
 
     def _row_sampling(self, rows: list[_Row]) -> RowSampling:
         return RowSampling(
-            [row.sampling for row in rows], self.vocab_size, self.device, generators=[row.generator for row in rows]
+            [row.sampling for row in rows],
+            self.vocab_size,
+            self.device,
+            generators=[row.generator for row in rows],
+            matchers=[row.matcher for row in rows],
+            grammars=self.grammars,
         )
 
     def _sample_running(self, batch: RunningBatch) -> torch.Tensor | None:
@@ -443,6 +452,7 @@ class ContinuousTorchEngine(TorchEngine):
         self.stats["reused_tokens"] += sum(past)
 
     def _deliver(self, row: _Row, reason: FinishReason) -> None:
+        error = grammar_error(row.matcher)
         output = GenerateOutput(
             output_ids=np.asarray(row.output, dtype=np.int64),
             logprobs=np.asarray(row.logprobs, dtype=np.float32),
@@ -452,6 +462,7 @@ class ContinuousTorchEngine(TorchEngine):
                 "prompt_tokens": len(row.prompt),
                 "completion_tokens": len(row.output),
                 "cached_tokens": row.cached_tokens,
+                **({"grammar_error": error} if error is not None else {}),
             },
         )
         self._outbox.append((row, output))

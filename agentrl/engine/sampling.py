@@ -3,6 +3,8 @@
 Logprobs follow SGLang: log_softmax(logits / temperature) of the chosen token, not
 renormalised after top-k/top-p filtering. Draws are inverse-CDF over the vocabulary in
 token order, with one uniform number per row (from the row's own generator if seeded).
+Rows with an output grammar draw only what it allows (agentrl/engine/grammar.py); their logprobs stay those of
+the unconstrained distribution, the one the trainer recomputes.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from agentrl.engine import grammar
 from agentrl.engine.base import SamplingParams
 
 # From this vocabulary size on, rows that all have a top-k draw among their candidates, and
@@ -36,7 +39,16 @@ class RowSampling:
 
     TENSORS = ("greedy", "temperature", "top_k", "top_p", "max_new_tokens", "unfiltered")
 
-    def __init__(self, params: Sequence[SamplingParams], vocab_size: int, device: torch.device, generators=None):
+    def __init__(
+        self,
+        params: Sequence[SamplingParams],
+        vocab_size: int,
+        device: torch.device,
+        generators=None,
+        matchers=None,
+        grammars: grammar.GrammarVocab | None = None,
+    ):
+        """`matchers`: each row's grammar matcher, or None for a row drawing freely (`grammars` made them)."""
         self.params = list(params)
         greedy = [p.temperature <= 0 for p in params]
         top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
@@ -55,6 +67,10 @@ class RowSampling:
         if generators is None:
             generators = [seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
         self.generators = list(generators)
+        self.matchers = list(matchers) if matchers is not None else [None] * len(self.params)
+        if grammars is None and any(matcher is not None for matcher in self.matchers):
+            raise ValueError("rows with grammar matchers need the GrammarVocab that made them")
+        self.grammars = grammars
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
         self._summarise()
 
@@ -68,6 +84,7 @@ class RowSampling:
         self.largest_top_k = max((p.top_k for p in params if 0 < p.top_k < self.vocab_size), default=None)
         self.every_row_top_k = not self.any_top_p and all(0 < p.top_k < self.vocab_size for p in params)
         self.seeded_rows = [(row, gen) for row, gen in enumerate(self.generators) if gen is not None]
+        self.constrained = [row for row, matcher in enumerate(self.matchers) if matcher is not None]
 
     def select(self, keep: torch.Tensor, order: list[int] | None = None) -> None:
         """Keep only the rows at positions `keep` (`order`: the same as a list, where the caller has it)."""
@@ -78,6 +95,7 @@ class RowSampling:
         order = keep.tolist() if order is None else order
         self.params = [self.params[row] for row in order]
         self.generators = [self.generators[row] for row in order]
+        self.matchers = [self.matchers[row] for row in order]
         self._summarise()
 
     def extend(self, more: RowSampling) -> None:
@@ -99,6 +117,8 @@ class RowSampling:
             )
         self.params += more.params
         self.generators += more.generators
+        self.matchers += more.matchers
+        self.grammars = self.grammars or more.grammars
         self._summarise()
 
     def scratch(self, shape: torch.Size, dtype: torch.dtype) -> torch.Tensor:
@@ -149,14 +169,18 @@ def filter_top_k_top_p(probs: torch.Tensor, rows: RowSampling) -> torch.Tensor:
 def sample_tokens(
     logits: torch.Tensor, rows: RowSampling, generator: torch.Generator
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pick one token per row; return the tokens and their logprobs under softmax(logits / T)."""
+    """Pick one token per row; return the tokens and their logprobs under softmax(logits / T).
+
+    A constrained row draws from that distribution renormalised over the tokens its grammar allows, and its
+    matcher takes the token drawn; the logprob returned is still the unconstrained one."""
     scaled = logits.float() if rows.unit_temperature else logits.float() / rows.temperature
     logprobs = torch.log_softmax(scaled, dim=-1)
+    drawn = grammar.allowed_logprobs(logprobs, rows) if rows.constrained else logprobs
     if rows.all_greedy:
-        tokens = logprobs.argmax(dim=-1)
+        tokens = drawn.argmax(dim=-1)
     else:
         large = rows.vocab_size >= LARGE_VOCAB
-        probs = torch.exp(logprobs, out=rows.scratch(logprobs.shape, logprobs.dtype)) if large else logprobs.exp()
+        probs = torch.exp(drawn, out=rows.scratch(drawn.shape, drawn.dtype)) if large else drawn.exp()
         # On CPU drawing among the top-k candidates is faster; on a GPU the whole-vocabulary draw is cheap and needs
         # no host sync (the candidates' tie check reads a flag back), so a step never waits for the device there.
         candidates = (
@@ -171,10 +195,12 @@ def sample_tokens(
             cdf = rows.scratch(probs.shape, torch.float64) if large else None
             tokens = draw_from_unnormalised(probs, rows, generator, cdf)
         if rows.any_greedy:
-            tokens = torch.where(rows.greedy, logprobs.argmax(dim=-1), tokens)
+            tokens = torch.where(rows.greedy, drawn.argmax(dim=-1), tokens)
     chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)
     if chosen.device.type == "cpu" and not bool(torch.isfinite(chosen).all()):  # on a GPU the check would sync
         raise NonFiniteLogits(NON_FINITE)
+    if rows.constrained:
+        grammar.advance(tokens, rows)
     return tokens, chosen
 
 

@@ -76,7 +76,17 @@ SGLANG_CALLS = (
         "srt/sampling/sampling_params.py",
         "SamplingParams",
         "fields",
-        ("max_new_tokens", "temperature", "top_p", "top_k", "stop_token_ids", "no_stop_trim", "sampling_seed"),
+        (
+            "max_new_tokens",
+            "temperature",
+            "top_p",
+            "top_k",
+            "stop_token_ids",
+            "no_stop_trim",
+            "sampling_seed",
+            "json_schema",
+            "ebnf",
+        ),
     ),
     SGLangCall(
         ENGINE_SOURCE, "Engine", "async_generate", ("input_ids", "sampling_params", "return_logprob", "lora_path")
@@ -173,6 +183,8 @@ def sampling_params_for_sglang(sampling: SamplingParams) -> dict:
     }
     if sampling.seed is not None:
         params["sampling_seed"] = sampling.seed
+    if sampling.grammar is not None:
+        params.update(sampling.grammar.sglang_fields())
     return params
 
 
@@ -293,6 +305,12 @@ class SGLangEngine(Engine):
     @property
     def event_loop(self):
         return self.engine.loop
+
+    def allow_grammars(self, tokenizer) -> bool:
+        """False: SGLang compiles grammars with its own tokenizer, which this engine skips (skip_tokenizer_init:
+        token ids in and out), and then aborts every request that has one. `sampling_params_for_sglang` passes a
+        grammar on all the same, for an engine started with its tokenizer."""
+        return False
 
     # ---- requests -------------------------------------------------------------------
 

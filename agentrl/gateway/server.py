@@ -184,7 +184,8 @@ class _SessionCalls:
         return self.stitcher.prompt_ids(messages, tools if self.list_tools else None)
 
     def sampling_for(self, asked):
-        """The episode's sampling (the rollout's, or evaluation's) whatever the agent asks; its token cap too."""
+        """The episode's sampling (the rollout's, or evaluation's) whatever the agent asks; its token cap too, and
+        its output grammar (tool_choice, response_format): the trainer's logprobs are unconstrained anyway."""
         own = self.session.sampling
         if own is None:
             return asked
@@ -192,6 +193,7 @@ class _SessionCalls:
             own,
             max_new_tokens=min(asked.max_new_tokens, own.max_new_tokens),
             stop_token_ids=asked.stop_token_ids or own.stop_token_ids,
+            grammar=asked.grammar,
         )
 
 

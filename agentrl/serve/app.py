@@ -17,7 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from agentrl.serve.completions import Completions, OnCall
-from agentrl.serve.protocol import APIError
+from agentrl.serve.protocol import APIError, check_content_type
 
 HookFor = Callable[[Request], OnCall | None]
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -107,6 +107,7 @@ def build_app(completions: Completions) -> FastAPI:
 
 
 async def _json_body(request: Request) -> object:
+    check_content_type(request.headers.get("content-type"))
     raw = await request.body()
     try:
         return json.loads(raw)

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from agentrl.engine.base import GenerateOutput, SamplingParams
+from agentrl.serve.constraints import output_grammar
 from agentrl.serve.generation import Generation
 from agentrl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse, usage
 from agentrl.serve.render import ChatRenderer, cut_at_stop, reply_message, streamable_prefix
@@ -82,11 +83,12 @@ class Completions:
     async def chat(self, payload: object, on_call: OnCall | None = None) -> dict | AsyncIterator[str]:
         request = parse(ChatCompletionRequest, payload)
         self._check(request)
-        with_tools = bool(request.tools) and request.tool_choice != "none"
+        with_tools = request.tools_offered()
+        grammar = output_grammar(request, self.backend)  # tool_choice required/named, response_format
         hook = on_call or self.on_call
         render = getattr(hook, "prompt_ids", None) or self.renderer.prompt_ids
         prompt_ids = render(request.messages, request.tools if with_tools else None)
-        runs = self._runs(request, [(prompt_ids, "")], "messages", getattr(hook, "sampling_for", None))
+        runs = self._runs(request, [(prompt_ids, "")], "messages", getattr(hook, "sampling_for", None), grammar)
         call = _Call("chat.completions", request, self, hook)
         if request.stream:
             return call.stream(runs, with_tools)
@@ -151,7 +153,9 @@ class Completions:
                 code="unsupported_parameter",
             )
 
-    def _runs(self, request, prompts: list[tuple[list[int], str]], what: str, sampling_for=None) -> list[_Run]:
+    def _runs(
+        self, request, prompts: list[tuple[list[int], str]], what: str, sampling_for=None, grammar=None
+    ) -> list[_Run]:
         limit = request.token_limit()
         runs = []
         for p, (ids, text) in enumerate(prompts):
@@ -171,6 +175,7 @@ class Completions:
                     top_p=1.0 if request.top_p is None else request.top_p,
                     stop_token_ids=() if request.ignore_eos else self.renderer.stop_ids,
                     seed=None if request.seed is None else request.seed + j,
+                    grammar=grammar,
                 )
                 if sampling_for is not None:
                     sampling = sampling_for(sampling)
@@ -229,9 +234,17 @@ class _Call:
     def _finish_reason(self, output: GenerateOutput, cut: bool) -> str:
         return "stop" if cut else output.finish_reason
 
+    def _reply(self, text: str, with_tools: bool) -> tuple[dict, bool]:
+        """The assistant message for `text`, and whether it calls tools: at most one with parallel_tool_calls
+        false (a grammar holds required and named choices to one; under auto the first call is the reply's)."""
+        message, calls = reply_message(text, with_tools)
+        if calls and not self.request.parallel_tool_calls:
+            message["tool_calls"] = message["tool_calls"][:1]
+        return message, calls
+
     def chat_choice(self, run: _Run, output: GenerateOutput, with_tools: bool) -> dict:
         text, cut, ids = self._text(run, output)
-        message, calls = reply_message(text, with_tools)
+        message, calls = self._reply(text, with_tools)
         return {
             "index": run.index,
             "message": message,
@@ -373,7 +386,7 @@ class _Call:
                 "logprobs": None,
                 "finish_reason": self._finish_reason(output, cut),
             }
-        message, calls = reply_message(text, with_tools)
+        message, calls = self._reply(text, with_tools)
         content = message["content"] or ""
         delta: dict = {"content": content[len(sent) :]} if content.startswith(sent) and len(content) > len(sent) else {}
         if calls:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentrl.engine.base import GenerateOutput, SamplingParams
+from agentrl.serve.protocol import APIError
 
 # Tokens decoded past a stop string's length when looking for it in the newest text (a token is at least a byte).
 STOP_LOOKBACK_TOKENS = 4
@@ -37,6 +38,7 @@ class LocalBackend:
     def __init__(self, engine, tokenizer):
         self.engine = engine
         self.tokenizer = tokenizer
+        self.grammars = engine.allow_grammars(tokenizer)  # requests may carry an output grammar
         self.in_flight = 0
         self.served = 0
 
@@ -48,6 +50,16 @@ class LocalBackend:
         return {"in_flight": self.in_flight, "served": self.served}
 
     async def generate(self, request: Generation, on_tokens: OnTokens | None = None) -> GenerateOutput:
+        output = await self._generate(request, on_tokens)
+        if "grammar_error" in output.meta:  # llguidance gave up mid-way (a resource limit): the output is not valid
+            raise APIError(
+                f"constrained decoding failed: {output.meta['grammar_error']}; simplify the schema or grammar",
+                status=500,
+                kind="server_error",
+            )
+        return output
+
+    async def _generate(self, request: Generation, on_tokens: OnTokens | None) -> GenerateOutput:
         self.in_flight += 1
         try:
             if not getattr(self.engine, "streams_tokens", False):

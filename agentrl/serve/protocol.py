@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+TOOL_CHOICES = ("none", "auto", "required")
+JSON_MEDIA_TYPES = ("application/json",)  # and any application/*+json
 
 
 class APIError(Exception):
@@ -58,6 +60,33 @@ class ChatMessage(_Request):
             raise ValueError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
         return role
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, content):
+        """Text parts only: an image, audio or file part would be dropped unseen, so it is refused."""
+        if not isinstance(content, list):
+            return content
+        for part in content:
+            kind = part.get("type", "text")
+            if kind != "text":
+                raise ValueError(
+                    f"{kind!r} content parts are not supported: this server serves text models; "
+                    'send the content as a string or as {"type": "text", "text": ...} parts'
+                )
+            if not isinstance(part.get("text"), str):
+                raise ValueError('a text content part needs "text", a string: {"type": "text", "text": ...}')
+        return content
+
+    @model_validator(mode="after")
+    def _content_given(self):
+        """OpenAI lets only an assistant message that calls tools leave its content null (or out)."""
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError(
+                f"a {self.role} message needs content (a string or text parts), not null; only an assistant "
+                "message with tool_calls may leave it null"
+            )
+        return self
+
 
 class StreamOptions(_Request):
     include_usage: bool = False
@@ -99,16 +128,62 @@ class _Sampling(_Request):
         ] + (["logit_bias"] if self.logit_bias else [])
 
 
+class JSONSchemaFormat(_Request):
+    name: str = Field(..., pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")  # absent: any JSON object
+    strict: bool | None = None  # the output follows the schema either way (constrained decoding)
+
+
+class ResponseFormat(_Request):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JSONSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError(
+                'type json_schema needs "json_schema": {"name": ..., "schema": {...}}; for any JSON object use '
+                '{"type": "json_object"}'
+            )
+        return self
+
+
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(..., min_length=1)
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # absent: auto with tools, none without
+    parallel_tool_calls: bool = True  # false: a reply holds at most one tool call
+    response_format: ResponseFormat | None = None
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice_shape(cls, choice):
+        named = (
+            isinstance(choice, dict)
+            and choice.get("type") == "function"
+            and isinstance(choice.get("function"), dict)
+            and isinstance(choice["function"].get("name"), str)
+        )
+        if choice is None or choice in TOOL_CHOICES or named:
+            return choice
+        raise ValueError(
+            'tool_choice takes "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
+        )
+
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def tool_choice_name(self) -> str | None:
+        """The function a named tool_choice forces, or None."""
+        return self.tool_choice["function"]["name"] if isinstance(self.tool_choice, dict) else None
+
+    def tools_offered(self) -> bool:
+        """The model sees the tools and its calls are parsed: tools given and tool_choice not none."""
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionRequest(_Sampling):
@@ -152,3 +227,19 @@ def parse(model: type[BaseModel], payload: object) -> BaseModel:
 
 def _raise(error: APIError):
     raise error
+
+
+def check_content_type(header: str | None) -> None:
+    """A body declared as anything but JSON is refused (415), not parsed as JSON regardless; no header is JSON."""
+    if not header:
+        return
+    media_type = header.split(";", 1)[0].strip().lower()
+    if media_type in JSON_MEDIA_TYPES or (media_type.startswith("application/") and media_type.endswith("+json")):
+        return
+    raise APIError(
+        f"Content-Type: {header} is not supported; send the JSON body with Content-Type: application/json "
+        "(curl: -H 'Content-Type: application/json')",
+        status=415,
+        param="Content-Type",
+        code="unsupported_media_type",
+    )

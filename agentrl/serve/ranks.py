@@ -62,6 +62,11 @@ class RankSpread:
     def weight_version(self) -> int:
         return self.local.weight_version
 
+    @property
+    def grammars(self) -> bool:
+        """Whether requests may carry an output grammar (every rank runs the same engine as this one)."""
+        return self.local.grammars
+
     def health(self) -> dict:
         ranks = [{"rank": r, "in_flight": self.in_flight[r], "served": self.served[r]} for r in range(self.size)]
         return {"ranks": ranks}

@@ -37,6 +37,9 @@ class FixedEngine:
     def __init__(self, ids: list[int]):
         self.ids = ids
 
+    def allow_grammars(self, tokenizer) -> bool:
+        return False
+
     async def generate(self, input_ids, sampling):
         ids = np.asarray(self.ids, dtype=np.int64)
         return GenerateOutput(ids, np.full(len(ids), -0.5, dtype=np.float32), "stop", self.weight_version)
@@ -121,3 +124,16 @@ def test_a_stream_holds_back_what_may_become_a_stop_string_or_a_call():
     assert streamable_prefix("see <tool_c", (), False, final=False) == "see <tool_c"
     assert streamable_prefix("half \ufffd", (), False, final=False) == "half "
     assert streamable_prefix("hello ST", ("STOP",), False, final=True) == "hello ST"
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call_under_auto(tokenizer):
+    from agentrl.serve.generation import LocalBackend
+
+    second = CALL_TEXT.replace("2 + 3", "4 * 5")
+    ids = tokenizer(CALL_TEXT + "\n" + second, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    server = Completions(LocalBackend(FixedEngine(ids), tokenizer), tokenizer, "tiny", 1024)
+    payload = {"model": "tiny", "messages": [{"role": "user", "content": "2 + 3?"}], "tools": [CALC]}
+    both = asyncio.run(server.chat(payload))["choices"][0]["message"]["tool_calls"]
+    assert [json.loads(call["function"]["arguments"])["expression"] for call in both] == ["2 + 3", "4 * 5"]
+    (one,) = asyncio.run(server.chat({**payload, "parallel_tool_calls": False}))["choices"][0]["message"]["tool_calls"]
+    assert json.loads(one["function"]["arguments"]) == {"expression": "2 + 3"}
