@@ -7,6 +7,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_CHOICES = 128  # completions one call may ask for: n x its prompts
+# Seeds as OpenAI takes them (int64); each choice j of a call samples with seed + j.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 class APIError(Exception):
@@ -58,6 +61,23 @@ class ChatMessage(_Request):
             raise ValueError(f"unknown role {role!r}; use one of {', '.join(ROLES)}")
         return role
 
+    @field_validator("content")
+    @classmethod
+    def _text_parts(cls, content):
+        for index, part in enumerate(content if isinstance(content, list) else ()):
+            if part.get("type", "text") == "text" and not isinstance(part.get("text"), str):
+                raise ValueError(
+                    f"part {index} is a text part whose `text` is {part.get('text')!r:.40}, not a string; "
+                    'send {"type": "text", "text": "..."}'
+                )
+        return content
+
+    def text(self) -> str:
+        """The message's text: its content string, or its text parts joined."""
+        if isinstance(self.content, list):
+            return "".join(part["text"] for part in self.content if part.get("type", "text") == "text")
+        return self.content or ""
+
 
 class StreamOptions(_Request):
     include_usage: bool = False
@@ -72,7 +92,7 @@ class _Sampling(_Request):
     n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = None
@@ -106,6 +126,19 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, tools):
+        for index, tool in enumerate(tools or ()):
+            function = tool.get("function", tool)
+            problem = _tool_problem(tool, function)
+            if problem:
+                raise ValueError(
+                    f"tool {index} {problem}; send "
+                    '{"type": "function", "function": {"name": "...", "description": "...", "parameters": {...}}}'
+                )
+        return tools
 
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -152,3 +185,18 @@ def parse(model: type[BaseModel], payload: object) -> BaseModel:
 
 def _raise(error: APIError):
     raise error
+
+
+def _tool_problem(tool: dict, function: object) -> str | None:
+    """What is wrong with one tool spec (None: a function tool the renderers can list)."""
+    if tool.get("type", "function") != "function":
+        return f"has type {tool.get('type')!r:.40}; only function tools are supported"
+    if not isinstance(function, dict):
+        return "has a `function` that is not an object"
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        return "has no function name"
+    if not isinstance(function.get("description", ""), str):
+        return "has a description that is not a string"
+    if not isinstance(function.get("parameters", {}), dict):
+        return "has parameters that are not a JSON schema object"
+    return None
