@@ -6,9 +6,11 @@ return the response dict, or, for `stream: true`, an async iterator of SSE lines
 `on_call(CallRecord)` (sync or async) runs before the client sees that choice's end: the training gateway keeps
 the prompt ids the server rendered, the generated ids, their logprobs and the weight version from it.
 
-Before any tokenizing, a prompt longer in characters than the context could hold in any tokens is refused with the
-context-length error; a long prompt is tokenized in a thread, off the event loop; a call asks for at most
-MAX_CHOICES completions (n x prompts).
+Long prompts cost little before they are refused with the context-length error: one with more characters than any
+tokens of the context could spell is refused untokenized; of a longer one than SAMPLE_CHARS_PER_TOKEN characters per
+context token, only that many leading characters are tokenized to see whether they already overflow it. Prompts
+of OFF_LOOP_CHARS or more are tokenized in a thread, off the event loop. A call asks for at most MAX_CHOICES
+completions (n x prompts).
 """
 
 from __future__ import annotations
@@ -49,6 +51,9 @@ OnCall = Callable[[CallRecord], Awaitable[None] | None]
 OFF_LOOP_CHARS = 16_384
 # Unicode normalization (NFC) can fold up to 3 characters into 1 before tokenizing: the character bound's margin.
 NORMALIZED_CHARS_PER_CHAR = 3
+# Text averages about 4 characters a token: a prompt past twice the context usually shows it in this many leading
+# characters per context token (a text of longer tokens is tokenized whole, and then is short in tokens).
+SAMPLE_CHARS_PER_TOKEN = 8
 # An `on_call` hook may also shape the call (the training gateway's sessions do): `prompt_ids(messages, tools)`
 # renders the chat prompt in place of the template alone, and `sampling_for(SamplingParams)` replaces the
 # request's sampling.
@@ -110,8 +115,7 @@ class Completions:
         render = getattr(hook, "prompt_ids", None) or self.renderer.prompt_ids
         shown_tools = request.tools if with_tools and self.list_tools else None
         # Templates may drop earlier assistant turns' text (reasoning), never the other roles'.
-        always_shown = sum(len(m.text()) for m in request.messages if m.role != "assistant")
-        self._check_chars(always_shown, request, "messages")
+        await self._refuse_if_too_long([m.text() for m in request.messages if m.role != "assistant"], "messages")
         chars = sum(len(m.text()) for m in request.messages)
         prompt_ids = await _tokenized(chars, render, request.messages, shown_tools)
         runs = self._runs(request, [(prompt_ids, "")], "messages", getattr(hook, "sampling_for", None))
@@ -158,7 +162,7 @@ class Completions:
         prompts = []
         for item in prompt:
             if isinstance(item, str):
-                self._check_chars(len(item), request, "prompt")
+                await self._refuse_if_too_long([item], "prompt")
                 ids = await _tokenized(len(item), self._encode, item)
                 prompts.append((ids, item))
                 continue
@@ -171,19 +175,36 @@ class Completions:
             raise APIError("a prompt renders to no tokens; send some text", param="prompt")
         return prompts
 
-    def _encode(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=True)["input_ids"]
+    def _encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
 
     # ---- shared ----------------------------------------------------------------------------------------
 
-    def _check_chars(self, chars: int, request, what: str) -> None:
-        """The context-length error, without tokenizing, for a prompt with more characters than fit any context."""
-        if chars <= self.max_prompt_chars:
+    async def _refuse_if_too_long(self, texts: list[str], what: str) -> None:
+        """The context-length error for a prompt holding `texts` that cannot fit: from its characters alone, or
+        from the tokens of its leading characters (see the module's docstring)."""
+        chars = sum(map(len, texts))
+        if chars > self.max_prompt_chars:
+            raise self._too_long(
+                what,
+                f"the {what} hold {chars} characters, more than {self.max_model_len} tokens of this tokenizer can "
+                f"spell ({self.max_prompt_chars} characters)",
+            )
+        sample_chars = self.max_model_len * SAMPLE_CHARS_PER_TOKEN
+        if chars <= sample_chars:
             return
-        raise APIError(
-            f"This model's maximum context length is {self.max_model_len} tokens. However, the {what} hold {chars} "
-            f"characters, more than {self.max_model_len} tokens of this tokenizer can spell "
-            f"({self.max_prompt_chars} characters). Shorten the {what}.",
+        sample = "".join(texts)[:sample_chars]
+        # A token may merge across each text's ends in the whole prompt: one fewer each at most.
+        tokens = len(await _tokenized(sample_chars, self._encode, sample, False)) - len(texts)
+        if tokens >= self.max_model_len:
+            raise self._too_long(
+                what, f"the first {sample_chars} of the {chars} characters of the {what} are {tokens} tokens already"
+            )
+
+    def _too_long(self, what: str, found: str) -> APIError:
+        return APIError(
+            f"This model's maximum context length is {self.max_model_len} tokens. However, {found}. "
+            f"Shorten the {what}.",
             param=what,
             code="context_length_exceeded",
         )

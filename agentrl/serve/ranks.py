@@ -7,8 +7,8 @@ with Tag.SERVE_REQUEST; the engine rank answers with the `GenerateOutput` (Tag.S
 generations stream token by token; another rank's arrive whole, so a stream of one shows its text in one chunk.
 
 A call whose client went away cancels its generations: rank 0 sends `{"cancel": id}`, the engine rank cancels that
-generation (it leaves the engine at the next decode step) and confirms with `{"id", "cancelled"}`; until then the
-rank's `in_flight` (GET /health) still counts it.
+generation (it leaves the engine at the next decode step) and confirms with `{"id", "cancelled", "dropped"}`
+(`dropped` false: it had answered already); until then the rank's `in_flight` (GET /health) still counts it.
 
 Stopping: rank 0 sends every engine rank `{"stop"}`; each aborts what is in flight, answers it, and sends
 `{"stopped"}` last, so no message is left unreceived when MPI ends. An engine rank that gets a signal itself
@@ -56,6 +56,7 @@ class RankSpread:
         self.in_flight = [0] * self.size
         self.served = [0] * self.size
         self.dropping = [0] * self.size  # cancelled generations an engine rank has not confirmed dropping yet
+        self.dropped = [0] * self.size  # generations a rank stopped before their end (their client went away)
         self.turn = 0
         self.ids = itertools.count()
         self.waiting: dict[int, tuple[int, asyncio.Future]] = {}
@@ -69,8 +70,8 @@ class RankSpread:
 
     def health(self) -> dict:
         ranks = [
-            {"rank": r, "in_flight": self.in_flight[r] + self.dropping[r], "served": self.served[r]}
-            for r in range(self.size)
+            {"rank": r, "in_flight": self.in_flight[r] + self.dropping[r], "served": self.served[r], "dropped": d}
+            for r, d in enumerate([self.local.dropped, *self.dropped[1:]])
         ]
         return {"ranks": ranks}
 
@@ -124,6 +125,7 @@ class RankSpread:
                 self.stopped.add(source)
             elif "cancelled" in message:
                 self.dropping[source] -= 1
+                self.dropped[source] += message["dropped"]
             elif "stop_request" in message:
                 self.on_stop_request(f"{message['stop_request']} on rank {source}")
             else:
@@ -157,7 +159,7 @@ async def serve_engine_rank(comm, local: LocalBackend, signalled: Callable[[], s
         try:
             reply = {"id": call_id, "output": await local.generate(request)}
         except asyncio.CancelledError:  # rank 0 sent `cancel`: the engine has dropped the generation
-            reply = {"id": call_id, "cancelled": True}
+            reply = {"id": call_id, "cancelled": True, "dropped": True}
         except Exception as error:  # this request fails at its caller; the rank serves on
             reply = {"id": call_id, "error": repr(error)}
         sends.append(transport.isend(comm, reply, 0, Tag.SERVE_REPLY))
@@ -180,7 +182,8 @@ async def serve_engine_rank(comm, local: LocalBackend, signalled: Callable[[], s
             if task is not None:
                 task.cancel()  # its answer confirms
             else:  # answered already: confirm all the same, rank 0 counts one confirmation per cancel
-                sends.append(transport.isend(comm, {"id": message["cancel"], "cancelled": True}, 0, Tag.SERVE_REPLY))
+                late = {"id": message["cancel"], "cancelled": True, "dropped": False}
+                sends.append(transport.isend(comm, late, 0, Tag.SERVE_REPLY))
             continue
         call_id = message["id"]
         running[call_id] = asyncio.ensure_future(answer(call_id, message["generation"]))
