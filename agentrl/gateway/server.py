@@ -253,7 +253,9 @@ class _QuietServer(uvicorn.Server):
 
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # Made with IPPROTO_TCP: asyncio sets TCP_NODELAY only on such sockets' connections. Without it a reply's body
+    # waited for the ACK of its headers, which the client delays by 40 ms: 45 ms a call instead of 1.5 ms.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))

@@ -12,8 +12,7 @@ OPEN_PATHS = ("/health",)  # answered without the API key (load balancers and li
 
 
 class _BodyTooLarge(Exception):
-    """Raised from `receive` inside a route; the guard answers it (not the app's handlers: the 413 closes the
-    connection, so the rest of the body is never read)."""
+    """Raised from `receive` inside a route, for the guard to answer (the route's own error handling never sees it)."""
 
 
 class RequestGuard:
@@ -21,7 +20,9 @@ class RequestGuard:
 
     - with `api_key` set, a request to any path but OPEN_PATHS without `Authorization: Bearer <api_key>` (401);
     - a body over `max_body_bytes` (413): at once from its Content-Length, else as soon as the chunks received pass
-      the limit. The 413 closes the connection, so the rest of the body is never buffered.
+      the limit. The ASGI server drops the rest of that body as it arrives, unbuffered, and the connection stays
+      open: a client that sends its whole body before it reads (the openai client, curl) gets the 413, not a reset
+      connection it would retry.
     """
 
     def __init__(self, app, *, max_body_bytes: int = DEFAULT_MAX_BODY_BYTES, api_key: str | None = None):
@@ -40,7 +41,7 @@ class RequestGuard:
             return
         declared = _content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
-            await _refuse(send, self._too_large(f"its Content-Length is {declared} bytes"), close=True)
+            await _refuse(send, self._too_large(f"its Content-Length is {declared} bytes"))
             return
         received = 0
         started = False
@@ -64,7 +65,7 @@ class RequestGuard:
         except _BodyTooLarge:
             if started:
                 raise
-            await _refuse(send, self._too_large(f"more than {self.max_body_bytes} bytes arrived"), close=True)
+            await _refuse(send, self._too_large(f"more than {self.max_body_bytes} bytes arrived"))
 
     def _authorized(self, scope) -> bool:
         for name, value in scope["headers"]:
@@ -97,10 +98,8 @@ def _content_length(scope) -> int | None:
     return None
 
 
-async def _refuse(send, error: APIError, close: bool = False, extra_headers: list | None = None) -> None:
+async def _refuse(send, error: APIError, extra_headers: list | None = None) -> None:
     body = json.dumps(error.body(), separators=(",", ":")).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if close:
-        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": error.status, "headers": headers + (extra_headers or [])})
     await send({"type": "http.response.body", "body": body})
