@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -286,3 +287,96 @@ def test_a_client_that_goes_away_stops_its_generations(model_dir, scheduler, str
     print(f"\n{scheduler} stream={stream}: in_flight 0 after {stopped_after * 1e3:.0f} ms, {generated} tokens made")
     assert health["dropped"] == n
     assert generated < n * max_tokens // 2
+
+
+# ---- every error in OpenAI's shape ----------------------------------------------------------------------------------
+
+CHAT = {"model": MODEL, "messages": HI, "max_tokens": 2}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]}, "messages.0.content", "5"),
+        (
+            b'{"model": "tiny", "messages": [{"role": "user", "content": "a\\ud800"}]}',
+            "messages.0.content",
+            "surrogate",
+        ),
+        ({**CHAT, "tools": [{}]}, "tools", "no function name"),
+        ({**CHAT, "tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]}, "tools", "parameters"),
+        ({**CHAT, "seed": 2**64}, "seed", str(2**63 - 1)),
+        ({**CHAT, "seed": 2**64, "stream": True}, "seed", str(2**63 - 1)),  # refused before the stream starts
+        ({**CHAT, "seed": -(2**63) - 1}, "seed", str(-(2**63))),
+        (b'{"model": "tiny", "messages": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", None, "too deeply"),
+    ],
+    ids=["number-text", "lone-surrogate", "empty-tool", "tool-parameters", "seed", "seed-stream", "seed-low", "deep"],
+)
+def test_malformed_requests_get_a_400_naming_the_field(served, body, param, words):
+    content = body if isinstance(body, bytes) else json.dumps(body).encode()
+    headers = {**AUTH, "Content-Type": "application/json"}
+    reply = httpx.post(served.base_url + "/v1/chat/completions", content=content, headers=headers, timeout=30)
+    assert reply.status_code == 400 and reply.headers["content-type"] == "application/json", reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and words in error["message"], error
+
+
+def test_the_largest_seeds_sample(served):
+    client = openai.OpenAI(base_url=served.base_url + "/v1", api_key=KEY, max_retries=0)
+    for seed in (2**63 - 1, -(2**63)):
+        reply = client.chat.completions.create(model=MODEL, messages=HI, max_tokens=2, n=2, seed=seed)
+        assert [choice.index for choice in reply.choices] == [0, 1]
+
+
+def test_a_failure_inside_the_server_is_a_json_500_without_its_traceback():
+    from fastapi import FastAPI
+
+    from agentrl.serve.app import install_error_handlers
+
+    app = FastAPI()
+    install_error_handlers(app)
+
+    async def broken(request):
+        raise KeyError("secret internals")
+
+    app.add_route("/broken", broken, methods=["GET"])
+    with ThreadServer(app) as server:
+        reply = httpx.get(server.base_url + "/broken", timeout=10)
+    assert reply.status_code == 500 and reply.headers["content-type"] == "application/json"
+    error = reply.json()["error"]
+    assert error["type"] == "server_error" and "KeyError" in error["message"]
+    assert "secret internals" not in reply.text and "Traceback" not in reply.text
+
+
+def test_a_long_prompt_is_tokenized_off_the_event_loop(model_dir):
+    """A prompt that may fit is tokenized whole: in a thread, while /health goes on being answered."""
+    from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.serve.app import build_app
+    from agentrl.serve.completions import Completions
+    from agentrl.serve.generation import LocalBackend
+    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+
+    tokenizer = load_tokenizer(str(model_dir))
+    text = "guess the number " * 60_000  # 1,020,000 characters: within every bound of a 1M-token context
+    started = time.perf_counter()
+    tokens = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+    tokenizing = time.perf_counter() - started
+    engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
+    completions = Completions(LocalBackend(engine, tokenizer), tokenizer, MODEL, 1 << 20)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 1 << 20}
+    try:
+        with ThreadServer(build_app(completions)) as server, HealthPoller(server.base_url) as health:
+            time.sleep(0.05)
+            reply = httpx.post(server.base_url + "/v1/chat/completions", json=body, timeout=60)
+            time.sleep(0.05)
+    finally:
+        engine.shutdown()
+    error = reply.json()["error"]  # tokenized, then too long with its max_tokens
+    assert error["code"] == "context_length_exceeded", error
+    assert int(re.search(r"\((\d+) in the messages", error["message"]).group(1)) > tokens  # its whole prompt's ids
+    print(
+        f"\n{len(text)} characters ({tokens} tokens, {tokenizing:.2f} s to tokenize): /health max "
+        f"{max(health.latencies) * 1e3:.1f} ms over {len(health.latencies)} polls"
+    )
+    assert tokenizing > 0.1  # on the loop, /health would have waited that long
+    assert max(health.latencies) < max(0.1, tokenizing / 4)  # a loaded machine's hiccups are not that long
