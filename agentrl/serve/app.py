@@ -84,10 +84,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def api_error(request: Request, error: APIError) -> JSONResponse:
         return JSONResponse(error.body(), status_code=error.status)
 
-    @app.exception_handler(RecursionError)
+    @app.exception_handler(RecursionError)  # json.loads of a deep body in a route that parses its own (/reward)
     async def too_deep(request: Request, error: RecursionError) -> JSONResponse:
-        message = "the request nests too deeply to read; send JSON nested at most a few hundred levels"
-        return JSONResponse(APIError(message, code="too_deeply_nested").body(), status_code=400)
+        return JSONResponse(_too_deep().body(), status_code=400)
 
     @app.exception_handler(Exception)
     async def server_error(request: Request, error: Exception) -> JSONResponse:
@@ -167,16 +166,19 @@ async def _json_body(request: Request) -> object:
             code="invalid_json",
         ) from None
     except RecursionError:
-        raise APIError(
-            "the request body nests JSON too deeply to read; send at most a few hundred levels", code="invalid_json"
-        ) from None
+        raise _too_deep() from None
     if SURROGATE_ESCAPE.search(raw):
         _refuse_lone_surrogates(payload)
     return payload
 
 
+def _too_deep() -> APIError:
+    message = "the request body nests too deeply to read; send JSON nested a few hundred levels at most"
+    return APIError(message, code="invalid_json")
+
+
 def _refuse_lone_surrogates(payload: object) -> None:
-    """An APIError naming the first string with a lone UTF-16 surrogate (e.g. "\\ud800"): no text can encode it."""
+    """An APIError naming a string with a lone UTF-16 surrogate (e.g. "\\ud800") in it: no text can encode it."""
     pending: list[tuple[str, object]] = [("", payload)]
     while pending:
         path, value = pending.pop()

@@ -114,10 +114,10 @@ class Completions:
         hook = on_call or self.on_call
         render = getattr(hook, "prompt_ids", None) or self.renderer.prompt_ids
         shown_tools = request.tools if with_tools and self.list_tools else None
+        texts = [(m.role, m.text()) for m in request.messages]
         # Templates may drop earlier assistant turns' text (reasoning), never the other roles'.
-        await self._refuse_if_too_long([m.text() for m in request.messages if m.role != "assistant"], "messages")
-        chars = sum(len(m.text()) for m in request.messages)
-        prompt_ids = await _tokenized(chars, render, request.messages, shown_tools)
+        await self._refuse_if_too_long([text for role, text in texts if role != "assistant"], "messages")
+        prompt_ids = await _tokenized(sum(len(text) for _, text in texts), render, request.messages, shown_tools)
         runs = self._runs(request, [(prompt_ids, "")], "messages", getattr(hook, "sampling_for", None))
         call = _Call("chat.completions", request, self, hook, shown_tools)
         if request.stream:
@@ -255,7 +255,14 @@ class Completions:
 class _Call:
     """One request's generation and response building."""
 
-    def __init__(self, endpoint: str, request, completions: Completions, on_call: OnCall | None, shown_tools=None):
+    def __init__(
+        self,
+        endpoint: str,
+        request,
+        completions: Completions,
+        on_call: OnCall | None,
+        shown_tools: list[dict] | None = None,
+    ):
         self.endpoint = endpoint
         self.request = request
         self.server = completions
