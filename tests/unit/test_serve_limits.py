@@ -36,19 +36,16 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def served(model_dir):
+def served(model_dir, tmp_path_factory):
     """`agentrl serve` as its own process (as deployed): the key from AGENTRL_API_KEY, tools not listed."""
     port = free_port()
     env = {**os.environ, "AGENTRL_API_KEY": KEY, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     command = [sys.executable, "-m", "agentrl.cli", "serve", str(model_dir), "--port", str(port)]
-    process = subprocess.Popen(
-        [*command, "--model-name", MODEL, "--no-list-tools"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    log_path = tmp_path_factory.mktemp("served") / "serve.log"
+    with open(log_path, "w") as log:  # a file, not a pipe: a full pipe would stall the server
+        process = subprocess.Popen(
+            [*command, "--model-name", MODEL, "--no-list-tools"], cwd=ROOT, env=env, stdout=log, stderr=log
+        )
     base_url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while True:
@@ -59,13 +56,14 @@ def served(model_dir):
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            out, err = process.communicate()
-            raise AssertionError(f"agentrl serve did not come up: exit {process.returncode}\n{out}\n{err[-3000:]}")
+            process.wait()
+            raise AssertionError(f"agentrl serve did not come up: exit {process.returncode}\n{log_path.read_text()}")
         time.sleep(0.2)
     yield SimpleNamespace(base_url=base_url, port=port, pid=process.pid)
     process.send_signal(signal.SIGTERM)
-    out, err = process.communicate(timeout=60)
-    assert process.returncode == 0, f"exit {process.returncode}\n{out}\n{err[-3000:]}"
+    process.wait(timeout=60)
+    assert process.returncode == 0, f"exit {process.returncode}\n{log_path.read_text()[-3000:]}"
+    assert "API key required" in log_path.read_text()
 
 
 def rss_bytes(pid: int) -> int:
