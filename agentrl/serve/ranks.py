@@ -158,11 +158,14 @@ async def serve_engine_rank(comm, local: LocalBackend, signalled: Callable[[], s
     async def answer(call_id: int, request: Generation) -> None:
         try:
             reply = {"id": call_id, "output": await local.generate(request)}
-        except asyncio.CancelledError:  # rank 0 sent `cancel`: the engine has dropped the generation
-            reply = {"id": call_id, "cancelled": True, "dropped": True}
         except Exception as error:  # this request fails at its caller; the rank serves on
             reply = {"id": call_id, "error": repr(error)}
         sends.append(transport.isend(comm, reply, 0, Tag.SERVE_REPLY))
+
+    def finished(call_id: int, task: asyncio.Task) -> None:
+        running.pop(call_id, None)
+        if task.cancelled():  # rank 0 sent `cancel`: the engine has dropped the generation (or it never started)
+            sends.append(transport.isend(comm, {"id": call_id, "cancelled": True, "dropped": True}, 0, Tag.SERVE_REPLY))
 
     while True:
         sends[:] = [request for request in sends if not request.test()[0]]
@@ -180,17 +183,18 @@ async def serve_engine_rank(comm, local: LocalBackend, signalled: Callable[[], s
         if "cancel" in message:
             task = running.get(message["cancel"])
             if task is not None:
-                task.cancel()  # its answer confirms
+                task.cancel()  # `finished` confirms
             else:  # answered already: confirm all the same, rank 0 counts one confirmation per cancel
                 late = {"id": message["cancel"], "cancelled": True, "dropped": False}
                 sends.append(transport.isend(comm, late, 0, Tag.SERVE_REPLY))
             continue
         call_id = message["id"]
         running[call_id] = asyncio.ensure_future(answer(call_id, message["generation"]))
-        running[call_id].add_done_callback(lambda _, call_id=call_id: running.pop(call_id, None))
+        running[call_id].add_done_callback(lambda task, call_id=call_id: finished(call_id, task))
     local.engine.abort_all()
     if running:
-        await asyncio.gather(*running.values())
+        await asyncio.wait(list(running.values()))
+        await asyncio.sleep(0)  # their `finished` callbacks have run: every confirmation is in `sends`
     for request in sends:
         transport.wait_sent(request)
     transport.send(comm, {"stopped": True}, 0, Tag.SERVE_REPLY)
