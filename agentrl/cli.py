@@ -83,6 +83,25 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0, help="the engines' sampling seed (rank r uses seed + r)")
     p.add_argument("--log-level", default="warning", help="uvicorn's log level (info prints every request)")
     p.add_argument(
+        "--api-key",
+        default=os.environ.get("AGENTRL_API_KEY") or None,
+        help="clients must send 'Authorization: Bearer KEY' (the openai client's api_key) on every route but /health; "
+        "default: the AGENTRL_API_KEY environment variable (better than this option: a command line is visible to "
+        "every user of the machine); neither: no key",
+    )
+    p.add_argument(
+        "--list-tools",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="put a request's `tools` in the prompt (default); --no-list-tools for a model that learnt the call "
+        "format in training (as the gateway's agent.list_tools: false): replies are parsed for tool calls either way",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="the largest request body read (default 4 MiB); a larger one gets 413 before it is read",
+    )
+    p.add_argument(
         "--peer-timeout-s",
         type=seconds_or_null,
         default=60.0,

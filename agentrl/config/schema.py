@@ -263,6 +263,12 @@ class AgentConfig(Section):
         "without tools); false for a model that learnt the call format in training, as the calculator env's "
         "`list_tools: false`. Replies are parsed for tool calls either way.",
     )
+    max_body_bytes: int = Field(
+        4 << 20,
+        ge=1024,
+        description="The largest request body the gateway reads (4 MiB: 8x the JSON of a 128k-token conversation); "
+        "a larger one gets 413 before it is read, with no work done.",
+    )
 
     @property
     def enabled(self) -> bool:

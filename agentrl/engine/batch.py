@@ -6,7 +6,8 @@ one from the config (rollout.engine.scheduler).
 
 Concurrent `generate` calls on one event loop are gathered by a scheduler task and run
 as one batch: prompts are left-padded, prefilled together, then decoded one token per
-step; a row leaves the batch (and its KV cache) as soon as it finishes. The batch runs
+step; a row leaves the batch (and its KV cache) as soon as it finishes, or once its caller stops waiting (its
+future cancelled: a client went away), as 'abort'. The batch runs
 on a single worker thread, so the event loop keeps serving environments meanwhile and
 requests that arrive during a batch are gathered into the next one.
 
@@ -69,12 +70,15 @@ class _BatchOutputs:
         self.tokens[self.running_index, step] = tokens
         self.logprobs[self.running_index, step] = logprobs
 
-    def finish(self, step: int, done: torch.Tensor, stopped: torch.Tensor | None, aborted: bool) -> torch.Tensor:
-        """Close the running rows marked `done`; return the positions of the rows still running."""
+    def finish(
+        self, step: int, done: torch.Tensor, stopped: torch.Tensor | None, aborted: bool, cancelled: list[int]
+    ) -> torch.Tensor:
+        """Close the running rows marked `done` (`cancelled`: those whose caller left); return the positions of the
+        rows still running."""
         for row in done.nonzero().squeeze(1).tolist():
             batch_row = self.running[row]
             self.lengths[batch_row] = step + 1
-            if aborted:
+            if aborted or row in cancelled:
                 self.reasons[batch_row] = "abort"
             elif stopped is not None and bool(stopped[row]):
                 self.reasons[batch_row] = "stop"
@@ -168,8 +172,9 @@ class TorchEngine(Engine):
                 params = [r.sampling for r in batch]
                 matchers = [r.matcher for r in batch]
                 try:
+                    futures = [r.future for r in batch]
                     outputs = await loop.run_in_executor(
-                        self._worker, self._run_batch, prompts, params, self._abort_epoch, matchers
+                        self._worker, self._run_batch, prompts, params, self._abort_epoch, matchers, futures
                     )
                 except Exception as exc:
                     for request in batch:
@@ -381,7 +386,12 @@ class TorchEngine(Engine):
     # ---- batched generation (worker thread) -----------------------------------------
 
     def _run_batch(
-        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int, matchers=None
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        abort_epoch: int,
+        matchers=None,
+        futures=None,
     ) -> list[GenerateOutput]:
         started = time.perf_counter()
         with self._model_lock, torch.inference_mode():
@@ -389,7 +399,7 @@ class TorchEngine(Engine):
             self.stats["requests"] += len(prompts)
             self.stats["prompt_tokens"] += sum(map(len, prompts))
             self.stats["largest_batch"] = max(self.stats["largest_batch"], len(prompts))
-            tokens, logprobs, lengths, reasons = self._decode_batch(prompts, params, abort_epoch, matchers)
+            tokens, logprobs, lengths, reasons = self._decode_batch(prompts, params, abort_epoch, matchers, futures)
             version = self.weight_version
         self.stats["generated_tokens"] += sum(lengths)
         self.busy_seconds += time.perf_counter() - started
@@ -406,8 +416,14 @@ class TorchEngine(Engine):
         ]
 
     def _decode_batch(
-        self, prompts: list[list[int]], params: list[SamplingParams], abort_epoch: int, matchers=None
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        abort_epoch: int,
+        matchers=None,
+        futures=None,
     ) -> tuple[np.ndarray, np.ndarray, list[int], list[FinishReason]]:
+        """`futures`: the rows' callers' futures; a row whose future is cancelled leaves at the next step."""
         batch_size = len(prompts)
         longest_output = max(p.max_new_tokens for p in params)
         input_ids, prompt_mask = self._left_pad(prompts)
@@ -430,10 +446,16 @@ class TorchEngine(Engine):
             if stopped is not None:
                 done |= stopped
             aborted = self._abort_epoch != abort_epoch
+            # Read from this thread, as the continuous engine does: at worst a row leaves one step later.
+            cancelled = (
+                [row for row, index in enumerate(outputs.running) if futures[index].cancelled()] if futures else []
+            )
+            if cancelled:
+                done[cancelled] = True
             if aborted or done.any():
                 if aborted:
                     done.fill_(True)
-                keep = outputs.finish(step, done, stopped, aborted)
+                keep = outputs.finish(step, done, stopped, aborted, cancelled)
                 if keep.numel() == 0:
                     break
                 cache.batch_select_indices(keep)

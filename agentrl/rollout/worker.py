@@ -98,6 +98,7 @@ class RolloutWorker:
                 agent.host,
                 port,
                 list_tools=agent.list_tools,
+                max_body_bytes=agent.max_body_bytes,
             )
             self.gateway.start(self.loop)
             self.gateway.announce(Path(run_dir), rollout_index)

@@ -17,6 +17,7 @@ from agentrl.errors import UserError
 
 DEFAULT_ENGINE = {"backend": "torch", "scheduler": "continuous"}
 GRACEFUL_SHUTDOWN_S = 10.0
+LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,8 @@ def main(args) -> int:
 
     world = MPI.COMM_WORLD
     section = engine_section(args.overrides)
+    if args.max_body_bytes is not None and args.max_body_bytes < 1024:
+        raise UserError(f"--max-body-bytes {args.max_body_bytes} is too small; pass 1024 or more (default 4 MiB)")
     served = transport.agree_on_root(world, lambda: resolve_model(args.model, args.model_name))
     if served.note and world.Get_rank() == 0:
         print(f"agentrl: {served.note}", flush=True)
@@ -177,6 +180,7 @@ async def _front(args, world, local, tokenizer, served: Served, max_model_len: i
 
     from agentrl.serve.app import build_app
     from agentrl.serve.completions import Completions
+    from agentrl.serve.guard import DEFAULT_MAX_BODY_BYTES
 
     spread = None
     backend = local
@@ -185,9 +189,10 @@ async def _front(args, world, local, tokenizer, served: Served, max_model_len: i
 
         spread = RankSpread(world, local, lambda reason: _stop(server, reason))
         backend = spread
-    completions = Completions(backend, tokenizer, served.name, max_model_len)
+    completions = Completions(backend, tokenizer, served.name, max_model_len, list_tools=args.list_tools)
+    app = build_app(completions, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, args.api_key)
     config = uvicorn.Config(
-        build_app(completions),
+        app,
         host=args.host,
         port=args.port,
         log_level=args.log_level,
@@ -198,9 +203,16 @@ async def _front(args, world, local, tokenizer, served: Served, max_model_len: i
     stops.on_first = lambda: _stop(server, stops.reason())  # a signal before uvicorn catches its own
     print(
         f"agentrl: serving {served.path} as `{served.name}` on http://{args.host}:{args.port}/v1 "
-        f"({world.Get_size()} engine rank(s), max model length {max_model_len})",
+        f"({world.Get_size()} engine rank(s), max model length {max_model_len}, "
+        f"{'API key required' if args.api_key else 'no API key'})",
         flush=True,
     )
+    if not args.api_key and args.host not in LOOPBACK_HOSTS:
+        print(
+            f"agentrl: {args.host} is reachable from other machines and no API key is set: anyone there can use the "
+            "model; set AGENTRL_API_KEY (or --api-key)",
+            flush=True,
+        )
     poller = asyncio.ensure_future(spread.poll()) if spread is not None else None
     serving = asyncio.ensure_future(server.serve())
     if poller is not None:

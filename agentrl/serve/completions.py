@@ -5,6 +5,12 @@ the call's exact tokens to an `on_call` hook.
 return the response dict, or, for `stream: true`, an async iterator of SSE lines. For every choice that finishes,
 `on_call(CallRecord)` (sync or async) runs before the client sees that choice's end: the training gateway keeps
 the prompt ids the server rendered, the generated ids, their logprobs and the weight version from it.
+
+Long prompts cost little before they are refused with the context-length error: one with more characters than any
+tokens of the context could spell is refused untokenized; of a longer one than SAMPLE_CHARS_PER_TOKEN characters per
+context token, only that many leading characters are tokenized to see whether they already overflow it. Prompts
+of OFF_LOOP_CHARS or more are tokenized in a thread, off the event loop. A call asks for at most MAX_CHOICES
+completions (n x prompts).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 from agentrl.engine.base import GenerateOutput, SamplingParams
 from agentrl.serve.constraints import output_grammar
 from agentrl.serve.generation import Generation
-from agentrl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, parse, usage
+from agentrl.serve.protocol import MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest, parse, usage
 from agentrl.serve.render import ChatRenderer, cut_at_stop, reply_message, streamable_prefix
 
 
@@ -37,9 +43,18 @@ class CallRecord:
     weight_version: int
     finish_reason: str  # the engine's: stop (eos or a stop string), length or abort
     request: ChatCompletionRequest | CompletionRequest
+    shown_tools: list[dict] | None = None  # the tools the prompt listed (None: none offered, or list_tools off)
 
 
 OnCall = Callable[[CallRecord], Awaitable[None] | None]
+# Prompts of this many characters or more are rendered and tokenized in a thread: the event loop (other calls,
+# /health, the engine's results) goes on meanwhile. Below it the thread hop would cost more than the tokenizing.
+OFF_LOOP_CHARS = 16_384
+# Unicode normalization (NFC) can fold up to 3 characters into 1 before tokenizing: the character bound's margin.
+NORMALIZED_CHARS_PER_CHAR = 3
+# Text averages about 4 characters a token: a prompt past twice the context usually shows it in this many leading
+# characters per context token (a text of longer tokens is tokenized whole, and then is short in tokens).
+SAMPLE_CHARS_PER_TOKEN = 8
 # An `on_call` hook may also shape the call (the training gateway's sessions do): `prompt_ids(messages, tools)`
 # renders the chat prompt in place of the template alone, and `sampling_for(SamplingParams)` replaces the
 # request's sampling.
@@ -57,14 +72,27 @@ class _Run:
 class Completions:
     """The OpenAI endpoints over a backend (`generation.LocalBackend` or `ranks.RankSpread`)."""
 
-    def __init__(self, backend, tokenizer, model_name: str, max_model_len: int, on_call: OnCall | None = None):
+    def __init__(
+        self,
+        backend,
+        tokenizer,
+        model_name: str,
+        max_model_len: int,
+        on_call: OnCall | None = None,
+        list_tools: bool = True,
+    ):
         self.backend = backend
         self.renderer = ChatRenderer(tokenizer)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = int(max_model_len)
         self.on_call = on_call
+        self.list_tools = list_tools  # false: a request's tools are not shown to the model, only parsed for
         self.created = int(time.time())
+        # No token covers more characters than the vocabulary's longest token string has (byte-level BPE: one per
+        # byte), so a prompt of more characters than this could fit in no context.
+        longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
+        self.max_prompt_chars = self.max_model_len * max(longest, 1) * NORMALIZED_CHARS_PER_CHAR
 
     def models(self) -> dict:
         return {"object": "list", "data": [self.model_card()]}
@@ -87,9 +115,13 @@ class Completions:
         grammar = output_grammar(request, self.backend)  # tool_choice required/named, response_format
         hook = on_call or self.on_call
         render = getattr(hook, "prompt_ids", None) or self.renderer.prompt_ids
-        prompt_ids = render(request.messages, request.tools if with_tools else None)
+        shown_tools = request.tools if with_tools and self.list_tools else None
+        texts = [(m.role, m.text()) for m in request.messages]
+        # Templates may drop earlier assistant turns' text (reasoning), never the other roles'.
+        await self._refuse_if_too_long([text for role, text in texts if role != "assistant"], "messages")
+        prompt_ids = await _tokenized(sum(len(text) for _, text in texts), render, request.messages, shown_tools)
         runs = self._runs(request, [(prompt_ids, "")], "messages", getattr(hook, "sampling_for", None), grammar)
-        call = _Call("chat.completions", request, self, hook)
+        call = _Call("chat.completions", request, self, hook, shown_tools)
         if request.stream:
             return call.stream(runs, with_tools)
         outputs = await call.generate_all(runs)
@@ -104,7 +136,7 @@ class Completions:
         self._check(request)
         if request.echo and request.logprobs is not None:
             raise APIError("echo with logprobs is not supported (prompt logprobs are not computed)", param="echo")
-        prompts = self._prompts(request.prompt)
+        prompts = await self._prompts(request)
         hook = on_call or self.on_call
         runs = self._runs(request, prompts, "prompt", getattr(hook, "sampling_for", None))
         call = _Call("completions", request, self, hook)
@@ -115,19 +147,29 @@ class Completions:
         await call.record_all(runs, outputs)
         return call.response("text_completion", choices, runs, outputs)
 
-    def _prompts(self, prompt) -> list[tuple[list[int], str]]:
+    async def _prompts(self, request: CompletionRequest) -> list[tuple[list[int], str]]:
+        prompt = request.prompt
         if isinstance(prompt, str) or (prompt and all(isinstance(token, int) for token in prompt)):
             prompt = [prompt]
         if not prompt:
             raise APIError("prompt is empty; send a string, a list of token ids, or a list of either", param="prompt")
+        if len(prompt) * request.n > MAX_CHOICES:
+            raise APIError(
+                f"this call asks for {len(prompt)} prompts x n={request.n} = {len(prompt) * request.n} completions; "
+                f"one call makes at most {MAX_CHOICES}: split the prompts over several calls",
+                param="prompt",
+                code="too_many_choices",
+            )
         vocab = len(self.tokenizer)
         prompts = []
         for item in prompt:
             if isinstance(item, str):
-                ids = self.tokenizer(item, add_special_tokens=True)["input_ids"]
+                await self._refuse_if_too_long([item], "prompt")
+                ids = await _tokenized(len(item), self._encode, item)
                 prompts.append((ids, item))
                 continue
-            bad = [token for token in item if not 0 <= token < vocab]
+            # One too long for the context is refused by _runs, with no scan of its ids here.
+            bad = [token for token in item if not 0 <= token < vocab] if len(item) < self.max_model_len else []
             if bad:
                 raise APIError(f"prompt has token ids outside the vocabulary [0, {vocab}): {bad[:5]}", param="prompt")
             prompts.append((list(item), self.renderer.text(item)))
@@ -135,7 +177,39 @@ class Completions:
             raise APIError("a prompt renders to no tokens; send some text", param="prompt")
         return prompts
 
+    def _encode(self, text: str, special_tokens: bool = True) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=special_tokens)["input_ids"]
+
     # ---- shared ----------------------------------------------------------------------------------------
+
+    async def _refuse_if_too_long(self, texts: list[str], what: str) -> None:
+        """The context-length error for a prompt holding `texts` that cannot fit: from its characters alone, or
+        from the tokens of its leading characters (see the module's docstring)."""
+        chars = sum(map(len, texts))
+        if chars > self.max_prompt_chars:
+            raise self._too_long(
+                what,
+                f"the {what} hold {chars} characters, more than {self.max_model_len} tokens of this tokenizer can "
+                f"spell ({self.max_prompt_chars} characters)",
+            )
+        sample_chars = self.max_model_len * SAMPLE_CHARS_PER_TOKEN
+        if chars <= sample_chars:
+            return
+        sample = "".join(texts)[:sample_chars]
+        # A token may merge across each text's ends in the whole prompt: one fewer each at most.
+        tokens = len(await _tokenized(sample_chars, self._encode, sample, False)) - len(texts)
+        if tokens >= self.max_model_len:
+            raise self._too_long(
+                what, f"the first {sample_chars} of the {chars} characters of the {what} are {tokens} tokens already"
+            )
+
+    def _too_long(self, what: str, found: str) -> APIError:
+        return APIError(
+            f"This model's maximum context length is {self.max_model_len} tokens. However, {found}. "
+            f"Shorten the {what}.",
+            param=what,
+            code="context_length_exceeded",
+        )
 
     def _check(self, request) -> None:
         if request.model != self.model_name:
@@ -186,11 +260,19 @@ class Completions:
 class _Call:
     """One request's generation and response building."""
 
-    def __init__(self, endpoint: str, request, completions: Completions, on_call: OnCall | None):
+    def __init__(
+        self,
+        endpoint: str,
+        request,
+        completions: Completions,
+        on_call: OnCall | None,
+        shown_tools: list[dict] | None = None,
+    ):
         self.endpoint = endpoint
         self.request = request
         self.server = completions
         self.on_call = on_call
+        self.shown_tools = shown_tools
         self.id = f"{'chatcmpl' if endpoint == 'chat.completions' else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
 
@@ -210,6 +292,7 @@ class _Call:
             int(output.weight_version),
             output.finish_reason,
             self.request,
+            self.shown_tools,
         )
         result = self.on_call(record)
         if inspect.isawaitable(result):
@@ -405,6 +488,13 @@ class _Call:
         if usage is not None:
             chunk["usage"] = usage
         return _sse(chunk)
+
+
+async def _tokenized(chars: int, tokenize: Callable, *args):
+    """`tokenize(*args)`, in a thread where the text is long (`chars`) enough to hold the event loop up."""
+    if chars < OFF_LOOP_CHARS:
+        return tokenize(*args)
+    return await asyncio.to_thread(tokenize, *args)
 
 
 def _sse(payload: dict) -> str:

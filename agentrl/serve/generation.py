@@ -41,13 +41,14 @@ class LocalBackend:
         self.grammars = engine.allow_grammars(tokenizer)  # requests may carry an output grammar
         self.in_flight = 0
         self.served = 0
+        self.dropped = 0  # generations cancelled before their end (their client went away)
 
     @property
     def weight_version(self) -> int:
         return self.engine.weight_version
 
     def health(self) -> dict:
-        return {"in_flight": self.in_flight, "served": self.served}
+        return {"in_flight": self.in_flight, "served": self.served, "dropped": self.dropped}
 
     async def generate(self, request: Generation, on_tokens: OnTokens | None = None) -> GenerateOutput:
         output = await self._generate(request, on_tokens)
@@ -70,6 +71,9 @@ class LocalBackend:
             if not request.stop and on_tokens is None:
                 return await self.engine.generate(request.prompt_ids, request.sampling)
             return await self._watched(request, on_tokens)
+        except asyncio.CancelledError:
+            self.dropped += 1
+            raise
         finally:
             self.in_flight -= 1
             self.served += 1

@@ -9,6 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 ROLES = ("system", "developer", "user", "assistant", "tool")
 TOOL_CHOICES = ("none", "auto", "required")
 JSON_MEDIA_TYPES = ("application/json",)  # and any application/*+json
+MAX_CHOICES = 128  # completions one call may ask for: n x its prompts
+# Seeds as OpenAI takes them (int64); each choice j of a call samples with seed + j.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
 
 
 class APIError(Exception):
@@ -64,9 +67,7 @@ class ChatMessage(_Request):
     @classmethod
     def _text_parts(cls, content):
         """Text parts only: an image, audio or file part would be dropped unseen, so it is refused."""
-        if not isinstance(content, list):
-            return content
-        for part in content:
+        for index, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type", "text")
             if kind != "text":
                 raise ValueError(
@@ -74,7 +75,10 @@ class ChatMessage(_Request):
                     'send the content as a string or as {"type": "text", "text": ...} parts'
                 )
             if not isinstance(part.get("text"), str):
-                raise ValueError('a text content part needs "text", a string: {"type": "text", "text": ...}')
+                raise ValueError(
+                    f"part {index} is a text part whose `text` is {part.get('text')!r:.40}, not a string; "
+                    'send {"type": "text", "text": "..."}'
+                )
         return content
 
     @model_validator(mode="after")
@@ -86,6 +90,12 @@ class ChatMessage(_Request):
                 "message with tool_calls may leave it null"
             )
         return self
+
+    def text(self) -> str:
+        """The message's text: its content string, or its text parts joined."""
+        if isinstance(self.content, list):
+            return "".join(part["text"] for part in self.content if part.get("type", "text") == "text")
+        return self.content or ""
 
 
 class StreamOptions(_Request):
@@ -101,7 +111,7 @@ class _Sampling(_Request):
     n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     frequency_penalty: float | None = None
@@ -174,6 +184,19 @@ class ChatCompletionRequest(_Sampling):
             'tool_choice takes "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
         )
 
+    @field_validator("tools")
+    @classmethod
+    def _function_tools(cls, tools):
+        for index, tool in enumerate(tools or ()):
+            function = tool.get("function", tool)
+            problem = _tool_problem(tool, function)
+            if problem:
+                raise ValueError(
+                    f"tool {index} {problem}; send "
+                    '{"type": "function", "function": {"name": "...", "description": "...", "parameters": {...}}}'
+                )
+        return tools
+
     def token_limit(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
@@ -243,3 +266,18 @@ def check_content_type(header: str | None) -> None:
         param="Content-Type",
         code="unsupported_media_type",
     )
+
+
+def _tool_problem(tool: dict, function: object) -> str | None:
+    """What is wrong with one tool spec (None: a function tool the renderers can list)."""
+    if tool.get("type", "function") != "function":
+        return f"has type {tool.get('type')!r:.40}; only function tools are supported"
+    if not isinstance(function, dict):
+        return "has a `function` that is not an object"
+    if not isinstance(function.get("name"), str) or not function["name"]:
+        return "has no function name"
+    if not isinstance(function.get("description", ""), str):
+        return "has a description that is not a string"
+    if not isinstance(function.get("parameters", {}), dict):
+        return "has parameters that are not a JSON schema object"
+    return None

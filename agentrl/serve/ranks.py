@@ -6,6 +6,10 @@ the rank with the fewest in flight (ties in turn), as a pickled `Generation` (pr
 with Tag.SERVE_REQUEST; the engine rank answers with the `GenerateOutput` (Tag.SERVE_REPLY). Rank 0's own
 generations stream token by token; another rank's arrive whole, so a stream of one shows its text in one chunk.
 
+A call whose client went away cancels its generations: rank 0 sends `{"cancel": id}`, the engine rank cancels that
+generation (it leaves the engine at the next decode step) and confirms with `{"id", "cancelled", "dropped"}`
+(`dropped` false: it had answered already); until then the rank's `in_flight` (GET /health) still counts it.
+
 Stopping: rank 0 sends every engine rank `{"stop"}`; each aborts what is in flight, answers it, and sends
 `{"stopped"}` last, so no message is left unreceived when MPI ends. An engine rank that gets a signal itself
 asks rank 0 to stop the server (`{"stop_request"}`).
@@ -51,6 +55,8 @@ class RankSpread:
         self.on_stop_request = on_stop_request
         self.in_flight = [0] * self.size
         self.served = [0] * self.size
+        self.dropping = [0] * self.size  # cancelled generations an engine rank has not confirmed dropping yet
+        self.dropped = [0] * self.size  # generations a rank stopped before their end (their client went away)
         self.turn = 0
         self.ids = itertools.count()
         self.waiting: dict[int, tuple[int, asyncio.Future]] = {}
@@ -68,7 +74,10 @@ class RankSpread:
         return self.local.grammars
 
     def health(self) -> dict:
-        ranks = [{"rank": r, "in_flight": self.in_flight[r], "served": self.served[r]} for r in range(self.size)]
+        ranks = [
+            {"rank": r, "in_flight": self.in_flight[r] + self.dropping[r], "served": self.served[r], "dropped": d}
+            for r, d in enumerate([self.local.dropped, *self.dropped[1:]])
+        ]
         return {"ranks": ranks}
 
     def _pick(self) -> int:
@@ -98,6 +107,10 @@ class RankSpread:
         self.sends.append(transport.isend(self.comm, {"id": call_id, "generation": request}, rank, Tag.SERVE_REQUEST))
         try:
             return await future
+        except asyncio.CancelledError:  # the caller went away: the engine rank drops the generation too
+            self.dropping[rank] += 1
+            self.sends.append(transport.isend(self.comm, {"cancel": call_id}, rank, Tag.SERVE_REQUEST))
+            raise
         finally:
             self.waiting.pop(call_id, None)
 
@@ -110,11 +123,14 @@ class RankSpread:
             self.sends = [request for request in self.sends if not request.test()[0]]
             found, message, source = transport.try_recv(self.comm, MPI.ANY_SOURCE, Tag.SERVE_REPLY)
             if not found:
-                await sleeps.sleep(busy=bool(self.waiting or self.sends))
+                await sleeps.sleep(busy=bool(self.waiting or self.sends or any(self.dropping)))
                 continue
             sleeps.reset()
             if "stopped" in message:
                 self.stopped.add(source)
+            elif "cancelled" in message:
+                self.dropping[source] -= 1
+                self.dropped[source] += message["dropped"]
             elif "stop_request" in message:
                 self.on_stop_request(f"{message['stop_request']} on rank {source}")
             else:
@@ -140,7 +156,7 @@ class RankSpread:
 async def serve_engine_rank(comm, local: LocalBackend, signalled: Callable[[], str | None]) -> None:
     """Ranks 1..N-1: generate what rank 0 sends, concurrently, until rank 0 says stop."""
     sleeps = _Sleeps()
-    running: set[asyncio.Task] = set()
+    running: dict[int, asyncio.Task] = {}
     sends: list = []
     asked_to_stop = False
 
@@ -150,6 +166,11 @@ async def serve_engine_rank(comm, local: LocalBackend, signalled: Callable[[], s
         except Exception as error:  # this request fails at its caller; the rank serves on
             reply = {"id": call_id, "error": repr(error)}
         sends.append(transport.isend(comm, reply, 0, Tag.SERVE_REPLY))
+
+    def finished(call_id: int, task: asyncio.Task) -> None:
+        running.pop(call_id, None)
+        if task.cancelled():  # rank 0 sent `cancel`: the engine has dropped the generation (or it never started)
+            sends.append(transport.isend(comm, {"id": call_id, "cancelled": True, "dropped": True}, 0, Tag.SERVE_REPLY))
 
     while True:
         sends[:] = [request for request in sends if not request.test()[0]]
@@ -164,12 +185,21 @@ async def serve_engine_rank(comm, local: LocalBackend, signalled: Callable[[], s
         sleeps.reset()
         if "stop" in message:
             break
-        task = asyncio.ensure_future(answer(message["id"], message["generation"]))
-        running.add(task)
-        task.add_done_callback(running.discard)
+        if "cancel" in message:
+            task = running.get(message["cancel"])
+            if task is not None:
+                task.cancel()  # `finished` confirms
+            else:  # answered already: confirm all the same, rank 0 counts one confirmation per cancel
+                late = {"id": message["cancel"], "cancelled": True, "dropped": False}
+                sends.append(transport.isend(comm, late, 0, Tag.SERVE_REPLY))
+            continue
+        call_id = message["id"]
+        running[call_id] = asyncio.ensure_future(answer(call_id, message["generation"]))
+        running[call_id].add_done_callback(lambda task, call_id=call_id: finished(call_id, task))
     local.engine.abort_all()
     if running:
-        await asyncio.gather(*running)
+        await asyncio.wait(list(running.values()))
+        await asyncio.sleep(0)  # their `finished` callbacks have run: every confirmation is in `sends`
     for request in sends:
         transport.wait_sent(request)
     transport.send(comm, {"stopped": True}, 0, Tag.SERVE_REPLY)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
+import socket
 import subprocess
 import time
 
@@ -76,3 +78,66 @@ def test_two_ranks_serve_concurrent_calls_and_stop_on_sigterm(tmp_path):
     assert {stream_text} == texts[1]
     served = {rank["rank"]: rank["served"] for rank in health["ranks"]}
     assert served[0] > 0 and served[1] > 0 and sum(served.values()) == 16
+
+
+def test_a_client_that_goes_away_stops_its_generations_on_every_rank(tmp_path):
+    """A dropped call's generations on the other rank are cancelled there (rank 0 sends `cancel`): every rank's
+    in_flight is 0 soon after the client left, and each rank reports the generations it dropped."""
+    model = build_serve_model(tmp_path / "tiny")
+    port = free_port()
+    command = [*mpirun_command(2), *rank_command(), "-m", "agentrl.cli", "serve", str(model), "--port", str(port)]
+    job = subprocess.Popen(
+        [*command, "--model-name", "tiny"],
+        cwd=ROOT,
+        env=job_env(),
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def ranks() -> list[dict]:
+        return httpx.get(base + "/health", timeout=5).json()["ranks"]
+
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            if httpx.get(base + "/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if job.poll() is not None or time.monotonic() > deadline:
+            os.killpg(job.pid, signal.SIGKILL)
+            out, err = job.communicate()
+            raise AssertionError(f"the server did not come up: exit {job.returncode}\n{out}\n{err[-3000:]}")
+        time.sleep(0.3)
+    n = 16
+    body = json.dumps(
+        {
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "hi"}],
+            "n": n,
+            "max_tokens": 1000,
+            "ignore_eos": True,
+        }
+    ).encode()
+    try:
+        sock = socket.create_connection(("127.0.0.1", port))
+        head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        sock.sendall(head.encode() + body)
+        while sum(rank["in_flight"] for rank in ranks()) < n:
+            assert time.monotonic() < deadline + 60, "the generations did not start"
+            time.sleep(0.02)
+        time.sleep(0.2)
+        sock.close()
+        gone = time.monotonic()
+        while sum(rank["in_flight"] for rank in ranks()) > 0:
+            assert time.monotonic() - gone < 3.0, f"generations went on after the client left: {ranks()}"
+            time.sleep(0.02)
+        health = ranks()
+    finally:
+        job.send_signal(signal.SIGTERM)
+    out, err = finish(job, 60, "mpirun -n 2 agentrl serve after SIGTERM")
+    assert job.returncode == 0, f"exit {job.returncode}\n{out}\n{err[-3000:]}"
+    assert [rank["dropped"] for rank in health] == [n // 2, n // 2], health
