@@ -220,7 +220,7 @@ REFUSALS = [
     ({"tool_choice": {"type": "function"}}, "tool_choice", "name"),
     ({"tool_choice": "required"}, "tool_choice", "needs tools"),
     ({"tools": [CALCULATOR], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice", "nope"),
-    ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools", "tools.0"),
+    ({"tools": [{"type": "function"}], "tool_choice": "required"}, "tools", "tool 0 has no function name"),
     ({"response_format": {"type": "xml"}}, "response_format.type", "json_schema"),
     ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}}, None, "name"),
