@@ -17,6 +17,11 @@ from agentrl.chat.family import ChatFamily, ModelSignals
 from agentrl.chat.scan import Scanner
 from agentrl.chat.turn import ParsedTurn, TurnDelta
 
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21: TokenStream decodes a sliding window instead
+    DecodeStream = None
+
 PLACEHOLDER = "\u2591agentrl\u2591"
 
 
@@ -192,40 +197,50 @@ class ChatCodec:
 
 class TokenStream:
     """Generated ids in, TurnDeltas out: ids are decoded incrementally (a character whose bytes are still arriving
-    waits for them), end-of-turn ids are dropped, and the text goes to the family's scanner."""
+    waits for them; the Rust `DecodeStream` of a fast tokenizer, one call per id), end-of-turn ids are dropped, and
+    the text goes to the family's scanner. `finish` decodes the whole turn once, so the turn is what `parse_ids`
+    gives even where the last bytes never completed a character."""
 
     def __init__(self, codec: ChatCodec, scanner: Scanner):
         self.codec, self.scanner = codec, scanner
         self.ids: list[int] = []
-        self.prefix_offset = self.read_offset = 0
+        self.sent: list[str] = []
+        self.backend = getattr(codec.tokenizer, "backend_tokenizer", None)
+        self.decoder = DecodeStream(skip_special_tokens=False) if DecodeStream and self.backend is not None else None
+        self.prefix_offset = self.read_offset = 0  # the decode window of tokenizers without DecodeStream
 
     def feed(self, ids) -> TurnDelta:
-        self.ids += [int(i) for i in ids if int(i) not in self.codec._dropped]
-        new = self._new_text(final=False)
-        return self.scanner.feed(new) if new else TurnDelta()
+        dropped, new = self.codec._dropped, []
+        for token in ids:
+            token = int(token)
+            if token in dropped:
+                continue
+            self.ids.append(token)
+            if self.decoder is not None:
+                piece = self.decoder.step(self.backend, token)
+                if piece:
+                    new.append(piece)
+        text = "".join(new) if self.decoder is not None else self._window_text()
+        if not text:
+            return TurnDelta()
+        self.sent.append(text)
+        return self.scanner.feed(text)
 
     def finish(self) -> tuple[TurnDelta, ParsedTurn]:
-        first = self.scanner.feed(self._new_text(final=True))
+        whole, sent = self.codec.decode(self.ids), "".join(self.sent)
+        rest = whole[len(sent) :] if whole.startswith(sent) else ""  # bytes that never completed a character
+        first = self.scanner.feed(rest) if rest else TurnDelta()
         last, turn = self.scanner.finish()
-        return _joined(first, last), turn
+        return first + last, turn
 
-    def _new_text(self, final: bool) -> str:
+    def _window_text(self) -> str:
         """The text the ids since the last call add; "" while a character's bytes are still arriving."""
         text = self.codec.decode(self.ids[self.prefix_offset :])
-        if not final and text.endswith("\ufffd"):
+        if text.endswith("\ufffd"):
             return ""
         before = self.codec.decode(self.ids[self.prefix_offset : self.read_offset])
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return text[len(before) :]
-
-
-def _joined(first: TurnDelta, second: TurnDelta) -> TurnDelta:
-    return TurnDelta(
-        first.content + second.content,
-        first.reasoning + second.reasoning,
-        first.calls + second.calls,
-        first.errors + second.errors,
-    )
 
 
 def common_prefix(a: str, b: str) -> int:

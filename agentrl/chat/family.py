@@ -110,6 +110,6 @@ class ChatFamily(Hooks):
         return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 
 
-def decide_content(_first: str) -> str:
+def decide_content(_text: str) -> str:
     """A `Mode.decide` for turns that start with optional markup, then content."""
     return "content"

@@ -33,11 +33,11 @@ def call_from_object(payload, argument_keys: tuple[str, ...] = ("arguments", "pa
 
 def calls_from_json(text: str, argument_keys: tuple[str, ...] = ("arguments", "parameters")) -> list[ToolCall | str]:
     """JSON objects (or lists of them) one after another, apart by whitespace, ';' or ',' -> their calls; text
-    that is not JSON ends the list with an error naming where."""
+    that is not JSON (a call cut short) ends the list with an error naming where, after the calls before it."""
     decoder, found, at = json.JSONDecoder(), [], 0
     while True:
-        while at < len(text) and text[at] in SEPARATORS:
-            at += 1
+        while at < len(text) and (text[at] in SEPARATORS or text[at] in "[]"):  # a list's calls one by one, so a
+            at += 1  # list cut short keeps its complete calls
         if at == len(text):
             return found
         try:
@@ -45,8 +45,7 @@ def calls_from_json(text: str, argument_keys: tuple[str, ...] = ("arguments", "p
         except json.JSONDecodeError as error:
             found.append(f"tool call is not valid JSON ({error.msg} at position {error.pos}): {text[:200]!r}")
             return found
-        for payload in value if isinstance(value, list) else [value]:
-            found.append(call_from_object(payload, argument_keys))
+        found.append(call_from_object(value, argument_keys))
 
 
 def arguments_from_text(name: str, text: str) -> dict | str:

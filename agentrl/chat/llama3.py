@@ -16,11 +16,21 @@ PYTHON_TAG = "<|python_tag|>"
 # A turn that opens like this is a call attempt; any other JSON-looking turn is content.
 CALL_START = re.compile(r'\s*[\[{]\s*\{?\s*"(?:name|type|function)"\s*:')
 BUILTIN_CALL = re.compile(r"([A-Za-z_]\w*)\.call\((.*)\)", re.DOTALL)
+BUILTIN_START = re.compile(r"[A-Za-z_]\w*\.call\(")
 KEYWORD = re.compile(r'\s*(\w+)\s*=\s*("(?:[^"\\]|\\.)*"|[^,]*)\s*(?:,|$)')
 
 
-def _json_or_content(first: str) -> str:
-    return "json" if first in "{[" else "content"
+CALL_OPENINGS = tuple(f'{bracket}"{key}":' for bracket in ("{", "[{") for key in ("name", "type", "function"))
+
+
+def _json_or_content(text: str) -> str | None:
+    """A turn that opens like a JSON call is captured to its end; any other text is content from the start."""
+    compact = "".join(text[:40].split())
+    if any(compact.startswith(opening) for opening in CALL_OPENINGS):
+        return "json"
+    if any(opening.startswith(compact) for opening in CALL_OPENINGS):
+        return None  # "{" or '{"na': not yet known
+    return "content"
 
 
 class Llama3Family(ChatFamily):
@@ -67,4 +77,6 @@ class Llama3Family(ChatFamily):
             for key, value in KEYWORD.findall(builtin.group(2)):
                 arguments[key] = value[1:-1] if value.startswith('"') else value.strip()
             return [ToolCall(builtin.group(1), arguments)]
+        if BUILTIN_START.match(code):
+            return [f'a built-in tool call must read name.call(key="value", ...) in full, got {code[:200]!r}']
         return [ToolCall("code_interpreter", {"code": code})]

@@ -10,6 +10,7 @@ turn costs time linear in its length however it is cut.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,14 +20,22 @@ from agentrl.chat.turn import ParsedTurn, ToolCall, TurnDelta
 @dataclass(frozen=True)
 class Mode:
     """`channel`: "content" or "reasoning" for a text mode, None for a capture mode; `exits`: marker -> next mode;
-    `decide`: for a mode the turn starts in, the mode to move to at the first text that is not whitespace
-    (given its first character), before any exit marker; `separate`: entering this text mode after text of the
+    `decide`: for a mode the turn starts in, the mode to move to once text that is not whitespace comes before any
+    exit marker (given that text, leading whitespace stripped; None: it cannot tell yet, and at the end of the turn
+    that means "content"); `separate`: entering this text mode after text of the
     same channel puts a newline between them (a new message of that channel)."""
 
     channel: str | None
     exits: dict[str, str] = field(default_factory=dict)
-    decide: Callable[[str], str] | None = None
+    decide: Callable[[str], str | None] | None = None
     separate: bool = False
+
+    def __post_init__(self):
+        # for the hot path: text can hold (the start of) a marker only where one of these characters is in it
+        firsts = sorted({marker[0] for marker in self.exits})
+        pattern = re.compile("[" + "".join(re.escape(first) for first in firsts) + "]") if firsts else None
+        object.__setattr__(self, "marker_start", pattern.search if pattern else lambda _text: None)
+        object.__setattr__(self, "reach", max((len(marker) for marker in self.exits), default=1) - 1)
 
 
 class TextSink:
@@ -90,7 +99,9 @@ class Scanner:
         self.opened_with = ""  # the marker that entered the current mode
         self.last_channel: str | None = None
         self.state: dict = {}  # what a family's hooks keep between modes (harmony: the message's recipient)
-        self.delta = TurnDelta()
+        self.new_text = {"content": "", "reasoning": ""}  # the text sent since the last delta, by channel
+        self.new_calls: list[ToolCall] = []
+        self.new_errors: list[str] = []
         self.done = False
 
     # ---- what hooks call --------------------------------------------------------------------
@@ -98,22 +109,29 @@ class Scanner:
     def text(self, channel: str, text: str) -> None:
         sent = self.sinks[channel].add(text)
         if sent:
-            setattr(self.delta, channel, getattr(self.delta, channel) + sent)
+            self.new_text[channel] += sent
             self.last_channel = channel
 
     def add_call(self, call: ToolCall | str) -> None:
         if isinstance(call, ToolCall):
             self.calls.append(call)
-            self.delta.calls.append(call)
+            self.new_calls.append(call)
         else:
             self.errors.append(call)
-            self.delta.errors.append(call)
+            self.new_errors.append(call)
 
     # ---- feeding ----------------------------------------------------------------------------
 
     def feed(self, text: str) -> TurnDelta:
         if self.done:
             raise RuntimeError("feed() after finish(); start a new stream for the next turn")
+        mode = self.modes[self.mode]
+        if not self.buffer and mode.decide is None and not mode.marker_start(text):
+            if mode.channel is None:  # no marker starts in it: a capture mode keeps it, searched
+                self.buffer, self.searched = text, len(text)
+                return TurnDelta()
+            self.text(mode.channel, text)  # the common case of a streamed token: plain text
+            return self._take()
         self.buffer += text
         self._run(final=False)
         return self._take()
@@ -137,18 +155,27 @@ class Scanner:
         return self._take(), turn
 
     def _take(self) -> TurnDelta:
-        delta, self.delta = self.delta, TurnDelta()
+        new = self.new_text
+        if self.new_calls or self.new_errors:
+            delta = TurnDelta(new["content"], new["reasoning"], tuple(self.new_calls), tuple(self.new_errors))
+            self.new_calls, self.new_errors = [], []
+        else:
+            delta = TurnDelta(new["content"], new["reasoning"])
+        new["content"] = new["reasoning"] = ""
         return delta
 
     def _run(self, final: bool) -> None:
         while self.buffer:
             mode = self.modes[self.mode]
             found = _first_marker(self.buffer, mode.exits, self.searched)
-            end = found[0] if found else len(self.buffer) - (0 if final else _held_tail(self.buffer, mode.exits))
+            end = found[0] if found else len(self.buffer) - (0 if final else _held_tail(self.buffer, mode))
             if mode.decide is not None:
                 before = self.buffer[:end]
                 if before.strip():
-                    self._enter(mode.decide(before.lstrip()[0]), "")
+                    choice = mode.decide(before.lstrip())
+                    if choice is None and not final:
+                        return  # the text so far does not tell yet: wait for more
+                    self._enter(choice or "content", "")
                     continue
                 self.buffer = self.buffer[end:]  # leading whitespace: no channel has started
                 found = (0, found[1]) if found else None
@@ -188,16 +215,18 @@ def _first_marker(text: str, markers: dict[str, str], start: int) -> tuple[int, 
     return best
 
 
-def _held_tail(text: str, markers: dict[str, str]) -> int:
-    """The length of the longest tail of `text` that is a proper prefix of a marker (it may still become one)."""
+def _held_tail(text: str, mode: Mode) -> int:
+    """The length of the longest tail of `text` that is a proper prefix of an exit marker (it may still become one)."""
+    if not mode.reach or not mode.marker_start(text, len(text) - mode.reach):
+        return 0
     longest = 0
-    for marker in markers:
+    for marker in mode.exits:
         first = marker[0]
         at = text.find(first, max(0, len(text) - len(marker) + 1))
         while at >= 0:
-            tail = len(text) - at
-            if tail > longest and marker.startswith(text[at:]):
-                longest = tail
+            size = len(text) - at
+            if size > longest and marker.startswith(text[at:]):
+                longest = size
                 break
             at = text.find(first, at + 1)
     return longest

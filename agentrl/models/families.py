@@ -37,6 +37,7 @@ class Fixture:
     bos: str | None = None
     added: tuple[str, ...] = ()
     config: dict = field(default_factory=dict)
+    every_head_has_keys: bool = False  # no grouped-query attention (DeepSeek's multi-head latent attention)
 
 
 QWEN_SPECIAL = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -139,6 +140,7 @@ FIXTURES: dict[str, Fixture] = {
         bos="<｜begin▁of▁sentence｜>",
         added=("<think>", "</think>"),
         config=DEEPSEEK_CONFIG,
+        every_head_has_keys=True,
     ),
     "deepseek_r1": Fixture(
         "deepseek_r1",
@@ -149,6 +151,7 @@ FIXTURES: dict[str, Fixture] = {
         bos="<｜begin▁of▁sentence｜>",
         added=("<think>", "</think>"),
         config=DEEPSEEK_CONFIG,
+        every_head_has_keys=True,
     ),
     "glm45": Fixture(
         "glm45",
@@ -184,7 +187,7 @@ def fixture(family: str) -> Fixture:
         raise KeyError(f"no test model for chat format {family!r}; families with one: {', '.join(FIXTURES)}") from None
 
 
-def build_family_tokenizer(family: str, texts: Iterable[str] = (), vocab_size: int = 400):
+def build_family_tokenizer(family: str, texts: Iterable[str] = (), vocab_size: int = 512):
     """A byte-level BPE tokenizer trained on `texts` (and the format's common words) with `family`'s special and
     markup tokens, its eos/pad/bos, and its chat template."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -193,14 +196,16 @@ def build_family_tokenizer(family: str, texts: Iterable[str] = (), vocab_size: i
     spec = fixture(family)
     texts = [*texts, FORMAT_WORDS]
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
-    seen = {ch for text in [*texts, "0123456789 \n"] for word, _ in byte_level.pre_tokenize_str(text) for ch in word}
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"), byte_level]
     )
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=list(spec.special), initial_alphabet=sorted(seen), show_progress=False
+        vocab_size=vocab_size,
+        special_tokens=list(spec.special),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte: any text round-trips
+        show_progress=False,
     )
     tokenizer.train_from_iterator(texts, trainer=trainer)
     tokenizer.add_tokens([AddedToken(token, special=False, normalized=False) for token in spec.added])
@@ -220,20 +225,19 @@ def tiny_config(family: str, vocab_size: int, hidden_size: int = 32, num_layers:
 
     spec = fixture(family)
     head_dim = hidden_size // num_heads
-    return AutoConfig.for_model(
-        spec.architecture,
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        intermediate_size=4 * hidden_size,
-        moe_intermediate_size=hidden_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=max(1, num_heads // 2),
-        head_dim=head_dim,
-        max_position_embeddings=2048,
-        tie_word_embeddings=False,
-        **spec.config,
-    )
+    settings = {
+        "vocab_size": vocab_size,
+        "hidden_size": hidden_size,
+        "intermediate_size": 4 * hidden_size,
+        "moe_intermediate_size": hidden_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_heads if spec.every_head_has_keys else max(1, num_heads // 2),
+        "head_dim": head_dim,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": False,
+    }
+    return AutoConfig.for_model(spec.architecture, **{**settings, **spec.config})
 
 
 def build_family_model(
@@ -244,7 +248,7 @@ def build_family_model(
     hidden_size: int = 32,
     num_layers: int = 2,
     num_heads: int = 4,
-    vocab_size: int = 400,
+    vocab_size: int = 512,
     seed: int = 0,
 ) -> Path:
     """Write a randomly initialised tiny model of `family`'s architecture and its tokenizer to `out_dir`."""
