@@ -5,7 +5,10 @@
 
 Per family, a turn as its template writes it (reasoning, a sentence of content, a tool call; ~150 tokens) is
 parsed whole (µs per turn), streamed one token's text at a time through the family's scanner (µs per token), and
-streamed from ids (µs per token, the incremental detokenizing `agentrl serve` would do included). The engine side:
+streamed from ids (µs per token, the incremental detokenizing `agentrl serve` would do included; "ids x4": four
+ids a feed, as a stream that sends every fourth step would); and the
+template's ids after the ninth message of a tool loop (`continuation_ids`: three renders of the conversation, ms),
+what the agent loop pays per turn for the observation's ids. The engine side:
 the continuous torch engine with the quickstart's model (Qwen2 shape, hidden 64, 2 layers) decoding `--batches`
 rows at once, greedy, 128 tokens each; its step time is what one token of each row costs. The share is the parse
 cost of a step's tokens (one per row, parsed one after another on the event loop) over the step's time:
@@ -58,7 +61,6 @@ def turn_text(chat) -> tuple[str, bool]:
     """A turn as the family's template writes it, and whether its prompt opened reasoning. Where the template
     never writes reasoning back (R1), the reasoning is put in front of the written turn, as the model writes it."""
     from agentrl.chat.codec import NotAppendOnly, common_prefix
-    from agentrl.chat.probe import generated_text
     from agentrl.chat.turn import ParsedTurn, ToolCall
 
     turn = ParsedTurn(
@@ -69,7 +71,7 @@ def turn_text(chat) -> tuple[str, bool]:
     messages = [{"role": "user", "content": "What is 1234 + 5678?"}, chat.assistant_message(turn)]
     prompt = chat.render(messages[:1], TOOLS, True)
     try:
-        return chat.without_end(generated_text(chat, messages, 1, TOOLS)), chat.ends_in_reasoning(prompt)
+        return chat.without_end(chat.written_turn(messages, 1, TOOLS)), chat.ends_in_reasoning(prompt)
     except NotAppendOnly:
         written = chat.without_end(chat.render(messages, TOOLS, False))
         body = written[common_prefix(prompt, written) :]
@@ -79,6 +81,7 @@ def turn_text(chat) -> tuple[str, bool]:
 def parse_costs(family: str, repeats: int) -> dict:
     from agentrl.chat.codec import ChatCodec
     from agentrl.chat.registry import resolve
+    from agentrl.chat.turn import ParsedTurn, ToolCall
     from agentrl.models.families import build_family_tokenizer
 
     chat = ChatCodec(build_family_tokenizer(family, [REASONING, CONTENT]), resolve(family)())
@@ -94,11 +97,18 @@ def parse_costs(family: str, repeats: int) -> dict:
             scanner.feed(piece)
         scanner.finish()
 
-    def stream_ids():
+    def stream_ids(every: int = 1):
         stream = chat.stream(prompt_ids=prompt, tools=TOOLS)
-        for token in ids:
-            stream.feed([token])
+        for at in range(0, len(ids), every):
+            stream.feed(ids[at : at + every])
         stream.finish()
+
+    history = [{"role": "user", "content": "Add 1234 and 5678, eight times."}]
+    thinking = "Add them." if chat.probe().thinking else ""
+    for n in range(8):  # eight call turns and their results: the template's ids after the last one
+        reply = chat.assistant_message(ParsedTurn(calls=[ToolCall("add", {"a": n, "b": 5678})], reasoning=thinking))
+        history += [reply, chat.family.tool_message(reply["tool_calls"][0]["id"], "add", str(n + 5678))]
+    continuation = best_of(repeats // 4 or 1, lambda: chat.continuation_ids(history[:-1], history[-1:], TOOLS))
 
     turn = parser.parse(text, tools=TOOLS, in_reasoning=in_reasoning)
     assert turn.calls and not turn.errors, (family, text, turn)
@@ -110,6 +120,8 @@ def parse_costs(family: str, repeats: int) -> dict:
         "parse_us": whole * 1e6,
         "stream_us_per_token": best_of(repeats, stream_text) / len(ids) * 1e6,
         "stream_ids_us_per_token": best_of(repeats, stream_ids) / len(ids) * 1e6,
+        "stream_ids4_us_per_token": best_of(repeats, lambda: stream_ids(4)) / len(ids) * 1e6,
+        "continuation_ms": continuation * 1e3,
     }
 
 
@@ -152,13 +164,15 @@ def main() -> int:
 
     steps = {batch: step_seconds(batch) for batch in args.batches}
     print("engine: " + ", ".join(f"batch {b}: {s * 1e3:.2f} ms/step" for b, s in steps.items()))
-    header = f"{'family':<12} {'tokens':>6} {'parse µs':>9} {'stream µs/tok':>14} {'ids µs/tok':>11}"
+    header = f"{'family':<12} {'tokens':>6} {'parse µs':>9} {'stream µs/tok':>14} {'ids µs/tok':>11} {'ids x4':>7}"
+    header += f" {'cont. ms':>8}"
     header += "".join(f" {f'share b{b} (stream / whole)':>27}" for b in args.batches)
     print(header)
     for family in args.families:
         cost = parse_costs(family, args.repeats)
         row = f"{family:<12} {cost['tokens']:>6} {cost['parse_us']:>9.1f} {cost['stream_us_per_token']:>14.2f}"
-        row += f" {cost['stream_ids_us_per_token']:>11.2f}"
+        row += f" {cost['stream_ids_us_per_token']:>11.2f} {cost['stream_ids4_us_per_token']:>7.2f}"
+        row += f" {cost['continuation_ms']:>8.2f}"
         for batch, step in steps.items():
             streamed = batch * cost["stream_ids_us_per_token"] * 1e-6 / step
             whole = batch * cost["parse_us"] * 1e-6 / (cost["tokens"] * step)

@@ -101,9 +101,9 @@ class ChatCodec:
         if not new:
             raise ValueError("continuation_ids needs at least one new message after the assistant turn")
         full = self.render([*history, *new], tools, True)
-        probe = self.render([*history, {**new[0], "content": PLACEHOLDER}, *new[1:]], tools, True)
-        reach = common_prefix(full, probe)
-        cut = self._turn_end(full[:reach])
+        # where the first new message's content starts: the turn's end is the last end mark before it
+        marked = self.render([*history, {**new[0], "content": PLACEHOLDER}, *new[1:]], tools, True)
+        cut = self.turn_end(full[: common_prefix(full, marked)])
         if not keep_rewritten:
             self._check_kept(history, tools, full[:cut], [m["role"] for m in new])
         suffix = full[cut:]
@@ -120,7 +120,7 @@ class ChatCodec:
         closer = next((c for c in self.family.closers if rendered.endswith(c)), self.family.closers[0])
         return self.encode(closer)
 
-    def _turn_end(self, text: str) -> int:
+    def turn_end(self, text: str) -> int:
         """Where the last assistant turn ends in `text`, the template's rendering up to the next message's content:
         after its closer, or (GLM) before the next message's role token."""
         marks = self.family.closers or self.family.end_of_turn
@@ -142,6 +142,48 @@ class ChatCodec:
             f"follows (at character {at}: {alone[max(0, at - 30) : at + 30]!r} becomes "
             f"{kept[max(0, at - 30) : at + 30]!r}); keep the turn as generated (keep_rewritten) or start a new sample"
         )
+
+    def written_turn(self, messages: list[dict], index: int, tools: list[dict] | None = None) -> str:
+        """The assistant message at `index` as the template writes it right after its own generation prompt: the
+        text a model that keeps to its format generates for it, its end token included where the template writes
+        one. NotAppendOnly where the template does not write the turn after that prompt (R1's `<think>`)."""
+        prompt = self.render(messages[:index], tools, True)
+        written = self.render(messages[: index + 1], tools, False)
+        if not written.startswith(prompt):
+            at = common_prefix(prompt, written)
+            before, after = prompt[max(0, at - 30) : at + 30], written[max(0, at - 30) : at + 30]
+            raise NotAppendOnly(
+                f"turn {index} is not written after its own generation prompt: at character {at} the prompt has "
+                f"{before!r}, the conversation with the turn {after!r}"
+            )
+        end = self.turn_end(written) if self.family.closers else len(written.rstrip())
+        return written[len(prompt) : end]
+
+    def conversation_ids(
+        self, messages: list[dict], tools: list[dict] | None = None, keep_rewritten: bool = False
+    ) -> tuple[list[int], list[int]]:
+        """A whole conversation's ids and loss mask, built as an episode builds them: the prompt (mask 0), each
+        assistant turn as the template writes it (mask 1, with the stop token where the next message's role is
+        the stop), the template's ids for the messages after it (mask 0). For SFT transcripts: trained on exactly
+        the sequences RL samples."""
+        turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+        if not turns:
+            raise ValueError("a conversation to train on needs at least one assistant message")
+        ids = self.prompt_ids(messages[: turns[0]], tools)
+        mask = [0] * len(ids)
+        for k, index in enumerate(turns):
+            following = messages[index + 1 : turns[k + 1] if k + 1 < len(turns) else len(messages)]
+            output = self.encode(self.written_turn(messages, index, tools))
+            stop = self.family.turn_stop(following[0]["role"] if following else None)
+            if stop is not None:
+                output.append(self.tokenizer.convert_tokens_to_ids(stop))
+            ids += output
+            mask += [1] * len(output)
+            if following:
+                after = self.continuation_ids(messages[: index + 1], following, tools, output[-1], keep_rewritten)
+                ids += after
+                mask += [0] * len(after)
+        return ids, mask
 
     # ---- parsing --------------------------------------------------------------------------------
 

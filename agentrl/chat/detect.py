@@ -14,11 +14,11 @@ class UnknownChatFormat(ValueError):
     """No registered family recognises the model: the message says how to name or register one."""
 
 
-def detect_family(signals: ModelSignals) -> str:
-    """The name of the family that scores highest for `signals`."""
+def detect_family(signals: ModelSignals, families: dict[str, type] | None = None) -> str:
+    """The name of the family that scores highest for `signals`, among `families` (default: every registered one)."""
+    families = families or {name: resolve(name) for name in registered_names()}
     scores = []
-    for name in registered_names():
-        family = resolve(name)
+    for name, family in families.items():
         score = family.detect(signals)
         if score > 0:
             scores.append((score, name))

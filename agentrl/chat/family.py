@@ -76,6 +76,11 @@ class ChatFamily(Hooks):
         scanner.feed(text)
         return scanner.finish()[1]
 
+    def turn_stop(self, next_role: str | None) -> str | None:
+        """The stop token a model writes after a turn that the template does not write (GLM's next role), given the
+        role of the message that follows (None: none does); None where the template writes the turn's end."""
+        return None
+
     # ---- messages for the chat template ---------------------------------------------------------
 
     def new_call_id(self) -> str:

@@ -47,6 +47,9 @@ class GLM45Family(ChatFamily):
             return 100
         return 40 if signals.model_type in ("glm4_moe", "glm4") else 0
 
+    def turn_stop(self, next_role: str | None) -> str | None:
+        return "<|observation|>" if next_role == "tool" else "<|user|>"
+
     def call(self, scanner: Scanner, mode: str, body: str) -> ToolCall | str:
         name, _, rest = body.partition("<arg_key>")
         name = name.strip()

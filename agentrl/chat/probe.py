@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agentrl.chat.codec import ChatTemplateError, NotAppendOnly, common_prefix
+from agentrl.chat.codec import ChatTemplateError, NotAppendOnly
 from agentrl.chat.turn import ParsedTurn, ToolCall
 
 PROBE_TOOL = {
@@ -72,22 +72,6 @@ def sample_conversation(codec, thinking: bool) -> tuple[list[dict], list[ParsedT
     return messages, [call_turn, answer_turn]
 
 
-def generated_text(codec, messages: list[dict], index: int, tools) -> str:
-    """The text of the assistant turn at `index` as the template writes it after its own generation prompt (its end
-    token included where the template writes one); NotAppendOnly where the prompt is not a prefix of it."""
-    prompt = codec.render(messages[:index], tools, True)
-    written = codec.render(messages[: index + 1], tools, False)
-    if not written.startswith(prompt):
-        at = common_prefix(prompt, written)
-        before, after = prompt[max(0, at - 30) : at + 30], written[max(0, at - 30) : at + 30]
-        raise NotAppendOnly(
-            f"turn {index} is not written after its own generation prompt: at character {at} the prompt has "
-            f"{before!r}, the conversation with the turn {after!r}"
-        )
-    end = codec._turn_end(written) if codec.family.closers else len(written.rstrip())
-    return written[len(prompt) : end]
-
-
 def probe_template(codec) -> TemplateProbe:
     family, notes = codec.family, []
     tools = [PROBE_TOOL]
@@ -99,7 +83,7 @@ def probe_template(codec) -> TemplateProbe:
     keeps, round_trip, split = True, True, True
     for index, turn in ((2, turns[0]), (4, turns[1])):
         try:
-            text = generated_text(codec, messages, index, tools)
+            text = codec.written_turn(messages, index, tools)
         except ChatTemplateError as error:
             keeps = False
             notes.append(str(error))

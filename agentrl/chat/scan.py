@@ -22,19 +22,22 @@ class Mode:
     """`channel`: "content" or "reasoning" for a text mode, None for a capture mode; `exits`: marker -> next mode;
     `decide`: for a mode the turn starts in, the mode to move to once text that is not whitespace comes before any
     exit marker (given that text, leading whitespace stripped; None: it cannot tell yet, and at the end of the turn
-    that means "content"); `separate`: entering this text mode after text of the
-    same channel puts a newline between them (a new message of that channel)."""
+    that means "content"); `separate`: entering this text mode after text of the same channel puts a newline
+    between them (a new message of that channel)."""
 
     channel: str | None
     exits: dict[str, str] = field(default_factory=dict)
     decide: Callable[[str], str | None] | None = None
     separate: bool = False
+    # for the hot path: text can hold (the start of) a marker only where one of the markers' first characters is
+    # in it (`marker_start(text, pos)` finds one), and a held tail is at most `reach` characters long
+    marker_start: Callable = field(init=False, repr=False, compare=False)
+    reach: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        # for the hot path: text can hold (the start of) a marker only where one of these characters is in it
         firsts = sorted({marker[0] for marker in self.exits})
         pattern = re.compile("[" + "".join(re.escape(first) for first in firsts) + "]") if firsts else None
-        object.__setattr__(self, "marker_start", pattern.search if pattern else lambda _text: None)
+        object.__setattr__(self, "marker_start", pattern.search if pattern else lambda *_: None)
         object.__setattr__(self, "reach", max((len(marker) for marker in self.exits), default=1) - 1)
 
 

@@ -15,6 +15,7 @@ import pytest
 from agentrl.chat.codec import ChatTemplateError, load_codec
 from agentrl.chat.detect import UnknownChatFormat, detect_family
 from agentrl.chat.family import ModelSignals
+from agentrl.chat.qwen3 import Qwen3Family
 from agentrl.chat.registry import register, registered_names, resolve
 from agentrl.models.families import FIXTURES, tiny_config
 from tests.unit.chat_fixtures import FAMILIES, tokenizer
@@ -72,16 +73,29 @@ def test_a_model_no_family_recognises_says_how_to_name_or_register_one():
         detect_family(signals)
 
 
+def test_two_families_that_fit_equally_are_an_error_asking_for_a_name():
+    signals = ModelSignals(frozenset({"<|im_start|>", "<think>"}), "", "qwen3")
+    assert detect_family(signals) == "qwen3"
+
+    class Twin(Qwen3Family):
+        name = "twin"
+
+    with pytest.raises(UnknownChatFormat, match=r"ambiguous: qwen3, twin fit it equally; set chat.format"):
+        detect_family(signals, families={"qwen3": Qwen3Family, "twin": Twin})
+
+
 def test_an_unknown_format_name_lists_the_known_ones():
     with pytest.raises(KeyError, match=r"unknown chat format 'qwen4'.*did you mean 'qwen3'.*known: .*glm45"):
         resolve("qwen4")
 
 
 def test_a_family_registered_in_process_or_by_path_resolves():
-    from agentrl.chat.qwen3 import Qwen3Family
-
     class Mine(Qwen3Family):
         name = "mine"
+
+        @classmethod
+        def detect(cls, signals):
+            return 0  # named only: registered for the rest of the session, it must not tie with qwen3
 
     register("agentrl_test_mine", Mine)
     assert resolve("agentrl_test_mine") is Mine

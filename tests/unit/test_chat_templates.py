@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from agentrl.chat.codec import ChatTemplateError, NotAppendOnly
-from agentrl.chat.probe import generated_text
 from agentrl.chat.turn import ParsedTurn, ToolCall
 from tests.unit.chat_fixtures import FAMILIES, TOOLS, codec
 
@@ -53,13 +52,14 @@ def conversation(chat, calls_per_turn: int, follow_up: bool, reasoning: bool) ->
 
 
 def incremental_ids(chat, messages: list[dict], keep_rewritten=False):
-    """The ids as an episode builds them, each turn's generated ids (the template's own text for the turn, tokenized
-    alone, as a model that writes exactly its format would generate it), and where each turn starts."""
+    """The ids as an episode builds them, each turn's generated ids (the template's own text for the turn,
+    tokenized alone, as a model that writes exactly its format would generate it), and where each turn starts;
+    step by step here, as the agent loop would, to check `ChatCodec.conversation_ids` against."""
     turns = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     ids = chat.prompt_ids(messages[: turns[0]], TOOLS)
     generated, starts = [], []
     for k, index in enumerate(turns):
-        output = chat.encode(generated_text(chat, messages, index, TOOLS))
+        output = chat.encode(chat.written_turn(messages, index, TOOLS))
         if not chat.family.closers:  # GLM: the model stops by writing the next message's role
             role = "<|observation|>" if messages[index + 1]["role"] == "tool" else "<|user|>"
             output.append(chat.tokenizer.convert_tokens_to_ids(role))
@@ -70,6 +70,10 @@ def incremental_ids(chat, messages: list[dict], keep_rewritten=False):
         ids += chat.continuation_ids(
             messages[: index + 1], following, TOOLS, ended_with=output[-1], keep_rewritten=keep_rewritten
         )
+    conversation, mask = chat.conversation_ids(messages, TOOLS, keep_rewritten=keep_rewritten)
+    assert conversation == ids
+    trained = [start + j for start, output in zip(starts, generated, strict=True) for j in range(len(output))]
+    assert [i for i, m in enumerate(mask) if m] == trained
     return ids, generated, starts
 
 
@@ -153,3 +157,18 @@ def test_a_template_that_raises_is_a_one_line_error_naming_the_family():
     two_calls = chat.assistant_message(ParsedTurn(calls=[ToolCall("add", {"a": 1}), ToolCall("add", {"a": 2})]))
     with pytest.raises(ChatTemplateError, match=r"llama3 chat template refused these messages: .*single tool-calls"):
         chat.prompt_ids([{"role": "user", "content": "x"}, two_calls], TOOLS)
+
+
+def test_a_qwen3_call_turn_without_reasoning_is_rewritten_once_its_result_follows():
+    """Qwen3's template writes an empty think block for the last turn only: a call turn whose reasoning is empty
+    loses it once the tool result follows (thinking on: a model that skipped thinking; thinking off: every turn)."""
+    chat = codec("qwen3")
+    messages = [{"role": "user", "content": "What is 2 + 3?"}]
+    reply = chat.assistant_message(ParsedTurn(calls=[ToolCall("add", {"a": 2, "b": 3})]))
+    assert "<think>\n\n</think>" in chat.written_turn([*messages, reply], 1, TOOLS)
+    result = chat.family.tool_message(reply["tool_calls"][0]["id"], "add", "5")
+    with pytest.raises(NotAppendOnly, match=r"once a tool message follows"):
+        chat.continuation_ids([*messages, reply], [result], TOOLS)
+    kept = chat.continuation_ids([*messages, reply], [result], TOOLS, keep_rewritten=True)
+    expected = "\n<|im_start|>user\n<tool_response>\n5\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    assert chat.decode(kept) == expected
