@@ -102,13 +102,14 @@ class ContinuousTorchEngine(TorchEngine):
         kv_cache_bytes: int = 256 << 20,
         cuda_graphs: bool | str = "auto",
     ):
-        super().__init__(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
         layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
+            architecture = getattr(model.config, "model_type", None) or type(model).__name__
             raise UserError(
-                "the continuous torch engine needs full attention in every layer, the model has "
-                f"{sorted(layer_types)}; set rollout.engine.scheduler=batch"
+                f"the continuous torch engine cannot serve {architecture} ({type(model).__name__}): it needs full "
+                f"attention in every layer, the model has {sorted(layer_types)}; set rollout.engine.scheduler=batch"
             )
+        super().__init__(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
         self.sessions = KVSessionStore(kv_cache_bytes)
         self.decoder = LeanDecoder.for_model(model)  # None: decode steps run the model's forward
         self.stats.update(steps=0, prefills=0, prefill_tokens=0, reused_tokens=0, evictions=0)

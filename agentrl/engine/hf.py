@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 
+import torch
+
 
 def cache_keyword(model) -> str:
     """The name the model's forward takes its KV cache by: `cache` from transformers 5.24 on (which warns
@@ -25,4 +27,18 @@ def takes_ready_made_sdpa_masks(model) -> bool:
         and getattr(config, "_attn_implementation", None) == "sdpa"
         and layer_types == {"full_attention"}
         and not getattr(config, "is_encoder_decoder", False)
+        and _takes_mask_mapping(model)
     )
+
+
+@torch.inference_mode()
+def _takes_mask_mapping(model) -> bool:
+    """Whether one token goes through the forward with its mask as a mapping: some models (Llama, DeepSeek-V3,
+    GLM-4.5 in transformers 5.17) build their mask from a tensor only."""
+    device = next(model.parameters()).device
+    mask = {"full_attention": torch.ones((1, 1, 1, 1), dtype=torch.bool, device=device)}
+    try:
+        model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), attention_mask=mask, use_cache=False)
+    except (AttributeError, TypeError):  # the model's mask builder reads the mapping as a tensor
+        return False
+    return True

@@ -1,0 +1,320 @@
+"""A model's chat format bound to its tokenizer: messages -> prompt ids through the model's own chat template,
+generated ids -> a parsed turn (whole or streamed), and the template's ids for the messages that follow a turn
+whose generated ids are kept as they are.
+
+    codec = load_codec("path/to/model")                 # the family detected, or format="qwen3"
+    ids = codec.prompt_ids(messages, tools)
+    turn = codec.parse_ids(output_ids, prompt_ids=ids)  # content, reasoning, calls, errors
+    history = [*messages, codec.assistant_message(turn)]
+    ids += output_ids + codec.continuation_ids(history, [tool_result_message], tools, ended_with=output_ids[-1])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.chat.family import ChatFamily, ModelSignals
+from agentrl.chat.scan import Scanner
+from agentrl.chat.turn import ParsedTurn, TurnDelta
+
+try:
+    from tokenizers.decoders import DecodeStream
+except ImportError:  # tokenizers < 0.21: TokenStream decodes a sliding window instead
+    DecodeStream = None
+
+PLACEHOLDER = "\u2591agentrl\u2591"
+
+
+class ChatTemplateError(ValueError):
+    """The chat template cannot do what agentrl needs; the message names the problem and the fix."""
+
+
+class NotAppendOnly(ChatTemplateError):
+    """The template renders the history differently once more messages follow (reasoning dropped, an end token
+    replaced): the ids generated so far are not a prefix of the whole conversation's ids."""
+
+
+class ChatCodec:
+    """`family`: a ChatFamily instance; `template_kwargs`: extra variables for the chat template (Qwen3's
+    `enable_thinking`, harmony's `reasoning_effort`)."""
+
+    def __init__(self, tokenizer, family: ChatFamily, template_kwargs: dict | None = None):
+        if not tokenizer.chat_template:
+            raise ChatTemplateError(
+                "the tokenizer has no chat template; use an instruct/chat model folder (its tokenizer_config.json or "
+                "chat_template.jinja) or set tokenizer.chat_template"
+            )
+        self.tokenizer, self.family, self.template_kwargs = tokenizer, family, dict(template_kwargs or {})
+        vocab = tokenizer.get_vocab()
+        stops = [vocab[token] for token in family.end_of_turn if token in vocab]
+        if not stops:
+            raise ChatTemplateError(
+                f"the tokenizer has none of the {family.name} end-of-turn tokens {', '.join(family.end_of_turn)}; "
+                "this model is not in that format: set chat.format to its family (or leave it unset to detect)"
+            )
+        eos = tokenizer.eos_token_id
+        self.stop_ids: tuple[int, ...] = tuple(dict.fromkeys([*stops, *([eos] if eos is not None else [])]))
+        self._stop_text = {token_id: tokenizer.convert_ids_to_tokens(token_id) for token_id in self.stop_ids}
+        # the end tokens a turn's text drops before parsing (a family may need some as markup)
+        self._dropped = frozenset(i for i, text in self._stop_text.items() if text not in family.markup_ends)
+        self._probe = None
+
+    # ---- rendering ------------------------------------------------------------------------------
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, generation_prompt: bool = True) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(
+                messages,
+                tools=tools or None,
+                tokenize=False,
+                add_generation_prompt=generation_prompt,
+                **self.template_kwargs,
+            )
+        except Exception as error:  # the template's own checks raise jinja errors, bad values TypeErrors
+            raise ChatTemplateError(
+                f"the {self.family.name} chat template refused these messages: {type(error).__name__}: {error}"
+            ) from None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The template's ids for `messages` and the generation prompt."""
+        return self.encode(self.render(messages, tools, True))
+
+    def continuation_ids(
+        self,
+        history: list[dict],
+        new: list[dict],
+        tools: list[dict] | None = None,
+        ended_with: int | None = None,
+        keep_rewritten: bool = False,
+    ) -> list[int]:
+        """The template's ids after the last assistant turn of `history` (its generated ids are kept as they are)
+        for the `new` messages (tool results, a user message) and the next generation prompt.
+
+        `ended_with`: the stop id that ended the generated turn, if one did (a family whose stop token is the next
+        message's role, GLM's <|observation|>, then does not repeat it). Where the template renders `history`
+        differently once `new` follows, NotAppendOnly is raised; `keep_rewritten=True` returns the ids after the
+        turn anyway (the generated ids stay as the model wrote them; the whole conversation's ids would differ).
+        """
+        if not new:
+            raise ValueError("continuation_ids needs at least one new message after the assistant turn")
+        full = self.render([*history, *new], tools, True)
+        # where the first new message's content starts: the turn's end is the last end mark before it
+        marked = self.render([*history, {**new[0], "content": PLACEHOLDER}, *new[1:]], tools, True)
+        cut = self.turn_end(full[: common_prefix(full, marked)])
+        if not keep_rewritten:
+            self._check_kept(history, tools, full[:cut], [m["role"] for m in new])
+        suffix = full[cut:]
+        if ended_with is not None and not self.family.closers:
+            suffix = suffix.removeprefix(self._stop_text.get(ended_with, "\0"))
+        return self.encode(suffix)
+
+    def closing_ids(self, history: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """The ids that close the last assistant turn of `history` when the length limit cut it (the end token the
+        template writes there); none for a family whose next message's role token closes a turn (GLM)."""
+        if not self.family.closers:
+            return []
+        rendered = self.render(history, tools, False).rstrip()
+        closer = next((c for c in self.family.closers if rendered.endswith(c)), self.family.closers[0])
+        return self.encode(closer)
+
+    def turn_end(self, text: str) -> int:
+        """Where the last assistant turn ends in `text`, the template's rendering up to the next message's content:
+        after its closer, or (GLM) before the next message's role token."""
+        marks = self.family.closers or self.family.end_of_turn
+        found = max(((text.rfind(mark), mark) for mark in marks), key=lambda hit: hit[0])
+        if found[0] < 0:
+            raise ChatTemplateError(
+                f"the chat template does not end an assistant message with any of {', '.join(marks)}; agentrl needs "
+                f"that to append messages without re-tokenizing: check that chat.format={self.family.name} fits it"
+            )
+        return found[0] + (len(found[1]) if self.family.closers else 0)
+
+    def _check_kept(self, history: list[dict], tools, kept: str, roles: list[str]) -> None:
+        alone = self.render(history, tools, False)
+        if alone.startswith(kept) and not alone[len(kept) :].strip():
+            return
+        at = common_prefix(alone, kept)
+        raise NotAppendOnly(
+            f"the {self.family.name} chat template renders the history differently once a {'/'.join(roles)} message "
+            f"follows (at character {at}: {alone[max(0, at - 30) : at + 30]!r} becomes "
+            f"{kept[max(0, at - 30) : at + 30]!r}); keep the turn as generated (keep_rewritten) or start a new sample"
+        )
+
+    def written_turn(self, messages: list[dict], index: int, tools: list[dict] | None = None) -> str:
+        """The assistant message at `index` as the template writes it right after its own generation prompt: the
+        text a model that keeps to its format generates for it, its end token included where the template writes
+        one. NotAppendOnly where the template does not write the turn after that prompt (R1's `<think>`)."""
+        prompt = self.render(messages[:index], tools, True)
+        written = self.render(messages[: index + 1], tools, False)
+        if not written.startswith(prompt):
+            at = common_prefix(prompt, written)
+            before, after = prompt[max(0, at - 30) : at + 30], written[max(0, at - 30) : at + 30]
+            raise NotAppendOnly(
+                f"turn {index} is not written after its own generation prompt: at character {at} the prompt has "
+                f"{before!r}, the conversation with the turn {after!r}"
+            )
+        end = self.turn_end(written) if self.family.closers else len(written.rstrip())
+        return written[len(prompt) : end]
+
+    def conversation_ids(
+        self, messages: list[dict], tools: list[dict] | None = None, keep_rewritten: bool = False
+    ) -> tuple[list[int], list[int]]:
+        """A whole conversation's ids and loss mask, built as an episode builds them: the prompt (mask 0), each
+        assistant turn as the template writes it (mask 1, with the stop token where the next message's role is
+        the stop), the template's ids for the messages after it (mask 0). For SFT transcripts: trained on exactly
+        the sequences RL samples."""
+        turns = [i for i, message in enumerate(messages) if message["role"] == "assistant"]
+        if not turns:
+            raise ValueError("a conversation to train on needs at least one assistant message")
+        ids = self.prompt_ids(messages[: turns[0]], tools)
+        mask = [0] * len(ids)
+        for k, index in enumerate(turns):
+            following = messages[index + 1 : turns[k + 1] if k + 1 < len(turns) else len(messages)]
+            output = self.encode(self.written_turn(messages, index, tools))
+            stop = self.family.turn_stop(following[0]["role"] if following else None)
+            if stop is not None:
+                output.append(self.tokenizer.convert_tokens_to_ids(stop))
+            ids += output
+            mask += [1] * len(output)
+            if following:
+                after = self.continuation_ids(messages[: index + 1], following, tools, output[-1], keep_rewritten)
+                ids += after
+                mask += [0] * len(after)
+        return ids, mask
+
+    # ---- parsing --------------------------------------------------------------------------------
+
+    def turn_text(self, output_ids) -> str:
+        """A turn's text for parsing: special tokens kept (they are markup), its end-of-turn token dropped."""
+        ids = [int(i) for i in output_ids]
+        while ids and ids[-1] in self._dropped:
+            ids.pop()
+        return self.decode(ids)
+
+    def decode(self, ids) -> str:
+        """Ids -> text with the special tokens kept (they are a family's markup)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def without_end(self, text: str) -> str:
+        """`text` without a trailing end-of-turn token."""
+        for token_id in self._dropped:
+            token = self._stop_text[token_id]
+            if token and text.endswith(token):
+                return text[: -len(token)]
+        return text
+
+    def opens_reasoning(self, prompt_ids) -> bool:
+        """Whether the prompt ends inside a reasoning block (R1's and the thinking Qwen3's prompts open it)."""
+        if not self.family.reasoning_open or prompt_ids is None or len(prompt_ids) == 0:
+            return False
+        return self.ends_in_reasoning(self.decode(int(i) for i in prompt_ids[-8:]))
+
+    def ends_in_reasoning(self, prompt: str) -> bool:
+        opener = self.family.reasoning_open
+        return bool(opener) and prompt.rstrip().endswith(opener)
+
+    def parse_ids(self, output_ids, prompt_ids=None, tools: list[dict] | None = None) -> ParsedTurn:
+        """The generated ids of one turn -> its ParsedTurn (`prompt_ids` tell whether it starts inside reasoning)."""
+        in_reasoning = self.opens_reasoning(prompt_ids)
+        return self.family.parse(self.turn_text(output_ids), tools=tools, in_reasoning=in_reasoning)
+
+    def stream(self, prompt_ids=None, tools: list[dict] | None = None) -> TokenStream:
+        """A streaming parser fed generated ids as they come."""
+        return TokenStream(self, self.family.stream(tools=tools, in_reasoning=self.opens_reasoning(prompt_ids)))
+
+    def assistant_message(self, turn: ParsedTurn, call_ids: list[str] | None = None) -> dict:
+        return self.family.assistant_message(turn, call_ids)
+
+    def probe(self):
+        """What the template does with multi-turn tool conversations (agentrl.chat.probe.TemplateProbe), once."""
+        if self._probe is None:
+            from agentrl.chat.probe import probe_template
+
+            self._probe = probe_template(self)
+        return self._probe
+
+
+class TokenStream:
+    """Generated ids in, TurnDeltas out: ids are decoded incrementally (a character whose bytes are still arriving
+    waits for them; the Rust `DecodeStream` of a fast tokenizer, one call per id), end-of-turn ids are dropped, and
+    the text goes to the family's scanner. `finish` decodes the whole turn once, so the turn is what `parse_ids`
+    gives even where the last bytes never completed a character."""
+
+    def __init__(self, codec: ChatCodec, scanner: Scanner):
+        self.codec, self.scanner = codec, scanner
+        self.ids: list[int] = []
+        self.sent: list[str] = []
+        self.backend = getattr(codec.tokenizer, "backend_tokenizer", None)
+        self.decoder = DecodeStream(skip_special_tokens=False) if DecodeStream and self.backend is not None else None
+        self.prefix_offset = self.read_offset = 0  # the decode window of tokenizers without DecodeStream
+
+    def feed(self, ids) -> TurnDelta:
+        dropped, new = self.codec._dropped, []
+        for token in ids:
+            token = int(token)
+            if token in dropped:
+                continue
+            self.ids.append(token)
+            if self.decoder is not None:
+                piece = self.decoder.step(self.backend, token)
+                if piece:
+                    new.append(piece)
+        text = "".join(new) if self.decoder is not None else self._window_text()
+        if not text:
+            return TurnDelta()
+        self.sent.append(text)
+        return self.scanner.feed(text)
+
+    def finish(self) -> tuple[TurnDelta, ParsedTurn]:
+        whole, sent = self.codec.decode(self.ids), "".join(self.sent)
+        rest = whole[len(sent) :] if whole.startswith(sent) else ""  # bytes that never completed a character
+        first = self.scanner.feed(rest) if rest else TurnDelta()
+        last, turn = self.scanner.finish()
+        return first + last, turn
+
+    def _window_text(self) -> str:
+        """The text the ids since the last call add; "" while a character's bytes are still arriving."""
+        text = self.codec.decode(self.ids[self.prefix_offset :])
+        if text.endswith("\ufffd"):
+            return ""
+        before = self.codec.decode(self.ids[self.prefix_offset : self.read_offset])
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        return text[len(before) :]
+
+
+def common_prefix(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    lo, hi = 0, n
+    while lo < hi:  # the longest common prefix, by halving (slices compare in C)
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+def load_codec(
+    model: str | Path | object,
+    format: str | None = None,
+    template_kwargs: dict | None = None,
+    model_type: str | None = None,
+) -> ChatCodec:
+    """The codec of a model folder (or of a loaded tokenizer): its family named by `format`, else detected from the
+    tokenizer's special tokens, its template and the config's model_type."""
+    from agentrl.chat.detect import detect_family, model_type_of
+    from agentrl.chat.registry import resolve
+
+    if isinstance(model, str | Path):
+        from transformers import AutoTokenizer
+
+        folder = Path(model)
+        tokenizer = AutoTokenizer.from_pretrained(folder)
+        model_type = model_type or model_type_of(folder)
+    else:
+        tokenizer = model
+    name = format or detect_family(ModelSignals.of(tokenizer, model_type))
+    return ChatCodec(tokenizer, resolve(name)(), template_kwargs)
