@@ -39,21 +39,27 @@ class PromptStitcher:
         self.tokenizer = renderer.tokenizer
         self.turns: list[_Turn] = []
         self.stitched = 0
-        self.rewritten = 0  # requests that extended an earlier reply the template renders differently
+        self.rewritten = 0  # requests that extended an earlier reply the template then renders differently
 
     def prompt_ids(self, messages, tools) -> list[int]:
         plain = [self.renderer.plain_message(m) for m in messages]
         key = _tools_key(tools)
+        rewritten = False
         for turn in reversed(self.turns):
             n = len(turn.messages)
             if turn.tools_key != key or len(plain) <= n + 1 or plain[:n] != turn.messages:
                 continue
             if not same_reply(_as_dict(messages[n]), turn.reply):
                 continue
-            suffix = self._suffix_ids(plain, n, tools, turn)
+            try:
+                suffix = self._suffix_ids(plain, n, tools, turn)
+            except NotAppendOnly:
+                rewritten = True
+                continue
             if suffix is not None:
                 self.stitched += 1
                 return turn.prompt_ids + self._closed(turn, plain[: n + 1], tools) + suffix
+        self.rewritten += rewritten
         return self.renderer.prompt_ids(messages, tools)
 
     def _closed(self, turn: _Turn, history: list[dict], tools) -> list[int]:
@@ -65,17 +71,13 @@ class PromptStitcher:
         return turn.output_ids + self.codec.closing_ids(placed, placed_tools)
 
     def _suffix_ids(self, plain: list[dict], n: int, tools, turn: _Turn) -> list[int] | None:
-        """The template's tokens after the assistant message at `n`; None where the template is not append-only
-        there (the request then starts a sample of its own)."""
+        """The template's tokens after the assistant message at `n`; NotAppendOnly where the template renders the
+        history differently once the new messages follow (the request then starts a sample of its own)."""
         full, spans = self.renderer.rendered(plain, tools, generation_prompt=True)
         placed, placed_tools = self.renderer.tools_placed(plain, tools)
         at = n + 1 + len(placed) - len(plain)  # after the turn, past a system message the tools listing added
         ended_with = turn.output_ids[-1] if turn.ended else None
-        try:
-            text, start = self.codec.continuation_start(placed[:at], placed[at:], placed_tools, ended_with)
-        except NotAppendOnly:
-            self.rewritten += 1
-            return None
+        text, start = self.codec.continuation_start(placed[:at], placed[at:], placed_tools, ended_with)
         if text != full:
             return None
         return self.renderer.content.ids(full, spans, start=start)

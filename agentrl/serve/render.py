@@ -16,7 +16,6 @@ import json
 from pathlib import Path
 
 from agentrl.chat import ChatTemplateError, ParsedTurn, ToolCall, load_codec
-from agentrl.chat.codec import common_prefix
 from agentrl.chat.detect import model_type_of
 from agentrl.chat.hermes import CLOSE, OPEN, HermesFamily
 from agentrl.rollout.chat import PROBE_TOOL, tools_as_text
@@ -31,6 +30,11 @@ class ChatRenderer:
     """`chat_format`: a registered family name or `module:Class` (None: detect it from the tokenizer)."""
 
     def __init__(self, tokenizer, chat_format: str | None = None):
+        if not tokenizer.chat_template:  # before detection, which would only say that no family fits
+            raise ChatTemplateError(
+                "the tokenizer has no chat template; serve an instruct/chat model folder (its chat_template.jinja, or "
+                "chat_template in tokenizer_config.json) or set tokenizer.chat_template"
+            )
         folder = Path(tokenizer.name_or_path) if getattr(tokenizer, "name_or_path", "") else None
         model_type = model_type_of(folder) if folder is not None and folder.is_dir() else None
         self.codec = load_codec(tokenizer, chat_format, model_type=model_type)
@@ -40,7 +44,13 @@ class ChatRenderer:
         self.stop_ids = self.codec.stop_ids
         self.text_fields = ("content", self.family.reasoning_key) if self.family.reasoning_key else ("content",)
         probe = [{"role": "user", "content": "u"}]
-        self.codec.render(probe)  # a template that cannot render a user message fails here, once
+        try:
+            self.codec.render(probe)  # a template that cannot render a user message fails here, once
+        except ChatTemplateError as error:
+            raise ChatTemplateError(
+                f"{error}; a chat template must render one user message and the generation prompt: fix the model "
+                "folder's chat template (chat_template.jinja, or chat_template in tokenizer_config.json)"
+            ) from None
         self.renders_tools = self._renders_tools(probe)
         self.renders_calls = self._renders_calls(probe)
         self._call_format: str | None = None
@@ -76,13 +86,18 @@ class ChatRenderer:
         self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool = True
     ) -> tuple[str, list[tuple[int, int]]]:
         """`render_text`, and the spans in it of the content to tokenize as text (`ContentTokenizer.rendered`)."""
+        listed = bool(tools) and not self.renders_tools
         plain, tools = self.tools_placed(plain, tools)
         try:
-            return self.content.rendered(
+            text, spans = self.content.rendered(
                 lambda shown: self._render_checked(shown, tools, generation_prompt), plain, self.text_fields
             )
         except ContentError as error:
             raise APIError(str(error), param="messages") from None
+        if listed and spans and not isinstance(self.family, HermesFamily):
+            # the call format line is agentrl's own text: its markup stays the family's special tokens
+            spans = spans_without(spans, text, self.call_format())
+        return text, spans
 
     def tools_placed(self, plain: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
         """The messages and the template's tools: a template that does not render tools gets them as system text."""
@@ -109,9 +124,10 @@ class ChatRenderer:
         if self._call_format is None:
             head = [{"role": "user", "content": "u"}]
             message = self.family.assistant_message(ParsedTurn(calls=[EXAMPLE_CALL]))
-            prompt = self.codec.render(head, None, True)
-            whole = self.codec.render([*head, message], None, False)
-            written = self.codec.without_end(whole[common_prefix(prompt, whole) :].rstrip())
+            prompt = self.codec.prompt_ids(head)
+            whole = self.codec.encode(self.codec.render([*head, message], None, False))
+            same = next((i for i, (a, b) in enumerate(zip(prompt, whole, strict=False)) if a != b), len(prompt))
+            written = self.codec.without_end(self.codec.decode(whole[same:]).rstrip())
             arguments = json.dumps(EXAMPLE_CALL.arguments)
             self._call_format = (
                 f"To call a tool, write the call as this call of {EXAMPLE_CALL.name} with the arguments {arguments} "
@@ -172,6 +188,22 @@ def _arguments(arguments: str | dict) -> dict:
             param="messages",
         ) from None
     return value if isinstance(value, dict) else {"value": value}
+
+
+def spans_without(spans: list[tuple[int, int]], text: str, part: str) -> list[tuple[int, int]]:
+    """`spans` less the characters of each occurrence of `part` in `text`."""
+    holes, at = [], text.find(part)
+    while part and at >= 0:
+        holes.append((at, at + len(part)))
+        at = text.find(part, at + len(part))
+    for hole_start, hole_end in holes:
+        spans = [
+            piece
+            for start, end in spans
+            for piece in ((start, min(end, hole_start)), (max(start, hole_end), end))
+            if piece[0] < piece[1]
+        ]
+    return spans
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
