@@ -17,6 +17,7 @@ import pytest
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.gateway.trace import samples_from_calls
 from agentrl.models.families import build_family_model
+from agentrl.serve.protocol import APIError
 from tests.unit.chat_fixtures import CORPUS, FAMILIES, TOOLS, WRITTEN
 from tests.unit.serve_server import ThreadServer
 
@@ -529,3 +530,44 @@ def test_control_strings_in_messages_and_reasoning_stay_text_in_each_familys_pro
     special = renderer.content.special_ids
     assert [t for t in forged if t in special] == [t for t in benign if t in special]
     assert renderer.tokenizer.decode(forged).count(end) > renderer.tokenizer.decode(benign).count(end)
+
+
+def test_chat_format_in_a_config_is_checked_and_said_to_be_read_by_serve_only_so_far():
+    from agentrl.config import ConfigError, from_dict
+
+    base = {"model": {"path": "some/model"}}
+    with pytest.raises(ConfigError, match=r"chat\.format: .*unknown chat format 'qwen4'.*qwen3.*agentrl\.chat_formats"):
+        from_dict({**base, "chat": {"format": "qwen4"}})
+    assert from_dict(base).chat.format is None and not any("chat.format" in note for note in from_dict(base).notes)
+    named = from_dict({**base, "chat": {"format": "glm45"}})
+    assert named.chat.format == "glm45" and any("chat.format=glm45" in note for note in named.notes)
+    assert from_dict({**base, "chat": {"format": "pipe_chat:PipeFamily"}}).chat.format == "pipe_chat:PipeFamily"
+
+
+class GrammarEngine(ScriptedEngine):
+    def allow_grammars(self, tokenizer) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_constrained_decoding_is_refused_where_the_familys_turns_cannot_follow_the_grammar(model_dirs, family):
+    """tool_choice required writes Hermes calls (hermes, qwen3 read them); a response_format grammar cannot start
+    harmony's channel header, nor follow a prompt that opens reasoning (R1); each refusal names the option."""
+    engine, records = GrammarEngine(), []
+    completions, _ = served_app(model_dirs[family], engine, records)
+    renderer = completions.renderer
+    engine.replies = [lambda prompt: generated_ids(renderer, '{"verdict": "yes"}', prompt, "user")] * 2
+    required = {"model": MODEL, "messages": QUESTION, "tools": TOOLS, "tool_choice": "required", "max_tokens": 64}
+    as_json = {"model": MODEL, "messages": QUESTION, "response_format": {"type": "json_object"}, "max_tokens": 64}
+    for payload, allowed in (
+        (required, family in ("hermes", "qwen3")),
+        (as_json, family not in ("harmony", "deepseek_r1")),
+    ):
+        option = "tool_choice" if "tool_choice" in payload else "response_format"
+        if allowed:
+            assert asyncio.run(completions.chat(payload))["choices"]
+            assert engine.samplings[-1].grammar is not None
+        else:
+            with pytest.raises(APIError) as refused:
+                asyncio.run(completions.chat(payload))
+            assert refused.value.param == option and family in refused.value.message
