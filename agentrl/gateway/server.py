@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from agentrl.errors import UserError
 from agentrl.gateway.sessions import Session, SessionError, SessionTable
 from agentrl.gateway.stitch import PromptStitcher
 from agentrl.gateway.trace import SessionCall
@@ -53,15 +54,22 @@ class Gateway:
 
         self.host = host
         self.max_body_bytes = max_body_bytes  # larger request bodies get 413 (agent.max_body_bytes)
-        self.socket = _bind(host, port)
-        self.port = self.socket.getsockname()[1]
-        self.table = SessionTable(f"http://{_url_host(host)}:{self.port}")
         backend = LocalBackend(engine, tokenizer)
         # list_tools false: the request's tools are not shown to the model, only parsed for; chat_format: the
         # config's chat.format (None: the family detected from the tokenizer)
-        self.completions = Completions(
-            backend, tokenizer, model_name, max_model_len, list_tools=list_tools, chat_format=chat_format
-        )
+        try:
+            self.completions = Completions(
+                backend, tokenizer, model_name, max_model_len, list_tools=list_tools, chat_format=chat_format
+            )
+        except KeyError as error:
+            if chat_format is None:
+                raise
+            raise UserError(f"chat.format: {error.args[0]}") from None  # the registry lists the known names
+        except (ValueError, ImportError, TypeError) as error:  # ChatTemplateError, UnknownChatFormat, a bad path
+            raise UserError(f"the training gateway cannot serve {tokenizer.name_or_path}: {error}") from None
+        self.socket = _bind(host, port)
+        self.port = self.socket.getsockname()[1]
+        self.table = SessionTable(f"http://{_url_host(host)}:{self.port}")
         self.server = None
         self.serving: asyncio.Task | None = None
 

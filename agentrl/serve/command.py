@@ -72,8 +72,10 @@ def chat_family(path: str, chat_format: str | None) -> str:
 
     try:
         return ChatRenderer(load_tokenizer(path), chat_format).family.name
-    except KeyError as error:  # an unknown name: the registry lists the known ones and how to register one
-        raise UserError(f"--chat-format: {error.args[0]}") from None
+    except KeyError as error:
+        if chat_format is None:
+            raise
+        raise UserError(f"--chat-format: {error.args[0]}") from None  # the registry lists the known names
     except (ValueError, ImportError, TypeError) as error:  # ChatTemplateError, UnknownChatFormat, a bad path
         raise UserError(f"{path}: {error} (agentrl serve: --chat-format NAME)") from None
 

@@ -96,7 +96,7 @@ class ReplyReader:
         delta = self.stream.feed(ids)
         if self.holding:
             return {}
-        if delta.calls or delta.errors or self._in_call():
+        if self.with_tools and (delta.calls or delta.errors or self._in_call()):
             self.holding = True  # the rest comes with the calls, once the turn is whole
             return {}
         out = {}

@@ -571,3 +571,19 @@ def test_constrained_decoding_is_refused_where_the_familys_turns_cannot_follow_t
             with pytest.raises(APIError) as refused:
                 asyncio.run(completions.chat(payload))
             assert refused.value.param == option and family in refused.value.message
+
+
+def test_the_gateway_takes_the_chat_format_by_name_and_refuses_an_unknown_one(model_dirs):
+    from agentrl.errors import UserError
+    from agentrl.gateway.server import Gateway
+
+    tokenizer = load_tokenizer(model_dirs["qwen3"])
+    detected = Gateway(ScriptedEngine(), tokenizer, "policy", 2048, "127.0.0.1", 0)
+    named = Gateway(ScriptedEngine(), tokenizer, "policy", 2048, "127.0.0.1", 0, chat_format="hermes")
+    for gateway in (detected, named):
+        gateway.socket.close()
+    assert detected.completions.renderer.family.name == "qwen3"
+    assert named.completions.renderer.family.name == "hermes"
+    with pytest.raises(UserError) as refused:
+        Gateway(ScriptedEngine(), tokenizer, "policy", 2048, "127.0.0.1", 0, chat_format="qwen4")
+    assert str(refused.value).startswith("chat.format: unknown chat format 'qwen4'") and "\n" not in str(refused.value)
