@@ -345,11 +345,10 @@ class _Call:
 
     def chat_choice(self, run: _Run, output: GenerateOutput, with_tools: bool) -> dict:
         run.reply = self.reader(run, with_tools).read(output.output_ids)
-        _, _, ids = self._text(run, output)
         return {
             "index": run.index,
             "message": run.reply.message,
-            "logprobs": self._chat_logprobs(ids, output) if self.request.logprobs else None,
+            "logprobs": self._chat_logprobs(self._text(run, output)[2], output) if self.request.logprobs else None,
             "finish_reason": self._reply_finish(run.reply, output),
         }
 
