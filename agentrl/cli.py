@@ -102,6 +102,11 @@ def main(argv: list[str] | None = None) -> int:
         help="the largest request body read (default 4 MiB); a larger one gets 413 before it is read",
     )
     p.add_argument(
+        "--chat-format",
+        help="the model's chat format family (the config's chat.format): hermes, qwen3, llama3, mistral, harmony, "
+        "deepseek_v3, deepseek_r1, glm45, a registered one or module:Class; default: detected from the model folder",
+    )
+    p.add_argument(
         "--peer-timeout-s",
         type=seconds_or_null,
         default=60.0,

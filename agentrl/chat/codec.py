@@ -98,6 +98,19 @@ class ChatCodec:
         differently once `new` follows, NotAppendOnly is raised; `keep_rewritten=True` returns the ids after the
         turn anyway (the generated ids stay as the model wrote them; the whole conversation's ids would differ).
         """
+        full, start = self.continuation_start(history, new, tools, ended_with, keep_rewritten)
+        return self.encode(full[start:])
+
+    def continuation_start(
+        self,
+        history: list[dict],
+        new: list[dict],
+        tools: list[dict] | None = None,
+        ended_with: int | None = None,
+        keep_rewritten: bool = False,
+    ) -> tuple[str, int]:
+        """`continuation_ids` as text: the template's text for `history` and `new` with the generation prompt, and
+        where in it the text after the generated turn starts (for callers that tokenize it themselves)."""
         if not new:
             raise ValueError("continuation_ids needs at least one new message after the assistant turn")
         full = self.render([*history, *new], tools, True)
@@ -106,10 +119,11 @@ class ChatCodec:
         cut = self.turn_end(full[: common_prefix(full, marked)])
         if not keep_rewritten:
             self._check_kept(history, tools, full[:cut], [m["role"] for m in new])
-        suffix = full[cut:]
         if ended_with is not None and not self.family.closers:
-            suffix = suffix.removeprefix(self._stop_text.get(ended_with, "\0"))
-        return self.encode(suffix)
+            stop = self._stop_text.get(ended_with, "\0")
+            if full.startswith(stop, cut):
+                cut += len(stop)
+        return full, cut
 
     def closing_ids(self, history: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The ids that close the last assistant turn of `history` when the length limit cut it (the end token the

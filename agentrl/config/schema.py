@@ -103,6 +103,35 @@ class ModelConfig(Section):
     )
 
 
+class ChatConfig(Section):
+    """How the model writes a chat turn: its tool calls, its reasoning and the tokens that end it
+    (docs/chat-formats.md)."""
+
+    format: str | None = Field(
+        None,
+        min_length=1,
+        description="The model's chat format family: hermes, qwen3, llama3, mistral, harmony, deepseek_v3, "
+        "deepseek_r1, glm45, a name registered under the `agentrl.chat_formats` entry point group, or `module:Class`; "
+        "null: detected from the model folder (its special tokens, chat template and model_type). `agentrl serve "
+        "--chat-format` is the same option.",
+    )
+
+    @field_validator("format")
+    @classmethod
+    def _registered(cls, name: str | None) -> str | None:
+        if name is None or ":" in name:
+            return name
+        from agentrl.chat.registry import ENTRY_POINT_GROUP, registered_names
+
+        known = registered_names()
+        if name not in known:
+            raise ValueError(
+                f"unknown chat format {name!r}; use one of {', '.join(known)}, a 'module:Class' path, or register "
+                f"yours under the {ENTRY_POINT_GROUP!r} entry point group (docs/chat-formats.md); null detects it"
+            )
+        return name
+
+
 class EnvConfig(Section):
     """The environment every episode runs in."""
 
@@ -605,6 +634,7 @@ class Config(Section):
     resume: bool = Field(False, description="Continue from the latest checkpoint in run_dir.")
     layout: LayoutConfig = Field(default_factory=LayoutConfig)
     model: ModelConfig
+    chat: ChatConfig = Field(default_factory=ChatConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -691,6 +721,12 @@ class Config(Section):
                 "set layout.env=0"
             )
         self._note_async_correction()
+        if self.chat.format is not None:
+            self._notes.append(
+                f"chat.format={self.chat.format}: training does not read it yet (issue 51): the training gateway "
+                "detects the family from the model folder, the env agent loop and SFT transcripts use the model's "
+                "chat template with Hermes tool calls; agentrl serve takes it as --chat-format"
+            )
         transport = self.weights.transport
         if self.model.lora is not None:
             self._check_lora()

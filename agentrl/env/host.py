@@ -130,9 +130,7 @@ class EnvHost:
             if op == "step":
                 (action,) = args
                 obs, reward, terminated, truncated, info = env.step(action)
-                return env, EnvResult(
-                    True, (_check_text(obs, "step"), reward, bool(terminated), bool(truncated), info)
-                )
+                return env, EnvResult(True, (_check_text(obs, "step"), reward, bool(terminated), bool(truncated), info))
             raise ValueError(f"unknown env op {op!r}")
         except Exception as error:  # env code is user code: contain it, count it, report it
             detail = "".join(traceback.format_exception_only(type(error), error)).strip()

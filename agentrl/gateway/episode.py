@@ -150,4 +150,5 @@ def _transcript(calls) -> list[tuple[str, str]]:
 def _messages(calls) -> list[dict]:
     request = getattr(calls[-1], "request", None)
     messages = [m.model_dump(exclude_none=True) for m in getattr(request, "messages", None) or []]
-    return [*messages, {"role": "assistant", "content": calls[-1].text}]
+    reply = calls[-1].reply or {"role": "assistant", "content": calls[-1].text}
+    return [*messages, {key: value for key, value in reply.items() if value is not None}]

@@ -25,6 +25,7 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from agentrl.errors import UserError
 from agentrl.gateway.sessions import Session, SessionError, SessionTable
 from agentrl.gateway.stitch import PromptStitcher
 from agentrl.gateway.trace import SessionCall
@@ -46,18 +47,29 @@ class Gateway:
         port: int,
         list_tools: bool = True,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        chat_format: str | None = None,
     ):
         from agentrl.serve.completions import Completions
         from agentrl.serve.generation import LocalBackend
 
         self.host = host
         self.max_body_bytes = max_body_bytes  # larger request bodies get 413 (agent.max_body_bytes)
+        backend = LocalBackend(engine, tokenizer)
+        # list_tools false: the request's tools are not shown to the model, only parsed for; chat_format: the
+        # config's chat.format (None: the family detected from the tokenizer)
+        try:
+            self.completions = Completions(
+                backend, tokenizer, model_name, max_model_len, list_tools=list_tools, chat_format=chat_format
+            )
+        except KeyError as error:
+            if chat_format is None:
+                raise
+            raise UserError(f"chat.format: {error.args[0]}") from None  # the registry lists the known names
+        except (ValueError, ImportError, TypeError) as error:  # ChatTemplateError, UnknownChatFormat, a bad path
+            raise UserError(f"the training gateway cannot serve {tokenizer.name_or_path}: {error}") from None
         self.socket = _bind(host, port)
         self.port = self.socket.getsockname()[1]
         self.table = SessionTable(f"http://{_url_host(host)}:{self.port}")
-        backend = LocalBackend(engine, tokenizer)
-        # list_tools false: the request's tools are not shown to the model, only parsed for
-        self.completions = Completions(backend, tokenizer, model_name, max_model_len, list_tools=list_tools)
         self.server = None
         self.serving: asyncio.Task | None = None
 
@@ -171,27 +183,26 @@ class _SessionCalls:
         self.stitcher = stitcher
 
     def __call__(self, record) -> None:
-        from agentrl.serve.render import reply_message
-
-        renderer = self.stitcher.renderer
-        output = list(record.output_ids)
-        visible = output[:-1] if output and output[-1] in renderer.stop_ids else output
-        text = renderer.text(visible)
-        request = record.request
-        offered = bool(getattr(request, "tools", None)) and getattr(request, "tool_choice", None) != "none"
-        reply, _ = reply_message(text, offered)
+        reply = record.reply or {}
+        if record.reply is None:  # a completions call: its text
+            output = list(record.output_ids)
+            renderer = self.stitcher.renderer
+            text = renderer.text(output[:-1] if output and output[-1] in renderer.stop_ids else output)
+        else:
+            text = reply.get("content") or ""
         call = SessionCall(
             prompt_ids=list(record.prompt_ids),
-            output_ids=output,
+            output_ids=list(record.output_ids),
             logprobs=list(record.logprobs),
             weight_version=record.weight_version,
             finish_reason=record.finish_reason,
             text=text,
             tool_calls=len(reply.get("tool_calls") or []),
-            request=request,
+            request=record.request,
+            reply=record.reply,
         )
         self.session.record(call)
-        self.stitcher.remember(record, record.shown_tools, text, reply)
+        self.stitcher.remember(record)
 
     def prompt_ids(self, messages, tools) -> list[int]:
         return self.stitcher.prompt_ids(messages, tools)

@@ -24,9 +24,10 @@ class SessionCall:
     logprobs: list[float]
     weight_version: int
     finish_reason: str = "stop"
-    text: str = ""
-    tool_calls: int = 0  # calls the reply made (in the chat template's tool-call format)
+    text: str = ""  # the reply's content (a completion's text)
+    tool_calls: int = 0  # calls the reply made (in the chat format's tool-call markup)
     request: object = field(default=None, repr=False)  # the OpenAI request (its messages, for dumps)
+    reply: dict | None = field(default=None, repr=False)  # chat: the assistant message the agent got
 
 
 @dataclass

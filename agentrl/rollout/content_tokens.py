@@ -93,40 +93,52 @@ class ContentTokenizer:
         spans = [(len(before), len(before) + len(content))] if self.may_form_control(content) else []
         return self.ids(before + content + after, spans)
 
-    def rendered(self, render: Callable[[list[dict]], str], messages: list[dict]) -> tuple[str, list[Span]]:
+    def rendered(
+        self, render: Callable[[list[dict]], str], messages: list[dict], fields: tuple[str, ...] = ("content",)
+    ) -> tuple[str, list[Span]]:
         """`render(messages)`, and the spans in it of the contents that may form a control string ([] if none do).
 
-        `render` is the chat template applied to messages (the same call each time). Raises ContentError for content
-        holding a control string that the template rewrites (`WRITTEN` lists the ways it may write content).
+        `render` is the chat template applied to messages (the same call each time); `fields`: the keys of a
+        message whose text is content (an assistant message's reasoning too, where the template writes it). Raises
+        ContentError for content holding a control string that the template rewrites (`WRITTEN` lists the ways it
+        may write content).
         """
         suspects = {
-            index: message["content"]
+            (index, key): message[key]
             for index, message in enumerate(messages)
-            if isinstance(message.get("content"), str) and self.may_form_control(message["content"])
+            for key in fields
+            if isinstance(message.get(key), str) and self.may_form_control(message[key])
         }
         text = render(messages)
         if not suspects:
             return text, []
+        numbers = {where: number for number, where in enumerate(suspects)}
         marked = render(
-            [{**m, "content": self._mark.format(i)} if i in suspects else m for i, m in enumerate(messages)]
+            [
+                {**m, **{key: self._mark.format(numbers[(i, key)]) for key in fields if (i, key) in numbers}}
+                for i, m in enumerate(messages)
+            ]
         )
-        spans, unplaced = self._locate(marked, text, suspects)
+        contents = list(suspects.values())
+        spans, unplaced = self._locate(marked, text, contents)
         if spans is not None:
             return text, spans
-        for index in sorted(suspects, key=lambda i: i != unplaced):  # the message that could not be placed first
-            control = self.control_string(suspects[index])
+        for number in sorted(range(len(contents)), key=lambda n: n != unplaced):  # the unplaced one first
+            control = self.control_string(contents[number])
             if control is not None:
+                index, key = list(suspects)[number]
+                what = "content" if key == "content" else f"{key!r}"
                 raise ContentError(
-                    f"message {index}'s content holds the control string {control!r}, and this chat template rewrites "
+                    f"message {index}'s {what} holds the control string {control!r}, and this chat template rewrites "
                     "message content (beyond trimming or JSON-escaping it), so agentrl cannot keep that string as text "
                     "(it would become a turn marker); remove it from the content, or use a chat template that writes "
                     "content unchanged"
                 )
         return text, []  # nothing to keep apart: no content holds a whole control string
 
-    def _locate(self, marked: str, text: str, contents: dict[int, str]) -> tuple[list[Span] | None, int | None]:
+    def _locate(self, marked: str, text: str, contents: list[str]) -> tuple[list[Span] | None, int | None]:
         """The spans of `contents` in `text`, if `text` is `marked` with each mark replaced by its content as the
-        template writes it (`WRITTEN`); else None and the index of the message that could not be placed."""
+        template writes it (`WRITTEN`); else None and the number of the content that could not be placed."""
         spans: list[Span] = []
         matches = list(self._marks.finditer(marked))
         target = 0

@@ -63,6 +63,23 @@ def engine_section(options: list[str]):
         raise ConfigError(format_validation_error(error, "agentrl serve's engine options")) from None
 
 
+def chat_family(path: str, chat_format: str | None) -> str:
+    """The chat format family the model is served with (`chat_format`, else detected from the folder), checked
+    before serving: a UserError in one line naming the fix for an unknown name, a folder without a chat template,
+    a template that raises, or a model no family recognises."""
+    from agentrl.serve.render import ChatRenderer
+    from agentrl.trainer.model import load_tokenizer
+
+    try:
+        return ChatRenderer(load_tokenizer(path), chat_format).family.name
+    except KeyError as error:
+        if chat_format is None:
+            raise
+        raise UserError(f"--chat-format: {error.args[0]}") from None  # the registry lists the known names
+    except (ValueError, ImportError, TypeError) as error:  # ChatTemplateError, UnknownChatFormat, a bad path
+        raise UserError(f"{path}: {error} (agentrl serve: --chat-format NAME)") from None
+
+
 class _StopSignals:
     """The first SIGINT/SIGTERM asks for a stop; a second SIGINT stops at once (KeyboardInterrupt)."""
 
@@ -97,6 +114,10 @@ def main(args) -> int:
     served = transport.agree_on_root(world, lambda: resolve_model(args.model, args.model_name))
     if served.note and world.Get_rank() == 0:
         print(f"agentrl: {served.note}", flush=True)
+    family = chat_family(served.path, args.chat_format)
+    if world.Get_rank() == 0:
+        how = "--chat-format" if args.chat_format else "detected; --chat-format overrides it"
+        print(f"agentrl: chat format {family} ({how})", flush=True)
     stops = _StopSignals()
     try:
         run_entry_point(lambda: _serve(args, world, section, served, stops))
@@ -189,7 +210,9 @@ async def _front(args, world, local, tokenizer, served: Served, max_model_len: i
 
         spread = RankSpread(world, local, lambda reason: _stop(server, reason))
         backend = spread
-    completions = Completions(backend, tokenizer, served.name, max_model_len, list_tools=args.list_tools)
+    completions = Completions(
+        backend, tokenizer, served.name, max_model_len, list_tools=args.list_tools, chat_format=args.chat_format
+    )
     app = build_app(completions, args.max_body_bytes or DEFAULT_MAX_BODY_BYTES, args.api_key)
     config = uvicorn.Config(
         app,

@@ -24,10 +24,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from agentrl.engine.base import GenerateOutput, SamplingParams
-from agentrl.serve.constraints import output_grammar
+from agentrl.serve.constraints import grammar_in_reasoning, output_grammar
 from agentrl.serve.generation import Generation
 from agentrl.serve.protocol import MAX_CHOICES, APIError, ChatCompletionRequest, CompletionRequest, parse, usage
-from agentrl.serve.render import ChatRenderer, cut_at_stop, reply_message, streamable_prefix
+from agentrl.serve.render import ChatRenderer, cut_at_stop, streamable_prefix
+from agentrl.serve.reply import Reply, ReplyReader
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,8 @@ class CallRecord:
     finish_reason: str  # the engine's: stop (eos or a stop string), length or abort
     request: ChatCompletionRequest | CompletionRequest
     shown_tools: list[dict] | None = None  # the tools the prompt listed (None: none offered, or list_tools off)
+    reply: dict | None = None  # chat: the assistant message the client got (content, reasoning_content, tool_calls)
+    cut: bool = False  # a stop string cut the reply: the client saw less than the model wrote
 
 
 OnCall = Callable[[CallRecord], Awaitable[None] | None]
@@ -67,10 +70,12 @@ class _Run:
     index: int
     generation: Generation
     prompt_text: str = ""
+    reply: Reply | None = None  # chat: the choice's reply, once read
 
 
 class Completions:
-    """The OpenAI endpoints over a backend (`generation.LocalBackend` or `ranks.RankSpread`)."""
+    """The OpenAI endpoints over a backend (`generation.LocalBackend` or `ranks.RankSpread`). `chat_format`: the
+    model's chat format family (None: detected from the tokenizer; agentrl/chat)."""
 
     def __init__(
         self,
@@ -80,9 +85,10 @@ class Completions:
         max_model_len: int,
         on_call: OnCall | None = None,
         list_tools: bool = True,
+        chat_format: str | None = None,
     ):
         self.backend = backend
-        self.renderer = ChatRenderer(tokenizer)
+        self.renderer = ChatRenderer(tokenizer, chat_format)
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_model_len = int(max_model_len)
@@ -112,7 +118,7 @@ class Completions:
         request = parse(ChatCompletionRequest, payload)
         self._check(request)
         with_tools = request.tools_offered()
-        grammar = output_grammar(request, self.backend)  # tool_choice required/named, response_format
+        grammar = output_grammar(request, self.backend, self.renderer.family)  # tool_choice, response_format
         hook = on_call or self.on_call
         render = getattr(hook, "prompt_ids", None) or self.renderer.prompt_ids
         shown_tools = request.tools if with_tools and self.list_tools else None
@@ -120,6 +126,8 @@ class Completions:
         # Templates may drop earlier assistant turns' text (reasoning), never the other roles'.
         await self._refuse_if_too_long([text for role, text in texts if role != "assistant"], "messages")
         prompt_ids = await _tokenized(sum(len(text) for _, text in texts), render, request.messages, shown_tools)
+        if grammar is not None and self.renderer.codec.opens_reasoning(prompt_ids):
+            raise grammar_in_reasoning(request, self.renderer.family.name)
         runs = self._runs(request, [(prompt_ids, "")], "messages", getattr(hook, "sampling_for", None), grammar)
         call = _Call("chat.completions", request, self, hook, shown_tools)
         if request.stream:
@@ -293,6 +301,8 @@ class _Call:
             output.finish_reason,
             self.request,
             self.shown_tools,
+            run.reply.message if run.reply is not None else None,
+            run.reply.cut if run.reply is not None else False,
         )
         result = self.on_call(record)
         if inspect.isawaitable(result):
@@ -317,22 +327,29 @@ class _Call:
     def _finish_reason(self, output: GenerateOutput, cut: bool) -> str:
         return "stop" if cut else output.finish_reason
 
-    def _reply(self, text: str, with_tools: bool) -> tuple[dict, bool]:
-        """The assistant message for `text`, and whether it calls tools: at most one with parallel_tool_calls
-        false (a grammar holds required and named choices to one; under auto the first call is the reply's)."""
-        message, calls = reply_message(text, with_tools)
-        if calls and not self.request.parallel_tool_calls:
-            message["tool_calls"] = message["tool_calls"][:1]
-        return message, calls
+    def reader(self, run: _Run, with_tools: bool) -> ReplyReader:
+        """The choice's reply reader: at most one call with parallel_tool_calls false (a grammar holds required and
+        named choices to one; under auto the first call is the reply's). The request's tools type the arguments
+        of formats that write them as text (GLM), whether the prompt listed them or not."""
+        return ReplyReader(
+            self.server.renderer,
+            run.generation.prompt_ids,
+            self.request.tools,
+            with_tools,
+            run.generation.stop,
+            self.request.parallel_tool_calls,
+        )
+
+    def _reply_finish(self, reply: Reply, output: GenerateOutput) -> str:
+        return "tool_calls" if reply.calls else self._finish_reason(output, reply.cut)
 
     def chat_choice(self, run: _Run, output: GenerateOutput, with_tools: bool) -> dict:
-        text, cut, ids = self._text(run, output)
-        message, calls = self._reply(text, with_tools)
+        run.reply = self.reader(run, with_tools).read(output.output_ids)
         return {
             "index": run.index,
-            "message": message,
-            "logprobs": self._chat_logprobs(ids, output) if self.request.logprobs else None,
-            "finish_reason": "tool_calls" if calls else self._finish_reason(output, cut),
+            "message": run.reply.message,
+            "logprobs": self._chat_logprobs(self._text(run, output)[2], output) if self.request.logprobs else None,
+            "finish_reason": self._reply_finish(run.reply, output),
         }
 
     def text_choice(self, run: _Run, output: GenerateOutput) -> dict:
@@ -381,13 +398,15 @@ class _Call:
     # ---- streaming ---------------------------------------------------------------------------------------
 
     async def stream(self, runs: list[_Run], with_tools: bool) -> AsyncIterator[str]:
-        """SSE lines: each choice's text as it is generated (held back only where a stop string or a tool call
-        may be starting), then its finish, the usage if asked, and `data: [DONE]`."""
+        """SSE lines: each choice's text as it is generated (chat: its content and reasoning_content as the family's
+        parser reads them, held back where a stop string, a marker or a tool call may be starting; the tool calls
+        whole in the choice's last chunk), then its finish, the usage if asked, and `data: [DONE]`."""
         events: asyncio.Queue = asyncio.Queue()
         chat = self.endpoint == "chat.completions"
         tasks = [asyncio.ensure_future(self._stream_one(run, events)) for run in runs]
         sent = {run.index: "" for run in runs}
         ids: dict[int, list[int]] = {run.index: [] for run in runs}
+        readers = {run.index: self.reader(run, with_tools) for run in runs} if chat else {}
         outputs: dict[int, GenerateOutput] = {}
         try:
             if chat:
@@ -400,23 +419,29 @@ class _Call:
                     break
                 if kind == "tokens":
                     tokens, logprobs = value
-                    ids[run.index] += tokens
-                    text = streamable_prefix(
-                        self.server.renderer.text(ids[run.index]), run.generation.stop, with_tools, final=False
-                    )
-                    piece = text[len(sent[run.index]) :] if text.startswith(sent[run.index]) else ""
                     visible = [
                         (t, lp)
                         for t, lp in zip(tokens, logprobs, strict=True)
                         if t not in run.generation.sampling.stop_token_ids
                     ]
-                    if piece or (self.request.logprobs and visible):
-                        sent[run.index] += piece
-                        yield self._chunk([self._delta(run, piece, visible, chat)])
+                    if chat:
+                        fields = readers[run.index].feed(tokens)
+                    else:
+                        ids[run.index] += tokens
+                        text = streamable_prefix(self.server.renderer.text(ids[run.index]), run.generation.stop, False)
+                        fields = {"text": text[len(sent[run.index]) :] if text.startswith(sent[run.index]) else ""}
+                        sent[run.index] += fields["text"]
+                    if any(fields.values()) or (self.request.logprobs and visible):
+                        yield self._chunk([self._delta(run, fields, visible, chat)])
                     continue
                 outputs[run.index] = value
+                if chat:
+                    run.reply = readers[run.index].read(value.output_ids)
                 await self.record(run, value)
-                yield self._chunk([self._final_delta(run, value, sent[run.index], with_tools, chat)])
+                if chat:
+                    yield self._chunk([self._last_chat_delta(run, value, readers[run.index])])
+                else:
+                    yield self._chunk([self._last_text_delta(run, value, sent[run.index])])
             else:
                 if self.request.stream_options is not None and self.request.stream_options.include_usage:
                     ordered = [outputs[run.index] for run in runs]
@@ -438,7 +463,8 @@ class _Call:
             return
         events.put_nowait((run, "done", output))
 
-    def _delta(self, run: _Run, piece: str, visible: list[tuple[int, float]], chat: bool) -> dict:
+    def _delta(self, run: _Run, fields: dict, visible: list[tuple[int, float]], chat: bool) -> dict:
+        """A chunk's choice: chat `fields` (content, reasoning_content) or a completion's `text`."""
         entries = None
         if self.request.logprobs:
             tokens = [(self.server.renderer.text([t]), lp) for t, lp in visible]
@@ -452,30 +478,26 @@ class _Call:
                     "text_offset": [],
                 }
         if chat:
-            return {"index": run.index, "delta": {"content": piece}, "logprobs": entries, "finish_reason": None}
-        return {"index": run.index, "text": piece, "logprobs": entries, "finish_reason": None}
+            return {"index": run.index, "delta": fields, "logprobs": entries, "finish_reason": None}
+        return {"index": run.index, "text": fields["text"], "logprobs": entries, "finish_reason": None}
 
     def _chat_entry(self, token: str, logprob: float) -> dict:
         entry = {"token": token, "logprob": logprob, "bytes": list(token.encode())}
         return {**entry, "top_logprobs": [entry] if self.request.top_logprobs else []}
 
-    def _final_delta(self, run: _Run, output: GenerateOutput, sent: str, with_tools: bool, chat: bool) -> dict:
+    def _last_text_delta(self, run: _Run, output: GenerateOutput, sent: str) -> dict:
         text, cut, _ = self._text(run, output)
-        if not chat:
-            rest = text[len(sent) :] if text.startswith(sent) else ""
-            return {
-                "index": run.index,
-                "text": rest,
-                "logprobs": None,
-                "finish_reason": self._finish_reason(output, cut),
-            }
-        message, calls = self._reply(text, with_tools)
-        content = message["content"] or ""
-        delta: dict = {"content": content[len(sent) :]} if content.startswith(sent) and len(content) > len(sent) else {}
-        if calls:
-            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(message["tool_calls"])]
-        reason = "tool_calls" if calls else self._finish_reason(output, cut)
-        return {"index": run.index, "delta": delta, "logprobs": None, "finish_reason": reason}
+        rest = text[len(sent) :] if text.startswith(sent) else ""
+        return {"index": run.index, "text": rest, "logprobs": None, "finish_reason": self._finish_reason(output, cut)}
+
+    def _last_chat_delta(self, run: _Run, output: GenerateOutput, reader: ReplyReader) -> dict:
+        delta = reader.last_delta(run.reply)
+        return {
+            "index": run.index,
+            "delta": delta,
+            "logprobs": None,
+            "finish_reason": self._reply_finish(run.reply, output),
+        }
 
     def _chunk(self, choices: list[dict], usage: dict | None = None) -> str:
         chunk = {

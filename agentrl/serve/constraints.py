@@ -1,21 +1,25 @@
 """The output grammar a chat request asks for: tool_choice required or named, response_format json_object or
 json_schema. The engine holds its output to it (agentrl/engine/grammar.py); a request it cannot honour is refused.
 
-Tool calls are the Hermes calls `render.reply_message` parses, one JSON object per call with the tool's name and
-arguments following the tool's parameter schema:
+Tool calls are the Hermes calls (the `hermes` and `qwen3` chat formats), one JSON object per call with the tool's
+name and arguments following the tool's parameter schema:
 
     <tool_call>
     {"name": "get_weather", "arguments": {"city": "Paris"}}
     </tool_call>
 
 JSON is written as `json.dumps` writes it (", " and ": ", no other whitespace): the way chat templates show the
-model its own calls, and no room for a weak model to pad with spaces until max_tokens.
+model its own calls, and no room for a weak model to pad with spaces until max_tokens. Other families write calls
+in markup of their own, so their tool_choice required or named is refused; so is any grammar where the turn opens
+with markup (harmony's channel header) or the prompt opens the model's reasoning (DeepSeek R1).
 """
 
 from __future__ import annotations
 
 import json
 
+from agentrl.chat import ChatFamily
+from agentrl.chat.hermes import HermesFamily
 from agentrl.engine.grammar import INSTALL_HINT, Grammar, GrammarUnavailable, check_grammar
 from agentrl.env.tool_calls import CLOSE, OPEN
 from agentrl.serve.protocol import APIError, ChatCompletionRequest
@@ -25,14 +29,17 @@ ANY_OBJECT = {"type": "object"}
 NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
-def output_grammar(request: ChatCompletionRequest, backend) -> Grammar | None:
+def output_grammar(request: ChatCompletionRequest, backend, family: ChatFamily | None = None) -> Grammar | None:
     """The grammar `request`'s output must match (None: no constraint), checked; an APIError naming the option
-    where it is malformed, contradicts the tools, or `backend` cannot constrain its engine's outputs."""
+    where it is malformed, contradicts the tools, `backend` cannot constrain its engine's outputs, or the chat
+    format `family` (None: Hermes) writes its turns in a way the grammar does not."""
     calls = _forced_calls(request)
     answer = _answer_schema(request)
     if calls is None and answer is None:
         return None
     option = "tool_choice" if calls is not None else "response_format"
+    if family is not None:
+        _check_family(family, option, calls is not None or request.tools_offered())
     if request.ignore_eos:
         raise APIError(
             f"ignore_eos cannot be combined with {option}: the output must end where it is complete",
@@ -64,6 +71,38 @@ def output_grammar(request: ChatCompletionRequest, backend) -> Grammar | None:
         where = "response_format.json_schema.schema" if calls is None else "tools"
         raise APIError(f"{where}: the schema cannot be followed: {problem.strip()}", param=option)
     return grammar
+
+
+def _check_family(family: ChatFamily, option: str, with_calls: bool) -> None:
+    """An APIError where `family`'s turns cannot follow the grammar: calls in markup other than Hermes', or a turn
+    that opens with markup of its own (a capture mode first: harmony's channel header)."""
+    if with_calls and not isinstance(family, HermesFamily):
+        raise APIError(
+            f"{option} with tools needs constrained decoding of tool calls, which agentrl writes as Hermes "
+            f"<tool_call> JSON, not as the {family.name} chat format writes them; use tool_choice auto (or leave "
+            f"{option} unset)",
+            param=option,
+            code="unsupported_parameter",
+        )
+    if family.modes[family.start].channel is None:
+        raise APIError(
+            f"{option} needs constrained decoding from the reply's first token, where the {family.name} chat format "
+            "writes markup of its own; leave it unset",
+            param=option,
+            code="unsupported_parameter",
+        )
+
+
+def grammar_in_reasoning(request: ChatCompletionRequest, family_name: str) -> APIError:
+    """The error for a grammar (tool_choice required or named, response_format) on a prompt that opens the model's
+    reasoning: constrained from its first token, the reply would be reasoning only."""
+    option = "tool_choice" if _forced_calls(request) is not None else "response_format"
+    return APIError(
+        f"{option} needs constrained decoding from the reply's first token, and this {family_name} prompt opens the "
+        "model's reasoning there; leave it unset",
+        param=option,
+        code="unsupported_parameter",
+    )
 
 
 def _tools(request: ChatCompletionRequest) -> list[tuple[str, dict]]:

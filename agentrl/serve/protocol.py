@@ -55,6 +55,9 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[ToolCallItem] | None = None
     tool_call_id: str | None = None
+    # An assistant message's reasoning, as replies carry it (vLLM's field; `reasoning` is read the same)
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
     @field_validator("role")
     @classmethod
@@ -83,13 +86,18 @@ class ChatMessage(_Request):
 
     @model_validator(mode="after")
     def _content_given(self):
-        """OpenAI lets only an assistant message that calls tools leave its content null (or out)."""
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+        """OpenAI lets only an assistant message that calls tools leave its content null (or out); a reply that
+        only reasoned (cut by the token limit) comes back so too."""
+        if self.content is None and not (self.role == "assistant" and (self.tool_calls or self.reasoning_text())):
             raise ValueError(
                 f"a {self.role} message needs content (a string or text parts), not null; only an assistant "
-                "message with tool_calls may leave it null"
+                "message with tool_calls or reasoning_content may leave it null"
             )
         return self
+
+    def reasoning_text(self) -> str:
+        """An assistant message's reasoning (`reasoning_content`, or `reasoning`), "" where it has none."""
+        return self.reasoning_content or self.reasoning or ""
 
     def text(self) -> str:
         """The message's text: its content string, or its text parts joined."""

@@ -1,37 +1,77 @@
-"""Messages and tools -> the exact prompt token ids (the chat template); generated ids -> a reply with tool calls.
+"""Messages and tools -> the exact prompt token ids, through the model's chat template and its family's codec
+(agentrl/chat, docs/chat-formats.md); generated ids -> the reply's content, reasoning and tool calls (`reply.py`).
 
-The prompt is rendered the way the rollout side renders one (agentrl/rollout/chat.py): the template's text,
-tokenized without special tokens added; tools go to the template's `tools=`, or, for a template that does not
-render them, into the system message as text (`tools_as_text`). The ids returned are the ids the engine gets.
-Message content is tokenized as text: a control string inside it never becomes a turn marker
-(agentrl/rollout/content_tokens.py).
+The family is detected from the tokenizer (its special tokens, its template, the folder's model_type) or named
+(`agentrl serve --chat-format`, the config's `chat.format`). Tools go to the template's `tools=`; a template that
+does not render them gets them in the system message as text, with the family's own call format. An assistant
+message a client sends back is written the family's way: its tool calls (arguments as JSON text where the template
+takes text), its reasoning under the key the template reads. Message content, and an assistant message's
+reasoning, is tokenized as text: a control string inside it never becomes a turn marker
+(agentrl/rollout/content_tokens.py). The ids returned are the ids the engine gets.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
+from pathlib import Path
 
-from agentrl.env.tool_calls import OPEN, parse_tool_calls
+from agentrl.chat import ChatTemplateError, ParsedTurn, ToolCall, load_codec
+from agentrl.chat.detect import model_type_of
+from agentrl.chat.hermes import CLOSE, OPEN, HermesFamily
 from agentrl.rollout.chat import PROBE_TOOL, tools_as_text
 from agentrl.rollout.content_tokens import ContentError, content_tokenizer
 from agentrl.serve.protocol import APIError, ChatMessage
 
+# The call the tools listing shows as the family's format, for templates that do not render tools.
+EXAMPLE_CALL = ToolCall("tool_name", {"argument": "value"})
+
 
 class ChatRenderer:
-    def __init__(self, tokenizer):
-        if tokenizer.chat_template is None:
-            raise ValueError("the tokenizer has no chat template; serve a chat model or set tokenizer.chat_template")
+    """`chat_format`: a registered family name or `module:Class` (None: detect it from the tokenizer)."""
+
+    def __init__(self, tokenizer, chat_format: str | None = None):
+        if not tokenizer.chat_template:  # before detection, which would only say that no family fits
+            raise ChatTemplateError(
+                "the tokenizer has no chat template; serve an instruct/chat model folder (its chat_template.jinja, or "
+                "chat_template in tokenizer_config.json) or set tokenizer.chat_template"
+            )
+        folder = Path(tokenizer.name_or_path) if getattr(tokenizer, "name_or_path", "") else None
+        model_type = model_type_of(folder) if folder is not None and folder.is_dir() else None
+        self.codec = load_codec(tokenizer, chat_format, model_type=model_type)
+        self.family = self.codec.family
         self.tokenizer = tokenizer
         self.content = content_tokenizer(tokenizer)
-        self.stop_ids = stop_token_ids(tokenizer)
+        self.stop_ids = self.codec.stop_ids
+        self.text_fields = ("content", self.family.reasoning_key) if self.family.reasoning_key else ("content",)
         probe = [{"role": "user", "content": "u"}]
-        self.renders_tools = PROBE_TOOL["function"]["name"] in self._render(probe, [PROBE_TOOL])
+        try:
+            self.codec.render(probe)  # a template that cannot render a user message fails here, once
+        except ChatTemplateError as error:
+            raise ChatTemplateError(
+                f"{error}; a chat template must render one user message and the generation prompt: fix the model "
+                "folder's chat template (chat_template.jinja, or chat_template in tokenizer_config.json)"
+            ) from None
+        self.renders_tools = self._renders_tools(probe)
+        self.renders_calls = self._renders_calls(probe)
+        self._call_format: str | None = None
 
-    def _render(self, messages: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
-        )
+    def _renders_tools(self, head: list[dict]) -> bool:
+        """Whether the template lists `tools=` (a template that refuses them gets them as system text)."""
+        try:
+            return PROBE_TOOL["function"]["name"] in self.codec.render(head, [PROBE_TOOL])
+        except ChatTemplateError:
+            return False
+
+    def _renders_calls(self, head: list[dict]) -> bool:
+        """Whether the template writes an assistant message's `tool_calls` (the tiny test template does not)."""
+        name = PROBE_TOOL["function"]["name"]
+        message = self.family.assistant_message(ParsedTurn(calls=[ToolCall(name, {})]))
+        try:
+            return name in self.codec.render([*head, message], None, generation_prompt=False)
+        except ChatTemplateError:
+            return False
+
+    # ---- prompts --------------------------------------------------------------------------------------------
 
     def prompt_ids(self, messages: list[ChatMessage], tools: list[dict] | None = None) -> list[int]:
         text, spans = self.rendered([self.plain_message(m) for m in messages], tools)
@@ -39,24 +79,31 @@ class ChatRenderer:
 
     def render_text(self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool = True) -> str:
         """The template's text for plain messages (`plain_message`), tools in the template or in the system message."""
-        plain, tools = self._tools_placed(plain, tools)
+        plain, tools = self.tools_placed(plain, tools)
         return self._render_checked(plain, tools, generation_prompt)
 
     def rendered(
         self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool = True
     ) -> tuple[str, list[tuple[int, int]]]:
         """`render_text`, and the spans in it of the content to tokenize as text (`ContentTokenizer.rendered`)."""
-        plain, tools = self._tools_placed(plain, tools)
+        listed = bool(tools) and not self.renders_tools
+        plain, tools = self.tools_placed(plain, tools)
         try:
-            return self.content.rendered(lambda shown: self._render_checked(shown, tools, generation_prompt), plain)
+            text, spans = self.content.rendered(
+                lambda shown: self._render_checked(shown, tools, generation_prompt), plain, self.text_fields
+            )
         except ContentError as error:
             raise APIError(str(error), param="messages") from None
+        if listed and spans and not isinstance(self.family, HermesFamily):
+            # the call format line is agentrl's own text: its markup stays the family's special tokens
+            spans = spans_without(spans, text, self.call_format())
+        return text, spans
 
-    def _tools_placed(self, plain: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
+    def tools_placed(self, plain: list[dict], tools: list[dict] | None) -> tuple[list[dict], list[dict] | None]:
         """The messages and the template's tools: a template that does not render tools gets them as system text."""
         if not tools or self.renders_tools:
             return plain, tools
-        listing = tools_as_text(tools)
+        listing = self.tools_text(tools)
         plain = list(plain)
         if plain and plain[0]["role"] == "system":
             plain[0] = {**plain[0], "content": f"{plain[0]['content']}\n\n{listing}"}
@@ -64,41 +111,70 @@ class ChatRenderer:
             plain.insert(0, {"role": "system", "content": listing})
         return plain, None
 
+    def tools_text(self, tools: list[dict]) -> str:
+        """The tools as system text (`tools_as_text`), with the call format the family writes."""
+        listing = tools_as_text(tools)
+        if isinstance(self.family, HermesFamily):  # tools_as_text's own call format is Hermes'
+            return listing
+        hermes_line = tools_as_text([]).splitlines()[1]
+        return listing.replace(hermes_line, self.call_format())
+
+    def call_format(self) -> str:
+        """How this family writes a call: one call as the template writes it after its generation prompt."""
+        if self._call_format is None:
+            head = [{"role": "user", "content": "u"}]
+            message = self.family.assistant_message(ParsedTurn(calls=[EXAMPLE_CALL]))
+            prompt = self.codec.prompt_ids(head)
+            whole = self.codec.encode(self.codec.render([*head, message], None, False))
+            same = next((i for i, (a, b) in enumerate(zip(prompt, whole, strict=False)) if a != b), len(prompt))
+            written = self.codec.without_end(self.codec.decode(whole[same:]).rstrip())
+            arguments = json.dumps(EXAMPLE_CALL.arguments)
+            self._call_format = (
+                f"To call a tool, write the call as this call of {EXAMPLE_CALL.name} with the arguments {arguments} "
+                f"is written: {written}"
+            )
+        return self._call_format
+
     def _render_checked(self, plain: list[dict], tools: list[dict] | None, generation_prompt: bool) -> str:
         try:
-            return self._render(plain, tools, generation_prompt)
-        except Exception as error:  # the template's own checks (role order, ...) raise jinja errors
-            raise APIError(f"the chat template refused these messages: {error}", param="messages") from None
+            return self.codec.render(plain, tools, generation_prompt)
+        except ChatTemplateError as error:  # the template's own checks (role order, ...)
+            raise APIError(str(error), param="messages") from None
 
     def plain_message(self, message: ChatMessage) -> dict:
-        content = message.content
-        if isinstance(content, list):
-            content = "".join(part.get("text", "") for part in content if part.get("type", "text") == "text")
-        plain = {"role": message.role, "content": content or ""}
-        if message.tool_calls:
-            calls = [
-                {"name": c.function.name, "arguments": _arguments(c.function.arguments)} for c in message.tool_calls
-            ]
-            if self.renders_tools:
-                plain["tool_calls"] = [{"type": "function", "function": call} for call in calls]
-            else:  # the model sees its own calls as it wrote them
-                plain["content"] += "".join(f"{OPEN}{json.dumps(call)}</tool_call>" for call in calls)
+        """A request's message as the template takes it: an assistant message written by the family (its calls,
+        its reasoning under the family's key), the others' text, tool_call_id and name."""
+        if message.role == "assistant":
+            return self._assistant_message(message)
+        plain = {"role": message.role, "content": message.text()}
         if message.tool_call_id is not None:
             plain["tool_call_id"] = message.tool_call_id
         if message.name is not None:
             plain["name"] = message.name
         return plain
 
+    def _assistant_message(self, message: ChatMessage) -> dict:
+        content = message.text()
+        calls = [ToolCall(c.function.name, _arguments(c.function.arguments), c.id) for c in message.tool_calls or ()]
+        if calls and not self.renders_calls:
+            if not isinstance(self.family, HermesFamily):
+                raise APIError(
+                    f"the {self.family.name} chat template does not write an assistant message's tool_calls; serve "
+                    "the model with a template that does (the model folder's own)",
+                    param="messages",
+                )
+            # the model sees its own calls as it wrote them
+            content += "".join(f"{OPEN}{json.dumps({'name': c.name, 'arguments': c.arguments})}{CLOSE}" for c in calls)
+            calls = []
+        turn = ParsedTurn(calls=calls, content=content, reasoning=message.reasoning_text())
+        ids = [call.id or self.family.new_call_id() for call in calls]
+        plain = self.family.assistant_message(turn, ids)
+        if message.name is not None:
+            plain["name"] = message.name
+        return plain
+
     def text(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
-
-
-def stop_token_ids(tokenizer) -> tuple[int, ...]:
-    """The tokens that end a reply: the tokenizer's eos (the chat template's end of turn)."""
-    eos = tokenizer.convert_tokens_to_ids(tokenizer.eos_token) if tokenizer.eos_token is not None else None
-    if eos is None:
-        raise ValueError("the tokenizer has no eos token; agentrl serve needs one to end replies")
-    return (int(eos),)
 
 
 def _arguments(arguments: str | dict) -> dict:
@@ -114,48 +190,44 @@ def _arguments(arguments: str | dict) -> dict:
     return value if isinstance(value, dict) else {"value": value}
 
 
+def spans_without(spans: list[tuple[int, int]], text: str, part: str) -> list[tuple[int, int]]:
+    """`spans` less the characters of each occurrence of `part` in `text`."""
+    holes, at = [], text.find(part)
+    while part and at >= 0:
+        holes.append((at, at + len(part)))
+        at = text.find(part, at + len(part))
+    for hole_start, hole_end in holes:
+        spans = [
+            piece
+            for start, end in spans
+            for piece in ((start, min(end, hole_start)), (max(start, hole_end), end))
+            if piece[0] < piece[1]
+        ]
+    return spans
+
+
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
     """`text` up to the first stop string, and whether one was found."""
     cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
     return (text[:cut], True) if cut >= 0 else (text, False)
 
 
-def reply_message(text: str, with_tools: bool) -> tuple[dict, bool]:
-    """The assistant message for `text`, and whether it calls tools.
-
-    With tools offered and well-formed Hermes calls in the text, the content is the text before the first
-    `<tool_call>` (None when empty) and each call becomes an OpenAI tool call; otherwise the text is the content.
-    """
-    if with_tools and OPEN in text:
-        turn = parse_tool_calls(text)
-        if turn.calls and not turn.errors:
-            calls = [
-                {
-                    "id": f"call_{uuid.uuid4().hex[:24]}",
-                    "type": "function",
-                    "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
-                }
-                for call in turn.calls
-            ]
-            return {"role": "assistant", "content": text[: text.find(OPEN)] or None, "tool_calls": calls}, True
-    return {"role": "assistant", "content": text}, False
+def held_tail(text: str, stops: tuple[str, ...]) -> int:
+    """The length of the longest tail of `text` that is a proper prefix of a stop string (it may still become one)."""
+    longest = 0
+    for stop in stops:
+        for size in range(min(len(stop) - 1, len(text)), longest, -1):
+            if text.endswith(stop[:size]):
+                longest = size
+                break
+    return longest
 
 
-def streamable_prefix(text: str, stops: tuple[str, ...], with_tools: bool, final: bool) -> str:
-    """The part of the text so far a stream may send now: never past a stop string or a tool call, never a tail
-    that could still grow into one, nor a half-decoded character. `final`: the text is complete."""
+def streamable_prefix(text: str, stops: tuple[str, ...], final: bool) -> str:
+    """The part of a completion's text so far a stream may send now: never past a stop string, never a tail that
+    could still grow into one, nor a half-decoded character. `final`: the text is complete."""
     text, _ = cut_at_stop(text, stops)
-    holds = [*stops, OPEN] if with_tools else list(stops)
-    if with_tools and OPEN in text:
-        text = text[: text.find(OPEN)]
     if final:
         return text
-    if text.endswith("\ufffd"):  # a multi-byte character whose last bytes are still to come
-        text = text.rstrip("\ufffd")
-    keep = len(text)
-    for hold in holds:  # the longest tail that is a proper prefix of a stop string or of <tool_call>
-        for size in range(min(len(hold) - 1, len(text)), 0, -1):
-            if text.endswith(hold[:size]):
-                keep = min(keep, len(text) - size)
-                break
-    return text[:keep]
+    text = text.rstrip("\ufffd")  # a multi-byte character whose last bytes are still to come
+    return text[: len(text) - held_tail(text, stops)]

@@ -12,7 +12,8 @@ from agentrl.engine.base import GenerateOutput
 from agentrl.rollout.chat import tools_as_text
 from agentrl.serve.completions import Completions
 from agentrl.serve.protocol import APIError, ChatMessage
-from agentrl.serve.render import ChatRenderer, cut_at_stop, reply_message, streamable_prefix
+from agentrl.serve.render import ChatRenderer, cut_at_stop, streamable_prefix
+from agentrl.serve.reply import ReplyReader
 from tests.unit.serve_server import build_serve_model
 
 CALC = {
@@ -80,16 +81,23 @@ def test_bad_tool_call_arguments_are_refused(tokenizer):
         ChatRenderer(tokenizer).prompt_ids([ChatMessage(role="assistant", content="", tool_calls=[call])])
 
 
-def test_reply_message_parses_hermes_calls_only_when_tools_were_offered():
-    message, calls = reply_message("let me add " + CALL_TEXT, with_tools=True)
-    assert calls and message["content"] == "let me add "
+def test_a_reply_parses_hermes_calls_only_when_tools_were_offered(tokenizer):
+    renderer = ChatRenderer(tokenizer)
+
+    def read(text, with_tools):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        reply = ReplyReader(renderer, None, [CALC], with_tools).read(ids)
+        return reply.message, reply.calls
+
+    message, calls = read("let me add " + CALL_TEXT, with_tools=True)
+    assert calls and message["content"] == "let me add"
     (call,) = message["tool_calls"]
     assert call["type"] == "function" and call["id"].startswith("call_")
     assert call["function"]["name"] == "calculator"
     assert json.loads(call["function"]["arguments"]) == {"expression": "2 + 3"}
-    assert reply_message(CALL_TEXT, with_tools=False) == ({"role": "assistant", "content": CALL_TEXT}, False)
+    assert read(CALL_TEXT, with_tools=False) == ({"role": "assistant", "content": CALL_TEXT}, False)
     broken = "<tool_call>{not json}</tool_call>"
-    assert reply_message(broken, with_tools=True) == ({"role": "assistant", "content": broken}, False)
+    assert read(broken, with_tools=True) == ({"role": "assistant", "content": broken}, False)
 
 
 def test_chat_turns_engine_tokens_with_a_call_into_tool_calls(tokenizer):
@@ -117,13 +125,12 @@ def test_cut_at_stop_takes_the_earliest_stop():
     assert cut_at_stop("abc", ("x",)) == ("abc", False)
 
 
-def test_a_stream_holds_back_what_may_become_a_stop_string_or_a_call():
-    assert streamable_prefix("hello ST", ("STOP",), False, final=False) == "hello "
-    assert streamable_prefix("hello STOP more", ("STOP",), False, final=False) == "hello "
-    assert streamable_prefix("see <tool_c", (), True, final=False) == "see "
-    assert streamable_prefix("see <tool_c", (), False, final=False) == "see <tool_c"
-    assert streamable_prefix("half \ufffd", (), False, final=False) == "half "
-    assert streamable_prefix("hello ST", ("STOP",), False, final=True) == "hello ST"
+def test_a_completion_stream_holds_back_what_may_become_a_stop_string():
+    assert streamable_prefix("hello ST", ("STOP",), final=False) == "hello "
+    assert streamable_prefix("hello STOP more", ("STOP",), final=False) == "hello "
+    assert streamable_prefix("see <tool_c", (), final=False) == "see <tool_c"
+    assert streamable_prefix("half \ufffd", (), final=False) == "half "
+    assert streamable_prefix("hello ST", ("STOP",), final=True) == "hello ST"
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call_under_auto(tokenizer):
