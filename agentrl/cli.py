@@ -7,8 +7,8 @@ import argparse
 import os
 import sys
 
-from agentrl import startup
 from agentrl.errors import EXIT_USER_ERROR, UserError
+from agentrl.run import startup_gc
 
 
 def seconds_or_null(text: str) -> float | None:
@@ -168,10 +168,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def cmd_train(args) -> int:
     """User errors found before training starts raise on every rank (main prints them once); later ones abort."""
-    from agentrl import preempt
     from agentrl.config import load_config
     from agentrl.env.preflight import refuse_unusable_env
-    from agentrl.run_dir import claim
+    from agentrl.run import preempt
+    from agentrl.run.claim import claim
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(args.config, args.overrides)
@@ -201,8 +201,8 @@ def cmd_sft(args) -> int:
     """As cmd_train: errors before training raise on every rank, later ones abort the job."""
     from mpi4py import MPI
 
-    from agentrl import preempt
-    from agentrl.run_dir import claim
+    from agentrl.run import preempt
+    from agentrl.run.claim import claim
     from agentrl.sft.config import load_sft_config
     from agentrl.transport import Failed, run_entry_point
 
@@ -215,7 +215,7 @@ def cmd_sft(args) -> int:
         lock = claim(config, command, world)
         try:
             from agentrl.layout import job_nodes
-            from agentrl.liveness import Liveness
+            from agentrl.run.liveness import Liveness
             from agentrl.sft.run import run_sft
 
             liveness = Liveness(world, *job_nodes(world), config.runtime.peer_timeout_s)
@@ -274,9 +274,9 @@ def cmd_export_merged(args) -> int:
 
 
 def cmd_supervise(args) -> int:
-    from agentrl.supervise import supervise
+    from agentrl.run.supervise import supervise
 
-    startup.settle()  # light, and as long-running as the job it watches
+    startup_gc.settle()  # light, and as long-running as the job it watches
     command = args.launch[1:] if args.launch[:1] == ["--"] else args.launch
     return supervise(command, args.max_restarts, args.backoff_s)
 
@@ -284,7 +284,7 @@ def cmd_supervise(args) -> int:
 def cmd_sweep(args) -> int:
     from agentrl.sweep.command import main as sweep
 
-    startup.settle()  # light, and as long-running as its trials
+    startup_gc.settle()  # light, and as long-running as its trials
     return sweep(args)
 
 
@@ -398,7 +398,7 @@ COMMANDS = {
 
 def entry_point() -> None:
     """The `agentrl` command: `main`, then MPI ended where its errors are still reported."""
-    startup.defer_collection()
+    startup_gc.defer_collection()
     try:
         code = main()
     except BrokenPipeError:  # the reader went away (`agentrl sweep status DIR | head`): not an error of ours

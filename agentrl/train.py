@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import time
 
-from agentrl import preempt, transport
+from agentrl import transport
 from agentrl.config import Config
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus
-from agentrl.liveness import Liveness
-from agentrl.run_start import (
+from agentrl.run import preempt
+from agentrl.run.liveness import Liveness
+from agentrl.run.start import (
     check_model,
     data_positions,
     data_shards,
@@ -18,13 +19,13 @@ from agentrl.run_start import (
     set_threads,
     show_layout,
 )
-from agentrl.run_summary import RunSummary
+from agentrl.run.summary import RunSummary
 
 
 def train(config: Config, command: list[str] | None = None) -> int:
     """Run this rank's role; returns the steps done on every rank (fewer than config.steps: stopped by a signal).
 
-    The caller holds the run_dir lock (`agentrl.run_dir.claim`); `command` is how the user
+    The caller holds the run_dir lock (`agentrl.run.claim.claim`); `command` is how the user
     started the run, for the resume hint.
     """
     started = time.monotonic()

@@ -55,7 +55,7 @@ def main() -> None:
 
     from agentrl.config import load_config
     from agentrl.env import make
-    from agentrl.run_start import env_texts
+    from agentrl.run.start import env_texts
     from agentrl.trainer.model import ensure_model
 
     header = " | ".join(f"TV {a} vs {b}" for a, b in PAIRS)

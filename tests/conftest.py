@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import startup
+from agentrl.run import startup_gc
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -77,11 +77,11 @@ def _mpirun_version(mpirun: str) -> str:
 
 
 def pytest_configure(config):
-    startup.defer_collection()  # as every rank does: the suite imports torch, transformers and every test module
+    startup_gc.defer_collection()  # as every rank does: the suite imports torch, transformers and every test module
 
 
 def pytest_collection_finish(session):
-    startup.settle()  # the collected tests and what they imported are set aside from later collections
+    startup_gc.settle()  # the collected tests and what they imported are set aside from later collections
 
 
 def pytest_runtest_logreport(report):

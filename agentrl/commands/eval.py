@@ -53,7 +53,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
     from transformers.utils import logging as hf_logging
 
     from agentrl.layout import Layout, engine_gpus
-    from agentrl.liveness import Liveness
+    from agentrl.run.liveness import Liveness
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
@@ -66,7 +66,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
 
 def _evaluate_role(config, layout, target: Target, started: float) -> dict | None:
     from agentrl.layout import Role
-    from agentrl.run_start import seed_everything, set_threads
+    from agentrl.run.start import seed_everything, set_threads
 
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
@@ -106,7 +106,7 @@ def _close(worker) -> None:
 def _evaluator(config, layout, target: Target, env_client):
     from agentrl.env.client import LocalEnvClient
     from agentrl.evaluation.runner import Evaluator
-    from agentrl.run_start import env_host, rollout_worker
+    from agentrl.run.start import env_host, rollout_worker
 
     if env_client is None and not config.agent.enabled:  # agent programs play the env's part, through a gateway
         env_client = LocalEnvClient(env_host(config, check=not layout.single_process))
@@ -164,7 +164,7 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
 
         import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     if checkpoint is None:
-        from agentrl.run_start import check_model
+        from agentrl.run.start import check_model
 
         transport.agree_on_root(world, lambda: check_model(config))
     try:

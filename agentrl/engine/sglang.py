@@ -272,7 +272,7 @@ class SGLangEngine(Engine):
 
     def _take_back_signals(self) -> None:
         """SGLang's loop handlers would drain and exit on SIGTERM and kill this rank on SIGQUIT: restore ours."""
-        from agentrl import preempt
+        from agentrl.run import preempt
 
         for signum in (signal.SIGTERM, signal.SIGQUIT):
             self.engine.loop.remove_signal_handler(signum)

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import Config
 from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost
 from agentrl.layout import Layout
-from agentrl.run_start import env_host, seed_everything, seed_torch, set_threads
+from agentrl.run import preempt, startup_gc
+from agentrl.run.start import env_host, seed_everything, seed_torch, set_threads
 from agentrl.transport import Tag
 
 
@@ -21,7 +22,7 @@ def run_env(config: Config, layout: Layout) -> None:
     host = env_host(config)  # builds one env, so its plugin's imports (torch or not) have happened
     set_threads(config, layout, only_if_loaded=True)
     seed_torch(seed, only_if_loaded=True)
-    startup.settle()
+    startup_gc.settle()
     serve(
         layout.world,
         host,

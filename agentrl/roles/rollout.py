@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import Config
 from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.layout import Layout
@@ -33,7 +33,8 @@ from agentrl.rollout.agent_loop import Stopped
 from agentrl.rollout.dispatch import DispatchClient, DispatchServer
 from agentrl.rollout.shipping import batch_messages
 from agentrl.rollout.worker import RolloutWorker
-from agentrl.run_start import data_shards, env_host, rollout_worker, task_source, weight_sync
+from agentrl.run import preempt, startup_gc
+from agentrl.run.start import data_shards, env_host, rollout_worker, task_source, weight_sync
 from agentrl.transport import Tag
 
 END_OF_BATCHES = {"end": True}  # after a stop: this rollout rank sends no more batches
@@ -90,7 +91,7 @@ def task_queue(config: Config, layout: Layout, worker: RolloutWorker) -> Dispatc
 def rollout_loop(config: Config, layout: Layout, start_step: int, worker: RolloutWorker, evaluator, pace) -> None:
     """Steps from `start_step` to `config.steps`: evaluate when due, collect, ship; ends early at a stop."""
     index = layout.rollout_ranks.index(layout.rank)
-    startup.settle()
+    startup_gc.settle()
     pace.start(start_step)
     for step in range(start_step, config.steps + 1):
         if evaluator is not None and config.eval.due(step):

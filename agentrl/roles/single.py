@@ -6,7 +6,7 @@ from agentrl.config import Config
 from agentrl.env.client import LocalEnvClient
 from agentrl.layout import Layout
 from agentrl.roles.trainer import make_evaluation, make_logger, make_trainer, train_loop
-from agentrl.run_start import env_host, rollout_worker, task_source
+from agentrl.run.start import env_host, rollout_worker, task_source
 
 
 def run_single_process(config: Config, layout: Layout, start_step: int, data_start) -> tuple[int, dict[int, float]]:

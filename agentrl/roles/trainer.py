@@ -10,12 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import Config
 from agentrl.failures import FailureTally, abort_if_failing
 from agentrl.layout import Layout
 from agentrl.metrics import episode_metrics, episode_sums, merge_stats
-from agentrl.supervise import restart_count
+from agentrl.run import preempt, startup_gc
+from agentrl.run.supervise import restart_count
 from agentrl.trainer import checkpoint, staleness
 from agentrl.trajectory import concat
 from agentrl.transport import Tag
@@ -24,7 +25,7 @@ from agentrl.transport import Tag
 def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float] | None]:
     """Steps done, and on the leader the success rate logged at each step."""
     from agentrl.data.recorder import StepRecorder
-    from agentrl.run_start import weight_sync
+    from agentrl.run.start import weight_sync
     from agentrl.trainer.model import init_trainer_group
     from agentrl.weights.base import GatherOnly
 
@@ -67,7 +68,7 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
 
 def make_trainer(config: Config, layout: Layout, start_step: int, group=None):
     """The policy trainer (resumed from the checkpoint of `start_step`, if any) and the tokenizer."""
-    from agentrl.run_start import policy_trainer
+    from agentrl.run.start import policy_trainer
     from agentrl.trainer.model import load_tokenizer
 
     resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
@@ -146,7 +147,7 @@ def train_loop(
     Returns the number of steps done: `config.steps`, or fewer when a stop signal ended the run early
     (a checkpoint for them is written and the rollout ranks are told to stop).
     """
-    startup.settle()
+    startup_gc.settle()
     done = start_step
     for step in range(start_step, config.steps + 1):
         if evaluate is not None and config.eval.due(step):

@@ -28,7 +28,7 @@ from pathlib import Path
 from agentrl.errors import UserError
 
 LOCK_FILE = ".lock"
-# Set by `agentrl supervise` for the jobs it starts (agentrl.supervise names them; imported there).
+# Set by `agentrl supervise` for the jobs it starts (agentrl.run.supervise names them; imported there).
 SUPERVISOR_VARIABLE = "AGENTRL_SUPERVISOR"
 RESTART_COUNT_VARIABLE = "AGENTRL_RESTART_COUNT"
 

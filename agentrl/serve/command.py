@@ -12,8 +12,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from agentrl import startup
 from agentrl.errors import UserError
+from agentrl.run import startup_gc
 
 DEFAULT_ENGINE = {"backend": "torch", "scheduler": "continuous"}
 GRACEFUL_SHUTDOWN_S = 10.0
@@ -107,7 +107,7 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
 
     from agentrl import transport
     from agentrl.layout import job_nodes
-    from agentrl.liveness import Liveness
+    from agentrl.run.liveness import Liveness
     from agentrl.serve.generation import LocalBackend
     from agentrl.trainer.model import load_tokenizer
 
@@ -125,7 +125,7 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
     local = LocalBackend(engine, tokenizer)
     loop = engine.event_loop or asyncio.new_event_loop()
     liveness = Liveness(world, *job_nodes(world), args.peer_timeout_s)
-    startup.settle()
+    startup_gc.settle()
     try:
         if rank == 0:
             loop.run_until_complete(_front(args, world, local, tokenizer, served, max_model_len, stops))

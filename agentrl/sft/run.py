@@ -19,9 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import save_config
 from agentrl.errors import RefusedOnEveryRank, UserError
+from agentrl.run import preempt, startup_gc
 from agentrl.sft.config import SFTConfig
 from agentrl.sft.data import Packed, describe, read_transcripts, texts_of, tokenize_all
 
@@ -67,7 +68,7 @@ def prepare(
     config: SFTConfig, world_size: int, train: list, val: list | None
 ) -> tuple[int, int, Packed, Packed | None]:
     """Rank 0: build or check the model, tokenize, decide the start step, save the config."""
-    from agentrl.run_start import resume_step
+    from agentrl.run.start import resume_step
     from agentrl.sft.transcripts import TranscriptTokenizer
     from agentrl.trainer.model import ensure_model, load_tokenizer
 
@@ -127,7 +128,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     from transformers.utils import logging as hf_logging
 
     from agentrl.logging import RunLogger
-    from agentrl.supervise import restart_count
+    from agentrl.run.supervise import restart_count
     from agentrl.tracking import open_trackers
     from agentrl.trainer import checkpoint
     from agentrl.trainer.model import import_model_code, init_trainer_group, load_tokenizer
@@ -178,7 +179,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     losses: dict[int, float] = {}
     val_loss = None
     done = start
-    startup.settle()
+    startup_gc.settle()
     for step in range(start, total):
         step_started = time.perf_counter()
         batch = batch_indices(config, len(data), step)
@@ -238,7 +239,7 @@ def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
 
 
 def summary(config, start, done, total, wall_s, losses, val_loss, command, world_size) -> str:
-    from agentrl.run_summary import format_duration, resume_command
+    from agentrl.run.summary import format_duration, resume_command
     from agentrl.tracking import summary_lines
 
     resumed = f", resumed at step {start}" if start else ""

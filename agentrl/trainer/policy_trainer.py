@@ -47,7 +47,7 @@ class PolicyTrainer:
     It takes the sections it reads, not the whole config: `model`, `trainer`, `optimizer`, `lr_scheduler` and
     `parallelism`; of `rollout` the sampling `temperature` (log-probs are of logits / temperature); the run's
     `steps` (the learning-rate schedule spans steps x trainer.updates_per_step optimizer steps); and `algorithm`,
-    which builds the algorithm given the sum over trainer ranks (agentrl/run_start.py: the config's `algorithm`).
+    which builds the algorithm given the sum over trainer ranks (agentrl/run/start.py: the config's `algorithm`).
     """
 
     def __init__(

@@ -4,7 +4,7 @@ A sync is: a small header (version, tensor manifest, bucket boundaries), then on
 broadcast per bucket of raw bytes. Bytes, not a numeric dtype, so bf16 travels as is.
 `WeightSync` is the transport interface: the CPU path broadcasts over MPI; a GPU path
 (NCCL broadcast, CUDA IPC) implements the same three methods. A header with `stop` set
-and no buckets tells the rollout ranks to stop instead (see agentrl/preempt.py).
+and no buckets tells the rollout ranks to stop instead (see agentrl/run/preempt.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from agentrl.env.host import EnvHost
 from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.run_start import rollout_worker
+from agentrl.run.start import rollout_worker
 from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trajectory import Episode, pack
 

@@ -30,7 +30,7 @@ from agentrl.algorithms.advantages import local_sum
 from agentrl.algorithms.base import LossInputs
 from agentrl.algorithms.losses import uniform_kl
 from agentrl.config import from_dict
-from agentrl.run_start import algorithm_of, policy_trainer
+from agentrl.run.start import algorithm_of, policy_trainer
 from agentrl.trajectory import Episode, pack
 
 SHIPPED = [

@@ -9,7 +9,7 @@ from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.rollout.agent_loop import Stopped
 from agentrl.rollout.worker import RolloutWorker
-from agentrl.run_start import rollout_worker
+from agentrl.run.start import rollout_worker
 from agentrl.trainer import staleness
 from agentrl.trajectory import Episode, pack, select_episodes
 from tests.mpi.helpers import QUICKSTART

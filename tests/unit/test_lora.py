@@ -12,7 +12,7 @@ from mpi4py import MPI
 from agentrl.config import ConfigError, from_dict
 from agentrl.engine.batch import TorchEngine
 from agentrl.errors import UserError
-from agentrl.run_start import policy_trainer
+from agentrl.run.start import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.lora import ADAPTER_CONFIG
 from agentrl.trainer.model import load_causal_lm, load_tokenizer

@@ -7,7 +7,7 @@ import torch
 
 from agentrl import transport
 from agentrl.config import ConfigError, from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.run.start import policy_trainer
 from agentrl.trainer import parallel
 from agentrl.trainer.model import load_causal_lm
 from agentrl.trajectory import Episode, pack

@@ -225,7 +225,7 @@ def test_sglang_engine_drives_the_engine_on_its_own_loop(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=_FakeSGLangEngine))
     monkeypatch.setenv("PMI_RANK", "1")
-    from agentrl import preempt
+    from agentrl.run import preempt
 
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGQUIT, *preempt.STOP_SIGNALS)}
     try:

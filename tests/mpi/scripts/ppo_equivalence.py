@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.run.start import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.model import init_trainer_group, load_tokenizer
 from agentrl.trajectory import Episode, concat, pack
