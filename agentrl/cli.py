@@ -183,7 +183,7 @@ def cmd_train(args) -> int:
         refuse_unusable_env(world, config)  # before anything is written: a broken env leaves no run folder
         lock = claim(config, command, world)  # before the slow imports: a refusal comes in a second
         try:
-            from agentrl.train import train
+            from agentrl.commands.train import train
 
             return train(config, command)
         finally:  # inside the wrapper: given back before an abort ends this process
