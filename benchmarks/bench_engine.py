@@ -45,7 +45,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.models.tiny import build_tiny_model
 

@@ -31,7 +31,7 @@ def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int
 
 def build_torch_engine(model, config, *, pad_token_id: int, seed: int):
     """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler."""
-    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     if config.scheduler == "batch":
         return TorchEngine(model, pad_token_id=pad_token_id, max_batch_size=config.max_batch_size, seed=seed)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from agentrl.engine.base import FinishReason, GenerateOutput, SamplingParams
-from agentrl.engine.batch import TorchEngine, _LoopQueue
+from agentrl.engine.torch_engine import TorchEngine, _LoopQueue
 from agentrl.engine.decode_graphs import DecodeGraphs
 from agentrl.engine.grammar import grammar_error
 from agentrl.engine.kv_sessions import KVSessionStore

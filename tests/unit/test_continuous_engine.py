@@ -209,7 +209,7 @@ def test_session_store_takes_the_longest_prefix_and_evicts_the_oldest():
 def test_config_picks_the_scheduler(model):
     from agentrl.config import TorchEngineConfig
     from agentrl.engine import build_torch_engine
-    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     continuous = build_torch_engine(
         model, TorchEngineConfig(scheduler="continuous", kv_cache_mb=2), pad_token_id=0, seed=0

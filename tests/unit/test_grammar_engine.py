@@ -56,7 +56,7 @@ ENGINES = ["batch", "continuous", "continuous-slots"]
 
 
 def make_engine(kind: str, model_dir, tokenizer):
-    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
     from agentrl.trainer.model import load_causal_lm
 

@@ -10,7 +10,7 @@ import torch
 from mpi4py import MPI
 
 from agentrl.config import ConfigError, from_dict
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.errors import UserError
 from agentrl.run.start import policy_trainer
 from agentrl.trainer import checkpoint

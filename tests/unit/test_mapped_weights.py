@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.engine.lean_decoder import stacked
 from agentrl.models.tiny import build_tiny_model
