@@ -270,7 +270,7 @@ def plan(
     if fsdp and shared is not None:
         raise ConfigError(sharding_refusal(shared, "trainer"))
     if world_size > 1:
-        from agentrl.weights.choice import resolve_weight_sync
+        from agentrl.weights.placement import resolve_weight_sync
 
         leader, rollouts = weight_group_placements(roles, nodes, gpus)
         transport = resolve_weight_sync(weights_transport, colocate, leader, rollouts, rollout_gpus, lora=lora)

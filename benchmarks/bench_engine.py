@@ -45,8 +45,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.torch_engine import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.models.tiny import build_tiny_model
 
 TEXTS = [

@@ -518,8 +518,8 @@ def shut_down(engine) -> None:
 def time_generation(model, device: str, batch_size: int, new_tokens: int, repeats: int) -> Contenders:
     """tokens/s of each contender on `batch_size` 64-token random prompts, `new_tokens` each, top-k sampling."""
     from agentrl.engine.base import SamplingParams
-    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     rng = np.random.default_rng(batch_size)
     prompts = [rng.integers(3, 160, 64).tolist() for _ in range(batch_size)]
@@ -571,8 +571,8 @@ def time_multiturn(device: str, dtype: str, small: bool, repeats: int) -> tuple[
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_engine
 
-    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     shape, episodes, turns, new_tokens = ("64x2x4", 4, 2, 8) if small else ("512x8x8", 32, 8, 32)
     short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]

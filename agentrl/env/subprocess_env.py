@@ -1,10 +1,10 @@
 """Run an environment in its own Python process, so a crash or hang takes down only that process.
 
     env:
-      id: agentrl.env.sandbox:SubprocessEnv
+      id: agentrl.env.subprocess_env:SubprocessEnv
       kwargs: {env_id: calculator, kwargs: {max_value: 50}}
 
-`SubprocessEnv` starts `python -m agentrl.env.sandbox` (one process per episode) and
+`SubprocessEnv` starts `python -m agentrl.env.subprocess_env` (one process per episode) and
 forwards reset/step/close to the env built there. If the process dies (a segfault,
 `os._exit`, the OOM killer), the call raises here and the host ends that episode with
 `finish=error`; on a timeout the host calls `kill()`. The child gets no MPI variables,
@@ -35,7 +35,10 @@ class SubprocessEnv(TextEnv):
         self.env_id = env_id
         child_env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_VARIABLE_PREFIXES)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.env.sandbox"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env
+            [sys.executable, "-m", "agentrl.env.subprocess_env"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=child_env,
         )
         self.tools = self._call("make", env_id, kwargs or {})
 

@@ -7,9 +7,9 @@ from collections.abc import Callable
 
 from agentrl import transport
 from agentrl.config import Config
-from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost
 from agentrl.layout import Layout
+from agentrl.node_wakeup import Doorbell
 from agentrl.run import preempt, startup_gc
 from agentrl.run.start import env_host, seed_everything, seed_torch, set_threads
 from agentrl.transport import Tag
@@ -44,7 +44,7 @@ def serve(
     A request is `(calls, the client's doorbell address or None)`; the reply is `(results, this
     rank's doorbell address or None)`, and the client's doorbell is rung after it. The wait for a
     request polls per `polling` (transport.Backoff; None: sleeps that double to 5 ms), cut short
-    when a client on this node rings (`doorbells`, agentrl.doorbell).
+    when a client on this node rings (`doorbells`, agentrl.node_wakeup).
     """
     from mpi4py import MPI
 

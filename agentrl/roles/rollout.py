@@ -31,7 +31,7 @@ from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.layout import Layout
 from agentrl.rollout.agent_loop import Stopped
 from agentrl.rollout.dispatch import DispatchClient, DispatchServer
-from agentrl.rollout.shipping import batch_messages
+from agentrl.rollout.trainer_messages import batch_messages
 from agentrl.rollout.worker import RolloutWorker
 from agentrl.run import preempt, startup_gc
 from agentrl.run.start import data_shards, env_host, rollout_worker, task_source, weight_sync

@@ -19,7 +19,7 @@ from agentrl.engine.base import Engine, SamplingParams
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.content_tokens import ContentError
 from agentrl.rollout.messages import assistant_message, observation_messages
-from agentrl.rollout.reward_fn import RewardFunction
+from agentrl.rollout.reward_hook import RewardFunction
 from agentrl.trajectory import Episode, RewardError, finite_reward, state_key
 
 # Numbers an env's `info` may carry that are summed into `Episode.metrics` (besides `info["metrics"]`).

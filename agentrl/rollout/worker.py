@@ -23,7 +23,7 @@ from agentrl.failures import error_kind
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, gather_episodes, gather_polling, run_episode
 from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.dispatch import DispatchServer, default_groups_in_flight
-from agentrl.rollout.reward_fn import RewardFunction
+from agentrl.rollout.reward_hook import RewardFunction
 from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode
 

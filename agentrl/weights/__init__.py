@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agentrl.config import LoraConfig, WeightsConfig
 from agentrl.weights.base import WeightSync
-from agentrl.weights.choice import resolve_weight_sync
+from agentrl.weights.placement import resolve_weight_sync
 
 
 def make_weight_sync(

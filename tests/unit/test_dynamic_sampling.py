@@ -11,7 +11,7 @@ from agentrl.env.api import TextEnv
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.metrics import merge_stats
-from agentrl.rollout.shipping import shard_for_trainers
+from agentrl.rollout.trainer_messages import shard_for_trainers
 from agentrl.rollout.worker import RolloutWorker
 from agentrl.run.start import rollout_worker
 

@@ -58,7 +58,7 @@ def test_episodes_with_faults_finish_as_errors_and_reconcile(tiny_model_dir):
     assert counts["started"] == len(done) == counts["finished"] + counts["failed"] and counts["open"] == 0
 
 
-SANDBOX = "agentrl.env.sandbox:SubprocessEnv"
+SANDBOX = "agentrl.env.subprocess_env:SubprocessEnv"
 
 
 @pytest.mark.parametrize("fault", ["exit", "hang", "raise"])

@@ -56,8 +56,8 @@ ENGINES = ["batch", "continuous", "continuous-slots"]
 
 
 def make_engine(kind: str, model_dir, tokenizer):
-    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.trainer.model import load_causal_lm
 
     model = load_causal_lm(str(model_dir))

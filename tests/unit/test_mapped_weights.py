@@ -9,9 +9,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.torch_engine import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.engine.lean_decoder import stacked
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.models.tiny import build_tiny_model
 from agentrl.weights.shm import ALIGN, SharedMemoryWeights, mapped_layout, pieces, spec_nbytes
 from tests.unit.test_continuous_engine import TEXTS, run_episodes

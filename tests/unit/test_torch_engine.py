@@ -10,9 +10,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.torch_engine import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.engine.sampling import RowSampling, sample_tokens
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.models.tiny import build_tiny_model
 
 TEXTS = [

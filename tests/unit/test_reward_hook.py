@@ -14,7 +14,7 @@ from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.models.tiny import build_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
 from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.reward_fn import ARGUMENTS, RewardFunction
+from agentrl.rollout.reward_hook import ARGUMENTS, RewardFunction
 from agentrl.trajectory import Episode, RewardError, pack
 from envs.guess_number import GuessNumberEnv
 from tests.unit import reward_fns
@@ -123,7 +123,7 @@ class KeepsGoing(GuessNumberEnv):
 
 
 def test_check_env_flags_stepping_after_the_end():
-    problems = check_env("tests.unit.test_reward_fn:KeepsGoing", {"max_guesses": 50})
+    problems = check_env("tests.unit.test_reward_hook:KeepsGoing", {"max_guesses": 50})
     assert any("step() after the episode ended" in p for p in problems)
     assert check_env("guess_number", {}) == [] and check_env("calculator", {}) == []
     env = GuessNumberEnv(max_guesses=1)
