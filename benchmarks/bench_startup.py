@@ -32,7 +32,7 @@ wall, cpu = time.perf_counter(), time.process_time()
 if sys.argv[2] == "agentrl":
     from agentrl.run import startup_gc
     startup_gc.defer_collection()
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
+from agentrl.models.loading import load_causal_lm, load_tokenizer
 model, tokenizer = load_causal_lm(sys.argv[1]), load_tokenizer(sys.argv[1])
 if sys.argv[2] == "agentrl":
     startup_gc.settle()

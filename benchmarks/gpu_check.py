@@ -260,7 +260,7 @@ def weight_sync_part(model_dir: Path, device: str, dtype: str, bucket_mb: float)
     from agentrl import transport
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.continuous import ContinuousTorchEngine
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.models.loading import load_causal_lm
     from agentrl.weights.mpi import MPIWeightBroadcast
 
     world = MPI.COMM_WORLD
@@ -746,7 +746,7 @@ def main(argv=None) -> int:
                     )
 
         if "tokens" in wanted:
-            from agentrl.trainer.model import load_causal_lm
+            from agentrl.models.loading import load_causal_lm
 
             new_tokens = 8 if args.small else args.new_tokens
             model = None

@@ -160,7 +160,7 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     config.model.path = target.model
     refuse_unusable_env(world, config, evaluating=True)
     if roles[world.Get_rank()] is not Role.ENV:
-        from agentrl.trainer.model import import_model_code  # imports torch: after the refusals above
+        from agentrl.models.loading import import_model_code  # imports torch: after the refusals above
 
         import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     if checkpoint is None:

@@ -53,7 +53,7 @@ def train(config: Config, command: list[str] | None = None) -> int:
 def _run_role(config: Config, layout: Layout, command: list[str] | None, started: float) -> int:
     start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
     if layout.role is not Role.ENV:
-        from agentrl.trainer.model import import_model_code
+        from agentrl.models.loading import import_model_code
 
         import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     transport.agree_on_root(layout.world, lambda: (check_model(config), show_layout(config, layout)))

@@ -19,7 +19,7 @@ def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int
         from agentrl.engine.sglang import SGLangEngine
 
         return SGLangEngine.from_config(engine, model, device, seed, colocate=colocate)
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     loaded = load_causal_lm(model.path, model.dtype, device)
     tokenizer = load_tokenizer(model.path)

@@ -1,4 +1,5 @@
-"""Loading the policy and its tokenizer, building the tiny quickstart model, torch.distributed setup."""
+"""Loading a causal LM and its tokenizer (a LoRA checkpoint merged into its recorded base), and making sure
+`model.path` holds a model before any rank loads it (the tiny quickstart model is built there on first use)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ from pathlib import Path
 
 import torch
 
-from agentrl import transport
-from agentrl.config import ModelConfig
 from agentrl.errors import UserError
 from agentrl.models.hub import refuse_missing_model
 
@@ -26,11 +25,11 @@ def load_causal_lm(path: str, dtype: str = "float32", device: str = "cpu"):
     """A plain causal LM; a LoRA adapter folder (a LoRA run's checkpoint) loads its recorded base, merged."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.trainer import lora
+    from agentrl.models import adapters
 
-    if lora.is_adapter_folder(path):
-        base = AutoModelForCausalLM.from_pretrained(lora.recorded_base(path), dtype=getattr(torch, dtype))
-        return lora.load_adapter_model(path, base).to(device)
+    if adapters.is_adapter_folder(path):
+        base = AutoModelForCausalLM.from_pretrained(adapters.recorded_base(path), dtype=getattr(torch, dtype))
+        return adapters.load_adapter_model(path, base).to(device)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     return model.to(device)
 
@@ -45,9 +44,9 @@ def import_model_code() -> None:
 TINY_RECORD = "agentrl_tiny.json"  # the model.tiny section a folder was built from
 
 
-def ensure_model(model: ModelConfig, texts_for_tokenizer) -> None:
-    """Build the tiny model at `model.path` if `model.tiny` asks for one and it is missing; else check it loads,
-    and that a tiny model built there earlier was built from the same `model.tiny`.
+def ensure_model(model, texts_for_tokenizer) -> None:
+    """Build the tiny model at `model.path` (the config's `model` section) if `model.tiny` asks for one and it is
+    missing; else check it loads, and that a tiny model built there earlier was built from the same `model.tiny`.
 
     Runs on rank 0 before any other rank loads the model, so a wrong `model.path` is one
     message instead of a traceback per rank (and a hub model is downloaded once).
@@ -107,55 +106,3 @@ def _check_loadable(path: str) -> None:
             f"model.path={path} cannot be loaded ({str(error).splitlines()[0]}); check {where} holds a "
             "Hugging Face model (config.json, weights, tokenizer)"
         ) from None
-
-
-def trainer_backend(device: str, shares_gpu: bool) -> str:
-    """The trainer ranks' torch.distributed backend: NCCL where each has a GPU of its own; gloo on CPU, and where two
-    share a GPU (NCCL refuses them; gloo all-reduces and broadcasts CUDA tensors through host memory)."""
-    return "nccl" if device.startswith("cuda") and not shares_gpu else "gloo"
-
-
-def init_trainer_group(role_comm, device: str, shares_gpu: bool = False):
-    """torch.distributed among trainer ranks; the rendezvous address travels over MPI. `shares_gpu`: some of them
-    are bound to one GPU (`agentrl.layout.shared_trainer_gpu`)."""
-    import torch.distributed as dist
-
-    size = role_comm.Get_size()
-    if size == 1:
-        return None
-    host, port = transport.rendezvous_address(role_comm)
-    backend = trainer_backend(device, shares_gpu)
-    dist.init_process_group(backend, init_method=f"tcp://{host}:{port}", rank=role_comm.Get_rank(), world_size=size)
-    return dist.group.WORLD
-
-
-def load_policy(path: str, model: ModelConfig, dtype: str, device: str, prepare=None):
-    """The model a trainer trains: `load_causal_lm(path)`, or with `model.lora` set, the base at `model.path`
-    with adapters (fresh, or those of `path` when it is a LoRA checkpoint); only the adapters then require grad.
-    `prepare(loaded)`, if given, runs on the plain model before adapters wrap it (activation checkpointing)."""
-    from agentrl.trainer import lora
-
-    lora_config = model.lora
-    adapter_checkpoint = lora.is_adapter_folder(path) and str(path) != str(model.path)
-    if lora_config is None:
-        if adapter_checkpoint:
-            raise UserError(
-                f"{path} is a LoRA adapter checkpoint but model.lora is not set; resume it with the run's model.lora "
-                "section, or export it with `agentrl export-merged` and fine-tune that"
-            )
-        return _prepared(load_causal_lm(path, dtype, device), prepare)
-    if adapter_checkpoint:
-        base = _prepared(load_causal_lm(model.path, dtype, device), prepare)
-        return lora.load_adapter_model(path, base, trainable=True)
-    if path != model.path:
-        raise UserError(
-            f"{path} is a full-model checkpoint but model.lora is set; resume it without model.lora, or start a new "
-            "run_dir for LoRA"
-        )
-    return lora.apply_lora(_prepared(load_causal_lm(path, dtype, device), prepare), lora_config, path)
-
-
-def _prepared(model, prepare):
-    if prepare is not None:
-        prepare(model)
-    return model

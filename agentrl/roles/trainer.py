@@ -68,8 +68,8 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
 
 def make_trainer(config: Config, layout: Layout, start_step: int, group=None):
     """The policy trainer (resumed from the checkpoint of `start_step`, if any) and the tokenizer."""
+    from agentrl.models.loading import load_tokenizer
     from agentrl.run.start import policy_trainer
-    from agentrl.trainer.model import load_tokenizer
 
     resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
     trainer = policy_trainer(config, str(resumed_from or config.model.path), layout.device, group)

@@ -16,8 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentrl.engine.base import Engine, SamplingParams
-from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.content_tokens import ContentError
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.content_tokens import ContentError
 from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.rollout.reward_hook import RewardFunction
 from agentrl.trajectory import Episode, RewardError, finite_reward, state_key

@@ -19,7 +19,7 @@ from agentrl.env.registry import make
 from agentrl.errors import UserError
 from agentrl.evaluation.report import drop_from as drop_eval_from
 from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan
-from agentrl.rollout.chat import tools_as_text
+from agentrl.models.chat_format import tools_as_text
 
 
 def prepare_run_dir(config: Config, layout: Layout) -> int:
@@ -44,7 +44,7 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
 
 def check_model(config: Config) -> None:
     """Rank 0: build the tiny model or check that model.path loads (UserError if not)."""
-    from agentrl.trainer.model import ensure_model
+    from agentrl.models.loading import ensure_model
 
     ensure_model(config.model, lambda: env_texts(config))
 

@@ -107,9 +107,9 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
 
     from agentrl import transport
     from agentrl.layout import job_nodes
+    from agentrl.models.loading import load_tokenizer
     from agentrl.run.liveness import Liveness
     from agentrl.serve.generation import LocalBackend
-    from agentrl.trainer.model import load_tokenizer
 
     hf_logging.disable_progress_bar()
     rank, size = world.Get_rank(), world.Get_size()
@@ -162,7 +162,7 @@ def _engine(args, section, served: Served, rank: int):
         )
         return engine, getattr(AutoConfig.from_pretrained(served.path), "max_position_embeddings", None)
     from agentrl.engine import build_torch_engine
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_causal_lm(served.path, args.dtype, device)

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from agentrl.errors import UserError
-from agentrl.rollout.chat import tools_as_text
+from agentrl.models.chat_format import tools_as_text
 from agentrl.sft.transcripts import TranscriptError, TranscriptTokenizer, episode_shape
 
 

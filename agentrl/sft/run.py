@@ -68,9 +68,9 @@ def prepare(
     config: SFTConfig, world_size: int, train: list, val: list | None
 ) -> tuple[int, int, Packed, Packed | None]:
     """Rank 0: build or check the model, tokenize, decide the start step, save the config."""
+    from agentrl.models.loading import ensure_model, load_tokenizer
     from agentrl.run.start import resume_step
     from agentrl.sft.transcripts import TranscriptTokenizer
-    from agentrl.trainer.model import ensure_model, load_tokenizer
 
     ensure_model(
         config.model, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else [])
@@ -128,10 +128,11 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     from transformers.utils import logging as hf_logging
 
     from agentrl.logging import RunLogger
+    from agentrl.models.loading import import_model_code, load_tokenizer
     from agentrl.run.supervise import restart_count
     from agentrl.tracking import open_trackers
     from agentrl.trainer import checkpoint
-    from agentrl.trainer.model import import_model_code, init_trainer_group, load_tokenizer
+    from agentrl.trainer.model import init_trainer_group
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()

@@ -9,17 +9,17 @@ from agentrl.errors import UserError
 
 def export_merged(checkpoint: str, out: str, dtype: str = "float32") -> Path:
     """Load the recorded base, merge the adapter (W + alpha/r * B @ A), save model and tokenizer to `out`."""
-    from agentrl.trainer import lora
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models import adapters
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     path = Path(checkpoint)
-    if (path / "checkpoints").is_dir() and not lora.is_adapter_folder(path):
+    if (path / "checkpoints").is_dir() and not adapters.is_adapter_folder(path):
         from agentrl.trainer.folders import newest_checkpoint
 
         path, _ = newest_checkpoint(path)
-    if not lora.is_adapter_folder(path):
+    if not adapters.is_adapter_folder(path):
         raise UserError(
-            f"{checkpoint} is not a LoRA checkpoint (no {lora.ADAPTER_CONFIG}); export-merged takes a LoRA run's "
+            f"{checkpoint} is not a LoRA checkpoint (no {adapters.ADAPTER_CONFIG}); export-merged takes a LoRA run's "
             "RUN_DIR/checkpoints/step_N. A full fine-tuning checkpoint is a plain model folder already"
         )
     target = Path(out)
@@ -27,6 +27,6 @@ def export_merged(checkpoint: str, out: str, dtype: str = "float32") -> Path:
         raise UserError(f"{out} exists and is not empty; pass a new folder to write the merged model into")
     model = load_causal_lm(str(path), dtype)
     model.save_pretrained(target, safe_serialization=True)
-    tokenizer_source = path if (path / "tokenizer_config.json").is_file() else lora.recorded_base(path)
+    tokenizer_source = path if (path / "tokenizer_config.json").is_file() else adapters.recorded_base(path)
     load_tokenizer(str(tokenizer_source)).save_pretrained(target)
     return target

@@ -34,8 +34,9 @@ from agentrl.config import (
     ParallelismConfig,
     TrainerConfig,
 )
+from agentrl.models.loading import load_causal_lm
 from agentrl.trainer import parallel
-from agentrl.trainer.model import load_causal_lm, load_policy
+from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 from agentrl.trajectory import num_episodes

@@ -55,7 +55,7 @@ def preload() -> None:
     import torch  # noqa: F401
 
     import agentrl
-    from agentrl.trainer.model import import_model_code
+    from agentrl.models.loading import import_model_code
 
     import_model_code()
     for module in pkgutil.walk_packages(agentrl.__path__, "agentrl."):

@@ -11,10 +11,10 @@ from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.metrics import episode_metrics, episode_sums
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_causal_lm, load_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
 from agentrl.run.start import rollout_worker
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trajectory import Episode, pack
 
 

@@ -4,8 +4,8 @@ import json
 
 import torch
 
+from agentrl.models.loading import load_causal_lm, load_tokenizer
 from agentrl.trainer import checkpoint
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
 
 def save(run_dir, step, model, tokenizer, keep=5):

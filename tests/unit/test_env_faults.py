@@ -8,9 +8,9 @@ import pytest
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
-from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode
 from tests.fault_envs import fails
 from tests.unit.test_agent_loop import ScriptedEngine

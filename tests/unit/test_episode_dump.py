@@ -10,10 +10,10 @@ from agentrl.data.episode_dump import drop_from, episode_record, read_steps, wri
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.messages import assistant_message, observation_messages
-from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode
 from tests.unit.test_agent_loop import ScriptedEngine
 

@@ -69,7 +69,7 @@ class LoopThread:
 def gateway(tmp_path_factory):
     from agentrl.engine.continuous import ContinuousTorchEngine
     from agentrl.gateway.server import Gateway
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     model_dir = build_serve_model(tmp_path_factory.mktemp("gateway") / "tiny")
     tokenizer = load_tokenizer(str(model_dir))

@@ -12,7 +12,7 @@ import pytest
 
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.gateway.trace import samples_from_calls
-from agentrl.rollout.chat import ChatFormat
+from agentrl.models.chat_format import ChatFormat
 from agentrl.sft.transcripts import tool_observation
 from tests.unit.serve_server import build_serve_model
 
@@ -38,7 +38,7 @@ class ScriptedEngine(Engine):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from agentrl.trainer.model import load_tokenizer
+    from agentrl.models.loading import load_tokenizer
 
     return load_tokenizer(str(build_serve_model(tmp_path_factory.mktemp("stitch") / "tiny")))
 

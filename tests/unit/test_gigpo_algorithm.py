@@ -10,9 +10,9 @@ from agentrl.config import from_dict
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
-from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode, pack, state_key
 
 

@@ -12,10 +12,10 @@ from mpi4py import MPI
 from agentrl.config import ConfigError, from_dict
 from agentrl.engine.torch_engine import TorchEngine
 from agentrl.errors import UserError
+from agentrl.models.adapters import ADAPTER_CONFIG
+from agentrl.models.loading import load_causal_lm, load_tokenizer
 from agentrl.run.start import policy_trainer
 from agentrl.trainer import checkpoint
-from agentrl.trainer.lora import ADAPTER_CONFIG
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, pack
 from agentrl.weights.lora import ConfirmedAdapterSync, StaleWeights, adapter_checksum, check_reports

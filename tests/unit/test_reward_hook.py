@@ -11,9 +11,9 @@ from agentrl.env.check import check_env
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.metrics import episode_metrics, episode_sums
+from agentrl.models.chat_format import ChatFormat
 from agentrl.models.tiny import build_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
 from agentrl.rollout.reward_hook import ARGUMENTS, RewardFunction
 from agentrl.trajectory import Episode, RewardError, pack
 from envs.guess_number import GuessNumberEnv

@@ -12,12 +12,12 @@ from agentrl.engine.base import SamplingParams
 from agentrl.env.check import check_env
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.models.chat_format import ChatFormat
 from agentrl.models.tiny import build_tokenizer
 from agentrl.rewards import exact_match_score as exact_match
 from agentrl.rewards import normalize
 from agentrl.rewards import token_f1_score as token_f1
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
 from agentrl.trajectory import Episode
 from envs.search_qa import BM25Index, SearchQAEnv, load_library, tokenize
 from envs.search_qa.corpus import render_corpus

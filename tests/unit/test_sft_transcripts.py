@@ -11,8 +11,8 @@ from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.errors import UserError
+from agentrl.models.chat_format import ChatFormat
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
 from agentrl.sft.data import read_transcripts, tokenize_all
 from agentrl.sft.transcripts import TranscriptError, TranscriptTokenizer, assistant_text, episode_shape
 from agentrl.trajectory import Episode

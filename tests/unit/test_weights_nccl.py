@@ -293,7 +293,7 @@ def test_make_weight_sync_resolves_from_the_layouts_placements(monkeypatch):
 
 def test_torch_engine_bucket_update_needs_every_parameter(tiny_model_dir):
     from agentrl.engine.torch_engine import TorchEngine
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.models.loading import load_causal_lm
 
     engine = TorchEngine(load_causal_lm(tiny_model_dir), pad_token_id=0)
     named = [(n, p.detach() + 1) for n, p in engine.model.named_parameters()]
