@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from agentrl.config.base import AlgorithmSection as AlgorithmOptions
-from agentrl.config.base import Section
+from agentrl.sections import AlgorithmSection as AlgorithmOptions
+from agentrl.sections import Section
 
 if TYPE_CHECKING:  # torch loads with the trainer: validating a config (any rank's first act) does without it
     import torch

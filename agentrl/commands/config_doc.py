@@ -7,8 +7,8 @@ import types
 import typing
 from typing import Annotated, Literal
 
-from agentrl.config.base import AlgorithmSection, Section
 from agentrl.config.schema import Config
+from agentrl.sections import AlgorithmSection, Section
 
 # Sections the SFT config shares with the RL config (documented once, under the RL reference).
 SHARED_SECTIONS = ("model", "optimizer", "lr_scheduler", "parallelism", "checkpoint", "logging")

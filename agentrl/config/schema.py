@@ -17,7 +17,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from agentrl.config.base import AlgorithmSection, Section, format_validation_error
+from agentrl.sections import AlgorithmSection, Section, format_validation_error
 
 
 class LayoutConfig(Section):

@@ -44,9 +44,9 @@ def engine_section(options: list[str]):
     """The engine's config section from `key=value` options (rollout.engine's fields), checked."""
     from pydantic import TypeAdapter, ValidationError
 
-    from agentrl.config.base import ConfigError, format_validation_error
     from agentrl.config.load import parse_override
     from agentrl.config.schema import EngineConfig
+    from agentrl.sections import ConfigError, format_validation_error
 
     values = dict(DEFAULT_ENGINE)
     for option in options:
