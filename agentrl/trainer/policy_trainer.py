@@ -35,7 +35,7 @@ from agentrl.config import (
     TrainerConfig,
 )
 from agentrl.models.loading import load_causal_lm
-from agentrl.trainer import parallel
+from agentrl.trainer import checkpoint, parallel
 from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
@@ -94,9 +94,9 @@ class PolicyTrainer:
             extra.module.train()
 
     @property
-    def extra_state(self) -> list[ExtraModel]:
-        """What checkpoint.save/load_state keep beside the policy (each has save and load)."""
-        return self.extras
+    def extra_state(self) -> list[checkpoint.ExtraModelState]:
+        """What checkpoint.save/load_state keep beside the policy: the algorithm's extra models."""
+        return [checkpoint.ExtraModelState(extra) for extra in self.extras]
 
     def _place(self, module: torch.nn.Module) -> torch.nn.Module:
         """An algorithm's extra model onto this trainer's device and dtype, checkpointed and sharded as the policy."""
