@@ -290,27 +290,15 @@ def cmd_sweep(args) -> int:
 
 def cmd_layout(args) -> int:
     from agentrl.config import load_config
-    from agentrl.layout import engine_gpus, format_plan, parse_hosts, plan, simulated_ranks_per_node
+    from agentrl.layout import simulated_ranks_per_node
+    from agentrl.run.plan import JobShape, config_plan, format_plan, parse_hosts
 
     config = load_config(args.config, args.overrides)
     hosts = parse_hosts(args.hosts) if args.hosts else None
     ranks_per_node = args.ranks_per_node or simulated_ranks_per_node()
-    gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
-    transport = config.weights.transport  # resolved from the planned placements, as a run resolves it
-    rows = plan(
-        config.layout,
-        args.np,
-        ranks_per_node,
-        args.gpus_per_node,
-        gpus,
-        transport,
-        mapped,
-        in_place,
-        hosts=hosts,
-        fsdp=config.parallelism.fsdp,
-        lora=config.model.lora is not None,
-    )
-    print(format_plan(rows, single_process=args.np == 1, evaluating=args.eval))
+    job = JobShape(args.np, ranks_per_node, args.gpus_per_node, hosts=hosts)
+    # the transport is resolved from the planned placements, as a run resolves it
+    print(format_plan(config_plan(config, job), single_process=args.np == 1, evaluating=args.eval))
     if args.np == 1:
         print("world size 1: every role runs in this one process")
     return 0

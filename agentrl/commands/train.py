@@ -10,15 +10,8 @@ from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.layout import Layout, Role, engine_gpus
 from agentrl.run import preempt
 from agentrl.run.liveness import Liveness
-from agentrl.run.start import (
-    check_model,
-    data_positions,
-    data_shards,
-    prepare_run_dir,
-    seed_everything,
-    set_threads,
-    show_layout,
-)
+from agentrl.run.plan import show_layout
+from agentrl.run.start import check_model, data_positions, data_shards, prepare_run_dir, seed_everything, set_threads
 from agentrl.run.summary import RunSummary
 
 

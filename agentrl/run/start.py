@@ -18,7 +18,7 @@ from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
 from agentrl.errors import UserError
 from agentrl.evaluation.report import drop_from as drop_eval_from
-from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan
+from agentrl.layout import Layout, Role, engine_gpus, pinned_cores
 from agentrl.models.chat_format import tools_as_text
 
 
@@ -47,38 +47,6 @@ def check_model(config: Config) -> None:
     from agentrl.models.loading import ensure_model
 
     ensure_model(config.model, lambda: env_texts(config))
-
-
-def show_layout(config: Config, layout: Layout) -> None:
-    """Rank 0: the run folder, then a table of this job's real nodes (numbered 0, 1, ... in rank order) and GPUs:
-    what each rank binds and the weight transport every rank resolves from those placements."""
-    print(f"agentrl: run_dir={config.run_dir} world={layout.size}", flush=True)
-    nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
-    gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
-    transport = config.weights.transport
-    hosts = layout.hosts if layout.hosts and len(set(layout.hosts)) > 1 else None  # several nodes: show their names
-    rows = plan(
-        config.layout,
-        layout.size,
-        None,
-        layout.gpus_per_node,
-        gpus,
-        transport,
-        mapped,
-        in_place,
-        nodes,
-        hosts,
-        fsdp=config.parallelism.fsdp,
-        lora=config.model.lora is not None,
-    )
-    print(format_plan(rows, layout.single_process), flush=True)
-    if layout.shared_trainer_gpu is not None:
-        first, second, node, gpu = layout.shared_trainer_gpu
-        print(
-            f"agentrl: trainer ranks {first} and {second} share node {node}'s cuda:{gpu}: the trainers reduce over "
-            "gloo (NCCL needs a GPU per rank)",
-            flush=True,
-        )
 
 
 def resume_step(config: Config) -> int:

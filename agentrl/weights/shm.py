@@ -46,8 +46,8 @@ import numpy as np
 import torch
 
 from agentrl import transport
-from agentrl.layout import maps_shared_weights
 from agentrl.weights.base import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors, plan_buckets
+from agentrl.weights.placement import maps_shared_weights
 
 ALIGN = 64  # every tensor and slot starts on a cache line; any dtype is aligned there
 STAMP_BYTES = ALIGN  # per slot: int64 sequence, version, bucket index (then padding)
