@@ -169,9 +169,9 @@ def main(argv: list[str] | None = None) -> int:
 def cmd_train(args) -> int:
     """User errors found before training starts raise on every rank (main prints them once); later ones abort."""
     from agentrl.config import load_config
-    from agentrl.env.preflight import refuse_unusable_env
     from agentrl.run import preempt
     from agentrl.run.claim import claim
+    from agentrl.run.preflight import refuse_unusable_env
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(args.config, args.overrides)

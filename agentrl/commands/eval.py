@@ -145,9 +145,9 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     from mpi4py import MPI
 
     from agentrl.config import load_config
-    from agentrl.env.preflight import refuse_unusable_env
     from agentrl.evaluation.report import headline, table
     from agentrl.layout import Role, assign_roles
+    from agentrl.run.preflight import refuse_unusable_env
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])

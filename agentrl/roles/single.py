@@ -12,7 +12,7 @@ from agentrl.run.start import env_host, rollout_worker, task_source
 def run_single_process(config: Config, layout: Layout, start_step: int, data_start) -> tuple[int, dict[int, float]]:
     """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
     from agentrl.data.recorder import StepRecorder
-    from agentrl.failures import FailureTally, abort_if_failing
+    from agentrl.rollout.failures import FailureTally, abort_if_failing
     from agentrl.rollout.trainer_messages import sample_texts
     from agentrl.trajectory import pack
     from agentrl.weights.base import InProcessWeightCopy

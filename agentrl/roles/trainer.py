@@ -12,9 +12,9 @@ from collections.abc import Callable
 
 from agentrl import transport
 from agentrl.config import Config
-from agentrl.failures import FailureTally, abort_if_failing
 from agentrl.layout import Layout
 from agentrl.metrics import episode_metrics, episode_sums, merge_stats
+from agentrl.rollout.failures import FailureTally, abort_if_failing
 from agentrl.run import preempt, startup_gc
 from agentrl.run.supervise import restart_count
 from agentrl.trainer import checkpoint, staleness
@@ -97,8 +97,8 @@ def make_evaluation(config: Config, results: Callable[[int], list[dict]], logger
 
 def make_logger(config: Config, start_step: int):
     """The trainer leader's RunLogger: TensorBoard, and the W&B/MLflow runs logging.backends lists."""
-    from agentrl.logging import RunLogger
     from agentrl.tracking import open_trackers
+    from agentrl.tracking.run_logger import RunLogger
 
     trackers = open_trackers(config.logging, config.run_dir, start_step, config.model_dump(mode="json"))
     return RunLogger(

@@ -19,11 +19,11 @@ from agentrl.data.episode_dump import episode_record
 from agentrl.data.tasks import SeededTasks, TaskSource
 from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
-from agentrl.failures import error_kind
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.loading import load_tokenizer
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, gather_episodes, gather_polling, run_episode
 from agentrl.rollout.dispatch import DispatchServer, default_groups_in_flight
+from agentrl.rollout.failures import error_kind
 from agentrl.rollout.reward_hook import RewardFunction
 from agentrl.trajectory import Episode
 

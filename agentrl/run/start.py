@@ -14,12 +14,12 @@ import numpy as np
 from agentrl.config import Config, save_config
 from agentrl.data.episode_dump import drop_from as drop_dumps_from
 from agentrl.env.host import EnvHost
-from agentrl.env.preflight import check_env_config
 from agentrl.env.registry import make
 from agentrl.errors import UserError
 from agentrl.evaluation.report import drop_from as drop_eval_from
 from agentrl.layout import Layout, Role, engine_gpus, pinned_cores
 from agentrl.models.chat_format import tools_as_text
+from agentrl.run.preflight import check_env_config
 
 
 def prepare_run_dir(config: Config, layout: Layout) -> int:

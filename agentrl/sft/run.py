@@ -127,10 +127,10 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from agentrl.logging import RunLogger
     from agentrl.models.loading import import_model_code, load_tokenizer
     from agentrl.run.supervise import restart_count
     from agentrl.tracking import open_trackers
+    from agentrl.tracking.run_logger import RunLogger
     from agentrl.trainer import checkpoint
     from agentrl.trainer.model import init_trainer_group
 
