@@ -13,7 +13,7 @@ from enum import Enum
 import numpy as np
 
 from agentrl import transport
-from agentrl.config import ConfigError, EngineConfig, LayoutConfig
+from agentrl.config import ConfigError, LayoutConfig
 
 
 class Role(str, Enum):
@@ -70,11 +70,6 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
             f"or change layout.* so the counts add up to {world_size}"
         )
     return [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
-
-
-def engine_gpus(engine: EngineConfig) -> int:
-    """GPUs one rollout engine (`rollout.engine`) uses: SGLang's tensor-parallel size; the torch engine uses one."""
-    return getattr(engine, "tp_size", 1)
 
 
 def bind_gpus(

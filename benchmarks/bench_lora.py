@@ -94,7 +94,7 @@ def measure(comm, folder: Path, rank: int | None, reps: int, vocab: int) -> dict
     """Every rank: rank 0 trains and sends, the others receive into engines; rank 0 returns the row."""
     from agentrl.engine.torch_engine import TorchEngine
     from agentrl.models.loading import load_causal_lm
-    from agentrl.run.start import policy_trainer
+    from agentrl.roles.trainer_parts import policy_trainer
 
     config = config_for(folder, rank)
     row = {}

@@ -224,7 +224,7 @@ def sync_device(device: str) -> None:
 
 
 def time_grpo_step(model_dir: Path, device: str, dtype: str, small: bool) -> dict:
-    from agentrl.run.start import policy_trainer
+    from agentrl.roles.trainer_parts import policy_trainer
 
     trainer = policy_trainer(agentrl_config(model_dir, dtype), str(model_dir), device)
     episodes, prompt_len, response_len = (8, 16, 16) if small else (32, 256, 512)

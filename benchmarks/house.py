@@ -24,11 +24,13 @@ A measurement of the code (no import of it; `ast` only), so it runs on any check
   a section of it (an attribute chain of section names, e.g. `config.rollout.engine`; harvested from the classes
   of agentrl/config/) as an argument, to the function or constructor it resolves to: a name defined in the same
   module, a name imported from an agentrl module (re-exports followed), `module.name` of an imported agentrl
-  module, or `self.name` of the same class. In the callee the parameter that receives it carries it on (as does
-  `x = config.section`); calls inside lambdas and nested functions count. Each (function, parameters carrying
-  it) is walked once. A call from one file into another enters that file; its return comes back to the caller's
-  file. Reported: files entered, cross-file calls, and the most returns to any one file (with that file).
-  Calls on unknown objects (`worker.collect(...)`) and methods of the config itself are not followed.
+  module, `Class.name` of an agentrl class (a classmethod), or `self.name` of the same class; a class means its
+  `__init__` (a dataclass: entered, nothing to walk). In the callee the parameter that receives it carries it on
+  (as does `x = config.section`); calls inside lambdas and nested functions count. Each (function, parameters
+  carrying it) is walked once, each call counted once. A call from one file into another enters that file; its
+  return comes back to the caller's file. Reported: files entered, cross-file calls, and the most returns to any
+  one file (with that file). Calls on unknown objects (`worker.collect(...)`), methods of the config itself
+  (`config.eval.due(step)`) and objects built from the config are not followed.
 """
 
 from __future__ import annotations
@@ -278,6 +280,11 @@ class Walk:
             source = self.imported[module].get(owner)
             if source is not None and source[1] is None and func.attr in self.defs[source[0]]:
                 return self.resolve_name(source[0], func.attr)
+            found = self.resolve_name(module, owner)  # `Class.method(...)`: a classmethod of an agentrl class
+            if found is not None and isinstance(found[1], ast.ClassDef):
+                for item in found[1].body:
+                    if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and item.name == func.attr:
+                        return found[0], item
         return None
 
     def carries(self, node: ast.expr, tracked: set[str]) -> bool:

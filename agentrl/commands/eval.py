@@ -52,12 +52,12 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
     """This rank's part; the report on the rank that wrote it (rank 0), None elsewhere."""
     from transformers.utils import logging as hf_logging
 
-    from agentrl.layout import Layout, engine_gpus
+    from agentrl.layout import Layout
     from agentrl.run.liveness import Liveness
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
-    layout = Layout(config.layout, rollout_gpus=engine_gpus(config.rollout.engine))
+    layout = Layout(config.layout, rollout_gpus=config.rollout.engine.gpus)
     liveness = Liveness(layout.world, layout.nodes, layout.hosts, config.runtime.peer_timeout_s)
     report = _evaluate_role(config, layout, target, started)
     liveness.stop()
@@ -106,7 +106,8 @@ def _close(worker) -> None:
 def _evaluator(config, layout, target: Target, env_client):
     from agentrl.env.client import LocalEnvClient
     from agentrl.evaluation.runner import Evaluator
-    from agentrl.run.start import env_host, rollout_worker
+    from agentrl.roles.env import env_host
+    from agentrl.roles.rollout_parts import rollout_worker
 
     if env_client is None and not config.agent.enabled:  # agent programs play the env's part, through a gateway
         env_client = LocalEnvClient(env_host(config, check=not layout.single_process))

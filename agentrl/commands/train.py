@@ -7,11 +7,11 @@ import time
 from agentrl import transport
 from agentrl.config import Config
 from agentrl.errors import RefusedOnEveryRank, UserError
-from agentrl.layout import Layout, Role, engine_gpus
+from agentrl.layout import Layout
+from agentrl.roles import run_role
 from agentrl.run import preempt
 from agentrl.run.liveness import Liveness
-from agentrl.run.plan import show_layout
-from agentrl.run.start import check_model, data_positions, data_shards, prepare_run_dir, seed_everything, set_threads
+from agentrl.run.start import start_run
 from agentrl.run.summary import RunSummary
 
 
@@ -24,7 +24,7 @@ def train(config: Config, command: list[str] | None = None) -> int:
     started = time.monotonic()
     preempt.install()
     try:
-        layout = Layout(config.layout, rollout_gpus=engine_gpus(config.rollout.engine))
+        layout = Layout(config.layout, rollout_gpus=config.rollout.engine.gpus)
     except UserError as error:  # the same sizes on every rank, so the same error everywhere
         raise RefusedOnEveryRank(str(error)) from None
     if layout.single_process and config.rollout.max_staleness:
@@ -44,46 +44,14 @@ def train(config: Config, command: list[str] | None = None) -> int:
 
 
 def _run_role(config: Config, layout: Layout, command: list[str] | None, started: float) -> int:
-    start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
-    if layout.role is not Role.ENV:
-        from agentrl.models.loading import import_model_code
-
-        import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
-    transport.agree_on_root(layout.world, lambda: (check_model(config), show_layout(config, layout)))
-    data_start = None
-    if config.data.train:  # the same on every rank
-        shards = data_shards(config, layout)
-        data_start = transport.agree_on_root(layout.world, lambda: data_positions(config, start_step, shards))
-
-    done, success_by_step = None, None
-    if layout.role is Role.ENV and not layout.single_process:
-        from agentrl.roles.env import run_env
-
-        run_env(config, layout)  # no torch here unless an env loads it (run_env then seeds it)
-    else:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-        set_threads(config, layout)
-        seed_everything(config.seed + layout.rank)
-        if layout.single_process:
-            from agentrl.roles.single import run_single_process
-
-            done, success_by_step = run_single_process(config, layout, start_step, data_start)
-        elif layout.role is Role.TRAINER:
-            from agentrl.roles.trainer import run_trainer
-
-            done, success_by_step = run_trainer(config, layout, start_step)
-        else:
-            from agentrl.roles.rollout import run_rollout
-
-            run_rollout(config, layout, start_step, data_start)
+    start = start_run(config, layout)
+    done, success_by_step = run_role(config, layout, start)
     transport.barrier(layout.world)
     if layout.is_trainer_leader and not layout.single_process:
         preempt.take_forwarded(layout.world)  # a request that came after the last step boundary
     preempt.finish_forwarding()
     done = transport.bcast_object(layout.world, done)  # rank 0 is the trainer leader
     if layout.rank == 0:
-        summary = RunSummary(config, layout.size, start_step, done, time.monotonic() - started, command)
+        summary = RunSummary(config, layout.size, start.step, done, time.monotonic() - started, command)
         print(summary.text(success_by_step or {}, preempt.reason()), flush=True)
     return done

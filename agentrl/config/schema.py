@@ -144,6 +144,11 @@ class TorchEngineConfig(Section):
         "(Llama, Qwen2/3, Mistral); `true` also on CPU, where the same steps run eagerly (for tests); `false`: never.",
     )
 
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine uses (the layout binds them): the torch engine runs on one."""
+        return 1
+
 
 class SGLangEngineConfig(Section):
     """An in-process `sglang.Engine` per rollout rank (GPU; the `agentrl[sglang]` extra)."""
@@ -154,6 +159,11 @@ class SGLangEngineConfig(Section):
         0.8, gt=0, lt=1, description="GPU memory fraction for weights and KV cache (lower it when colocated)."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for `sglang.Engine`.")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine uses (the layout binds them): its tensor-parallel size."""
+        return self.tp_size
 
 
 EngineConfig = Annotated[TorchEngineConfig | SGLangEngineConfig, Field(discriminator="backend")]

@@ -11,7 +11,8 @@ from agentrl.env.host import EnvHost
 from agentrl.layout import Layout
 from agentrl.node_wakeup import Doorbell
 from agentrl.run import preempt, startup_gc
-from agentrl.run.start import env_host, seed_everything, seed_torch, set_threads
+from agentrl.run.preflight import check_env_config
+from agentrl.run.start import seed_everything, seed_torch, set_threads
 from agentrl.transport import Tag
 
 
@@ -29,6 +30,14 @@ def run_env(config: Config, layout: Layout) -> None:
         layout.rollout_ranks_served_by(layout.rank),
         after_batch=lambda: preempt.forward(layout.world, leader),
     )
+
+
+def env_host(config: Config, check: bool = True) -> EnvHost:
+    """The host of this rank's envs (an env rank's, or a rollout rank's own); `check`: build one first, so a failure
+    on this rank stops the job (rank 0's check passed, but this rank may lack a package or a file)."""
+    if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
+        check_env_config(config.env.id, config.env.kwargs, reset=not (config.data.train or config.data.val))
+    return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
 
 
 def serve(

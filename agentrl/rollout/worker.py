@@ -9,6 +9,7 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,13 +41,32 @@ def engine_seed(seed: int, rollout_index: int) -> int:
     return int(np.random.SeedSequence([seed, 2**31, rollout_index]).generate_state(1)[0])
 
 
+@dataclass(frozen=True)
+class WorkerSections:
+    """What a RolloutWorker reads of the config: the `rollout` (episodes, sampling, the engine), `model`, `env`
+    (system prompt, reward function) and `agent` sections; the run's `seed` and `run_dir`; and `colocate`
+    (`layout.colocate`: the engine shares a trainer's GPU)."""
+
+    rollout: RolloutConfig
+    model: ModelConfig
+    env: EnvConfig
+    agent: AgentConfig
+    seed: int
+    run_dir: str
+    colocate: bool
+
+    @classmethod
+    def of(cls, config) -> WorkerSections:
+        return cls(
+            config.rollout, config.model, config.env, config.agent, config.seed, config.run_dir, config.layout.colocate
+        )
+
+
 class RolloutWorker:
     """Owns an engine, the chat format and an env client; `collect(step)` runs one step's episodes.
 
-    It takes the sections it reads, not the whole config: `rollout` (episodes, sampling, the engine), `model`,
-    `env` (system prompt, reward function) and `agent`; the run's `seed` and `run_dir`; `colocate`
-    (`layout.colocate`: the engine shares a trainer's GPU); and `algorithm`, which builds the algorithm given
-    a reduce (on rollout ranks only its `keep_group` and `max_extra_rounds` are used).
+    It takes the sections it reads (`WorkerSections`), not the whole config, and `algorithm`, which builds the
+    algorithm given a reduce (on rollout ranks only its `keep_group` and `max_extra_rounds` are used).
     """
 
     def __init__(
@@ -54,18 +74,13 @@ class RolloutWorker:
         env_client,
         rollout_index: int,
         rollout_count: int,
-        device: str = "cpu",
-        task_source: TaskSource | None = None,
-        *,
-        rollout: RolloutConfig,
-        model: ModelConfig,
-        env: EnvConfig,
-        agent: AgentConfig,
+        device: str,
+        task_source: TaskSource | None,
+        sections: WorkerSections,
         algorithm: Callable[[Reduce], Algorithm],
-        seed: int,
-        run_dir: str,
-        colocate: bool,
     ):
+        rollout, model, env, agent = sections.rollout, sections.model, sections.env, sections.agent
+        seed, run_dir, colocate = sections.seed, sections.run_dir, sections.colocate
         self.rollout_config, self.agent_config = rollout, agent
         self.rollout_index = rollout_index
         self.task_source = task_source or SeededTasks(seed)  # a dataset's rows, or the env's seeds

@@ -11,12 +11,10 @@ from agentrl.layout import (
     Role,
     assign_roles,
     bind_gpus,
-    engine_gpus,
     node_ids,
     sharding_refusal,
     shared_trainer_gpu,
 )
-from agentrl.weights.placement import resolve_weight_sync, weight_group_placements, weight_roles
 
 
 @dataclass(frozen=True)
@@ -77,6 +75,9 @@ def plan(
     if fsdp and shared is not None:
         raise ConfigError(sharding_refusal(shared, "trainer"))
     if world_size > 1:
+        # imported here: agentrl.weights loads torch, which env ranks (all but rank 0 print no plan) do without
+        from agentrl.weights.placement import resolve_weight_sync, weight_group_placements, weight_roles
+
         leader, rollouts = weight_group_placements(roles, nodes, gpus)
         transport = resolve_weight_sync(weights_transport, colocate, leader, rollouts, rollout_gpus, lora=lora)
         if leader[1] is not None:  # GPU ranks neither view host memory nor train in it: they copy
@@ -98,7 +99,7 @@ def config_plan(config: Config, job: JobShape) -> list[RankPlan]:
     return plan(
         config.layout,
         job,
-        engine_gpus(config.rollout.engine),
+        config.rollout.engine.gpus,
         config.weights.transport,
         config.maps_weights,
         config.trains_in_window,

@@ -32,7 +32,7 @@ def make_weight_sync(
     Every rank of the weight group resolves `weights.transport` from the whole job's placements
     (`layout.nodes`, `layout.gpus`), so all of them pick the same transport (`transport_for` builds it). The
     keywords are what other sections decide of it: `layout.colocate`, the GPUs of one engine
-    (`layout.engine_gpus`), `model.lora` (adapter-only syncs, each version confirmed by every engine), and
+    (`rollout.engine.gpus`), `model.lora` (adapter-only syncs, each version confirmed by every engine), and
     `Config.maps_weights` / `Config.trains_in_window` (`weights.shm_mapped` / `shm_in_place` as resolved).
     """
     leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)

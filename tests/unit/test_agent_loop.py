@@ -13,8 +13,8 @@ from agentrl.env.host import EnvHost
 from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.loading import load_causal_lm, load_tokenizer
+from agentrl.roles.rollout_parts import rollout_worker
 from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.run.start import rollout_worker
 from agentrl.trajectory import Episode, pack
 
 

@@ -14,7 +14,7 @@ from agentrl.engine.torch_engine import TorchEngine
 from agentrl.errors import UserError
 from agentrl.models.adapters import ADAPTER_CONFIG
 from agentrl.models.loading import load_causal_lm, load_tokenizer
-from agentrl.run.start import policy_trainer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, pack

@@ -8,7 +8,7 @@ import torch
 from agentrl import transport
 from agentrl.config import ConfigError, from_dict
 from agentrl.models.loading import load_causal_lm
-from agentrl.run.start import policy_trainer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import parallel
 from agentrl.trajectory import Episode, pack
 from agentrl.weights.base import GatherOnly

@@ -11,7 +11,7 @@ from agentrl.algorithms import registered_names, resolve
 from agentrl.algorithms.ppo import PPOOptions, step_mask, token_rewards
 from agentrl.config import ConfigError, from_dict
 from agentrl.models.loading import load_tokenizer
-from agentrl.run.start import policy_trainer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trajectory import Episode, concat, pack
 

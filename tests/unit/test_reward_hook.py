@@ -135,7 +135,7 @@ def test_check_env_flags_stepping_after_the_end():
 
 def test_rollout_worker_applies_the_configured_reward_fn(tiny_model_dir):
     from agentrl.config import from_dict
-    from agentrl.run.start import rollout_worker
+    from agentrl.roles.rollout_parts import rollout_worker
 
     def collect(**env):
         config = from_dict(

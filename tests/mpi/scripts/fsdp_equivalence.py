@@ -14,7 +14,7 @@ from mpi4py import MPI
 from agentrl import transport
 from agentrl.config import from_dict
 from agentrl.models.loading import load_causal_lm, load_tokenizer
-from agentrl.run.start import policy_trainer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import checkpoint
 from agentrl.trainer.model import init_trainer_group
 from agentrl.trajectory import concat
