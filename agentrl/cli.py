@@ -216,7 +216,7 @@ def cmd_sft(args) -> int:
         try:
             from agentrl.layout import job_nodes
             from agentrl.run.liveness import Liveness
-            from agentrl.sft.run import run_sft
+            from agentrl.commands.sft import run_sft
 
             liveness = Liveness(world, *job_nodes(world), config.runtime.peer_timeout_s)
             result = run_sft(config, world, command)

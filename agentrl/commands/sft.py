@@ -152,19 +152,9 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     group = init_trainer_group(world, device, shares_gpu=shared is not None)
     resumed_from = checkpoint.step_path(config.run_dir, start) if start else None
 
-    from agentrl.sft.trainer import SFTTrainer
+    from agentrl.trainer.sft import SFTSections, SFTTrainer
 
-    trainer = SFTTrainer(
-        str(resumed_from or config.model.path),
-        device,
-        total,
-        group,
-        model=config.model,
-        sft=config.sft,
-        optimizer=config.optimizer,
-        lr_scheduler=config.lr_scheduler,
-        parallelism=config.parallelism,
-    )
+    trainer = SFTTrainer(str(resumed_from or config.model.path), device, total, group, SFTSections.of(config))
     if resumed_from is not None:
         checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler, trainer.model)
     tokenizer = load_tokenizer(config.model.path)

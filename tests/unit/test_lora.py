@@ -262,8 +262,8 @@ def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_p
     from types import SimpleNamespace
 
     from agentrl.sft.config import SFTConfig
-    from agentrl.sft.run import final_path, save_final
-    from agentrl.sft.trainer import SFTTrainer
+    from agentrl.commands.sft import final_path, save_final
+    from agentrl.trainer.sft import SFTSections, SFTTrainer
 
     config = SFTConfig.model_validate(
         {
@@ -273,16 +273,7 @@ def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_p
             "optimizer": {"lr": 0.05},
         }
     )
-    trainer = SFTTrainer(
-        str(tiny_model_dir),
-        "cpu",
-        total_steps=10,
-        model=config.model,
-        sft=config.sft,
-        optimizer=config.optimizer,
-        lr_scheduler=config.lr_scheduler,
-        parallelism=config.parallelism,
-    )
+    trainer = SFTTrainer(str(tiny_model_dir), "cpu", 10, None, SFTSections.of(config))
     rows = [([1, 5, 9, 12, 7, 3], [0, 0, 1, 1, 1, 1]), ([2, 6, 8, 4], [0, 1, 1, 1])]
     losses = [trainer.train_step(rows)["sft/loss"] for _ in range(6)]
     assert losses[-1] < losses[0]

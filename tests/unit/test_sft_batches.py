@@ -4,7 +4,7 @@ after a resume (a function of seed and step only)."""
 import numpy as np
 
 from agentrl.sft.config import SFTConfig
-from agentrl.sft.run import batch_indices, steps_per_epoch
+from agentrl.commands.sft import batch_indices, steps_per_epoch
 
 
 def config(**sft):
