@@ -141,7 +141,23 @@ def _write(config, target: Target, messages: list[dict], layout, started: float)
     return report
 
 
-def main(config_path: str, overrides: list[str], checkpoint: str | None, out: str | None, dump: bool) -> int:
+def add_arguments(parser) -> None:
+    parser.description = "agentrl eval CONFIG [--checkpoint PATH] [--out DIR] [--dump] [key=value ...]"
+    parser.add_argument("config", help="the run's YAML config (env, layout, eval: split, n, sampling)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.n=8 eval.temperature=1.0")
+    parser.add_argument(
+        "--checkpoint",
+        help="RUN_DIR/checkpoints/step_N, a run folder (its newest) or a model folder; default model.path",
+    )
+    parser.add_argument("--out", help="folder for report.json, tb/ and episodes/ (default RUN_DIR/eval/<checkpoint>)")
+    parser.add_argument("--dump", action="store_true", help="also write the episodes, as training's episode dumps")
+
+
+def main(args) -> int:
+    return run_eval(args.config, args.overrides, args.checkpoint, args.out, args.dump)
+
+
+def run_eval(config_path: str, overrides: list[str], checkpoint: str | None, out: str | None, dump: bool) -> int:
     """`agentrl eval`: errors found before evaluating raise on every rank (the CLI prints them once)."""
     from mpi4py import MPI
 

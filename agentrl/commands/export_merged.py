@@ -7,6 +7,21 @@ from pathlib import Path
 from agentrl.errors import UserError
 
 
+def add_arguments(parser) -> None:
+    parser.description = "agentrl export-merged CHECKPOINT OUT [--dtype float32|bfloat16]"
+    parser.add_argument("checkpoint", help="a LoRA run's RUN_DIR/checkpoints/step_N (or the run folder: its newest)")
+    parser.add_argument("out", help="folder to write (config.json, model.safetensors, tokenizer)")
+    parser.add_argument(
+        "--dtype", choices=["float32", "bfloat16"], default="float32", help="dtype of the written weights"
+    )
+
+
+def main(args) -> int:
+    out = export_merged(args.checkpoint, args.out, args.dtype)
+    print(f"agentrl: wrote the merged model to {out} (load it with from_pretrained, or as model.path)")
+    return 0
+
+
 def export_merged(checkpoint: str, out: str, dtype: str = "float32") -> Path:
     """Load the recorded base, merge the adapter (W + alpha/r * B @ A), save model and tokenizer to `out`."""
     from agentrl.models import adapters

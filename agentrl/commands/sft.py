@@ -1,4 +1,5 @@
-"""`agentrl sft`: every rank is a trainer; rank 0 reads and tokenizes the transcripts and sends them to all.
+"""`agentrl sft CONFIG [key=value ...]`: every rank is a trainer; rank 0 reads and tokenizes the transcripts and
+sends them to all. As `agentrl train`: errors before training raise on every rank, later ones abort the job.
 
 The loop is the RL trainer's without rollouts: a batch of transcripts per step (shuffled
 per epoch from the seed, so a resumed run continues with the very next batch), one
@@ -27,6 +28,44 @@ from agentrl.sft.config import SFTConfig
 from agentrl.sft.data import Packed, describe, read_transcripts, texts_of, tokenize_all
 
 FINAL_DIR = "final"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", help="SFT YAML config, e.g. launch/configs/sft_example.yaml")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.epochs=3 run_dir=runs/sft2")
+
+
+def main(args) -> int:
+    from mpi4py import MPI
+
+    from agentrl.run.claim import claim
+    from agentrl.sft.config import load_sft_config
+    from agentrl.transport import Failed, run_entry_point
+
+    config = load_sft_config(args.config, args.overrides)
+    preempt.install()
+    world = MPI.COMM_WORLD
+    command = ["agentrl", "sft", args.config, *args.overrides]
+
+    def run():
+        lock = claim(config, command, world)
+        try:
+            from agentrl.layout import job_nodes
+            from agentrl.run.liveness import Liveness
+
+            liveness = Liveness(world, *job_nodes(world), config.runtime.peer_timeout_s)
+            result = run_sft(config, world, command)
+            liveness.stop()
+            return result
+        finally:
+            if lock is not None:
+                lock.release()
+
+    try:
+        done, total = run_entry_point(run)
+    except Failed as failure:
+        return failure.exit_code
+    return 0 if done >= total else preempt.EXIT_STOPPED
 
 
 def final_path(run_dir: str | Path) -> Path:

@@ -1,18 +1,56 @@
-"""`agentrl train`: every rank runs this; the layout decides which role it takes (agentrl/roles/)."""
+"""`agentrl train CONFIG [key=value ...]`: every rank runs this; the layout decides which role it takes
+(agentrl/roles/).
+
+User errors found before training starts raise on every rank (agentrl/cli.py prints them once); later ones
+abort the job. The imports follow the order of the start: a stop signal is a graceful stop and a refused run
+folder is refused within a second, before the slow imports of the roles.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
-from agentrl import transport
-from agentrl.config import Config
-from agentrl.errors import RefusedOnEveryRank, UserError
-from agentrl.layout import Layout
-from agentrl.roles import run_role
 from agentrl.run import preempt
-from agentrl.run.liveness import Liveness
-from agentrl.run.start import start_run
-from agentrl.run.summary import RunSummary
+
+if TYPE_CHECKING:
+    from agentrl.config import Config
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", help="YAML config, e.g. launch/configs/quickstart.yaml")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. rollout.group_size=8 steps=50")
+
+
+def main(args) -> int:
+    from mpi4py import MPI
+
+    from agentrl.config import load_config
+    from agentrl.layout import assign_roles
+    from agentrl.run.claim import claim
+    from agentrl.run.preflight import refuse_unusable_env
+    from agentrl.transport import Failed, run_entry_point
+
+    config = load_config(args.config, args.overrides)
+    preempt.install()  # before the slow imports: a stop signal from now on is a graceful stop
+    world = MPI.COMM_WORLD
+    assign_roles(config.layout, world.Get_size())  # the layout against the job's size, the same answer on every rank
+    command = ["agentrl", "train", args.config, *args.overrides]
+
+    def run():
+        refuse_unusable_env(world, config)  # before anything is written: a broken env leaves no run folder
+        lock = claim(config, command, world)  # before the slow imports: a refusal comes in a second
+        try:
+            return train(config, command)
+        finally:  # inside the wrapper: given back before an abort ends this process
+            if lock is not None:
+                lock.release()
+
+    try:
+        done = run_entry_point(run)
+    except Failed as failure:
+        return failure.exit_code
+    return 0 if done >= config.steps else preempt.EXIT_STOPPED
 
 
 def train(config: Config, command: list[str] | None = None) -> int:
@@ -21,6 +59,10 @@ def train(config: Config, command: list[str] | None = None) -> int:
     The caller holds the run_dir lock (`agentrl.run.claim.claim`); `command` is how the user
     started the run, for the resume hint.
     """
+    from agentrl.errors import RefusedOnEveryRank, UserError
+    from agentrl.layout import Layout
+    from agentrl.run.liveness import Liveness
+
     started = time.monotonic()
     preempt.install()
     try:
@@ -43,7 +85,12 @@ def train(config: Config, command: list[str] | None = None) -> int:
     return done
 
 
-def _run_role(config: Config, layout: Layout, command: list[str] | None, started: float) -> int:
+def _run_role(config: Config, layout, command: list[str] | None, started: float) -> int:
+    from agentrl import transport
+    from agentrl.roles import run_role
+    from agentrl.run.start import start_run
+    from agentrl.run.summary import RunSummary
+
     start = start_run(config, layout)
     done, success_by_step = run_role(config, layout, start)
     transport.barrier(layout.world)

@@ -178,7 +178,7 @@ def test_a_sync_that_did_not_arrive_stops_with_the_cause():
 
 @pytest.mark.parametrize("saved", [[], ["norm", "embed_tokens"]])
 def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny_model_dir, tmp_path, saved):
-    from agentrl.trainer.export import export_merged
+    from agentrl.commands.export_merged import export_merged
     from agentrl.trainer.folders import check_model_folder
     from agentrl.trainer.model import load_policy
 
@@ -261,8 +261,8 @@ def test_a_relative_model_path_is_recorded_absolute(tiny_model_dir, tmp_path, mo
 def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_path):
     from types import SimpleNamespace
 
-    from agentrl.sft.config import SFTConfig
     from agentrl.commands.sft import final_path, save_final
+    from agentrl.sft.config import SFTConfig
     from agentrl.trainer.sft import SFTSections, SFTTrainer
 
     config = SFTConfig.model_validate(
