@@ -19,7 +19,7 @@ COMMANDS = {  # subcommand: (its module in agentrl/commands/, what `agentrl --he
         "eval",
         "evaluate a checkpoint or model folder on the eval split (mpirun for several ranks, or alone)",
     ),
-    "serve": ("serve", None),  # its parser is below in `main` (the serve options are being extended)
+    "serve": ("serve", None),  # its options: `serve_parser` below
     "export-merged": (
         "export_merged",
         "write a LoRA checkpoint (adapter folder) merged into its base as a plain Hugging Face model folder",
@@ -54,14 +54,32 @@ def command_module(name: str):
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     chosen = next((arg for arg in argv if not arg.startswith("-")), None)
-    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="agentrl", description=f"The `agentrl` command: {' | '.join(COMMANDS)}.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (_, summary) in COMMANDS.items():
-        if summary is not None:
-            p = sub.add_parser(name, help=summary)
-            if name == chosen:
-                command_module(name).add_arguments(p)
+        if name == "serve":
+            serve_parser(sub)
+            continue
+        p = sub.add_parser(name, help=summary)
+        if name == chosen:
+            command_module(name).add_arguments(p)
+    args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow options such as --np
+    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
+        args.overrides += extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    try:
+        return command_module(args.command).main(args)
+    except UserError as error:  # raised alike on every rank of a job: rank 0 says it once
+        from agentrl.transport import world_rank
 
+        if world_rank() == 0:
+            print(f"agentrl: {error}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+
+
+def serve_parser(sub) -> None:
+    """`agentrl serve`'s options (its body: agentrl/commands/serve.py)."""
     p = sub.add_parser(
         "serve",
         help="serve a model or a run's checkpoint over an OpenAI-compatible HTTP API (mpirun: several engines)",
@@ -89,20 +107,6 @@ def main(argv: list[str] | None = None) -> int:
         default=60.0,
         help="over several nodes: stop the job when a node is silent this long (a cut link); null: never",
     )
-
-    args, extra = parser.parse_known_args(argv)  # key=value overrides may also follow options such as --np
-    if extra and hasattr(args, "overrides") and all("=" in item and not item.startswith("-") for item in extra):
-        args.overrides += extra
-    elif extra:
-        parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    try:
-        return command_module(args.command).main(args)
-    except UserError as error:  # raised alike on every rank of a job: rank 0 says it once
-        from agentrl.transport import world_rank
-
-        if world_rank() == 0:
-            print(f"agentrl: {error}", file=sys.stderr, flush=True)
-        return EXIT_USER_ERROR
 
 
 def entry_point() -> None:

@@ -383,10 +383,10 @@ def main() -> None:
 
     import torch
 
+    from agentrl.commands.serve import engine_section
     from agentrl.engine import build_torch_engine
     from agentrl.models.loading import load_causal_lm, load_tokenizer
     from agentrl.models.tiny import build_tiny_model
-    from agentrl.serve.command import engine_section
     from agentrl.serve.render import ChatRenderer
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
