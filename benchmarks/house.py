@@ -66,7 +66,7 @@ LAYERS = [
 FORMER = {"doorbell": 0, "logging": 5, "train": 11}
 FORMER.update({name: 9 for name in ("startup", "liveness", "preempt", "supervise", "run_dir", "run_lock")})
 FORMER.update({name: 9 for name in ("run_start", "run_summary")})
-INTERFACE_NAMES = {"main", "add_parser", "__getattr__", "__dir__"}
+INTERFACE_NAMES = {"main", "add_arguments", "add_parser", "__getattr__", "__dir__"}
 WALK_START = ("agentrl.commands.train", "train")  # before the reshaping: ("agentrl.train", "train")
 LONG = 8
 

@@ -50,10 +50,10 @@ def forkserver(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 model and tokenizer, built once per session and loaded with from_pretrained."""
-    from agentrl.models.tiny import build_tiny_model
+    from agentrl.models.tiny import TinyShape, build_tiny_model
 
     path = tmp_path_factory.mktemp("models") / "tiny"
-    build_tiny_model(path, GUESS_TEXTS, hidden_size=32, num_layers=2, num_heads=4, vocab_size=96)
+    build_tiny_model(path, GUESS_TEXTS, TinyShape(hidden_size=32, num_layers=2, num_heads=4, vocab_size=96))
     return path
 
 

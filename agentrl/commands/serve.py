@@ -152,13 +152,11 @@ def _engine(args, section, served: Served, rank: int):
         device = f"cuda:{rank % max(torch.cuda.device_count(), 1)}"
         engine = SGLangEngine(
             served.path,
+            section,
             base_gpu_id=int(device.partition(":")[2]),
-            tp_size=section.tp_size,
-            mem_fraction_static=section.mem_fraction_static,
             colocate=False,
             seed=args.seed + rank,
             dtype=args.dtype,
-            sglang_kwargs=section.kwargs,
         )
         return engine, getattr(AutoConfig.from_pretrained(served.path), "max_position_embeddings", None)
     from agentrl.engine import build_torch_engine

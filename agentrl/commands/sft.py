@@ -16,6 +16,7 @@ import os
 import shutil
 import time
 import types
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +29,18 @@ from agentrl.sft.config import SFTConfig
 from agentrl.sft.data import Packed, describe, read_transcripts, texts_of, tokenize_all
 
 FINAL_DIR = "final"
+
+
+@dataclass
+class SFTProgress:
+    """Where a run stands: it started at step `start`, has done `done` of `total` steps; the training loss
+    logged at each step, and the last validation loss."""
+
+    start: int
+    total: int
+    done: int
+    losses: dict[int, float] = field(default_factory=dict)
+    val_loss: float | None = None
 
 
 def add_arguments(parser) -> None:
@@ -206,22 +219,20 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
             config.run_dir, total, start, config.logging.progress, restart_count(), postfix, "sft", trackers
         )
     per_epoch = steps_per_epoch(config, len(data))
-    losses: dict[int, float] = {}
-    val_loss = None
-    done = start
+    progress = SFTProgress(start, total, done=start)
     startup_gc.settle()
     for step in range(start, total):
         step_started = time.perf_counter()
         batch = batch_indices(config, len(data), step)
         metrics = trainer.train_step(data.rows(batch[rank::size]))
-        done = step + 1
+        done = progress.done = step + 1
         stopping = done < total and preempt.agreed(world)
         evaluate = val is not None and (
             done == total or stopping or (config.sft.eval_every and done % config.sft.eval_every == 0)
         )
         if evaluate:
-            val_loss, _ = trainer.eval_loss(val.rows(range(rank, len(val), size)))
-            metrics["sft/val_loss"] = val_loss
+            progress.val_loss, _ = trainer.eval_loss(val.rows(range(rank, len(val), size)))
+            metrics["sft/val_loss"] = progress.val_loss
         saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == total or stopping
         if logger is not None:
             step_time = time.perf_counter() - step_started
@@ -229,7 +240,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
             metrics["sft/epoch"] = step / per_epoch
             metrics["perf/tokens_per_s"] = batch_tokens / step_time
             metrics["time/step"] = step_time
-            losses[step] = metrics["sft/loss"]
+            progress.losses[step] = metrics["sft/loss"]
             logger.log(step, metrics)
             if stopping:
                 print(f"\nagentrl sft: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)
@@ -239,13 +250,13 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
             checkpoint.save_step(config, done, trainer, tokenizer, world, leader)
         if stopping:
             break
-    if done >= total:
+    if progress.done >= total:
         save_final(config.run_dir, trainer, tokenizer, leader)
     transport.barrier(world)
     if logger is not None:
         logger.close()
-        print(summary(config, start, done, total, time.monotonic() - started, losses, val_loss, command, size))
-    return done, total
+        print(summary(config, progress, time.monotonic() - started, command, size))
+    return progress.done, total
 
 
 def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
@@ -268,10 +279,17 @@ def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
     os.replace(tmp, final)
 
 
-def summary(config, start, done, total, wall_s, losses, val_loss, command, world_size) -> str:
+def summary(config, progress: SFTProgress, wall_s: float, command: list[str], world_size: int) -> str:
     from agentrl.run.summary import format_duration, resume_command
     from agentrl.tracking import summary_lines
 
+    start, done, total, losses, val_loss = (
+        progress.start,
+        progress.done,
+        progress.total,
+        progress.losses,
+        progress.val_loss,
+    )
     resumed = f", resumed at step {start}" if start else ""
     took = f"{done}/{total} steps in {format_duration(wall_s)}{resumed}"
     run_dir = Path(config.run_dir)

@@ -61,17 +61,7 @@ def ensure_model(model, texts_for_tokenizer) -> None:
     from agentrl.models.tiny import build_tiny_model
 
     tiny = model.tiny
-    build_tiny_model(
-        path,
-        texts_for_tokenizer(),
-        hidden_size=tiny.hidden_size,
-        num_layers=tiny.num_layers,
-        num_heads=tiny.num_heads,
-        vocab_size=tiny.vocab_size,
-        seed=tiny.seed,
-        init_std=tiny.init_std,
-        output_scale=tiny.output_scale,
-    )
+    build_tiny_model(path, texts_for_tokenizer(), tiny)  # `model.tiny` holds a TinyShape's fields
     (path / TINY_RECORD).write_text(json.dumps(tiny.model_dump(), indent=1) + "\n")
 
 

@@ -22,7 +22,14 @@ from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.loading import load_tokenizer
-from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, gather_episodes, gather_polling, run_episode
+from agentrl.rollout.agent_loop import (
+    EpisodeLimits,
+    EpisodeRules,
+    LoopTimers,
+    gather_episodes,
+    gather_polling,
+    run_episode,
+)
 from agentrl.rollout.dispatch import DispatchServer, default_groups_in_flight
 from agentrl.rollout.failures import error_kind
 from agentrl.rollout.reward_hook import RewardFunction
@@ -315,9 +322,8 @@ class RolloutWorker:
             from agentrl.gateway.episode import run_agent_episode
 
             return run_agent_episode(self.gateway, self.agent_config, episode, sampling, self.reward_fn, timers)
-        return run_episode(
-            self.engine, self.env, self.chat, sampling, self.limits, episode, key, timers, self.reward_fn
-        )
+        rules = EpisodeRules(sampling, self.limits, self.reward_fn)
+        return run_episode(self.engine, self.env, self.chat, rules, episode, key, timers)
 
     def _run(self, coroutines) -> list:
         """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""

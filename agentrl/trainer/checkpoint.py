@@ -152,10 +152,8 @@ def save_step(config, step: int, trainer, tokenizer, comm, leader: bool, extra_s
     save(
         config.run_dir,
         step,
-        trainer.model,
+        trainer,
         tokenizer,
-        trainer.optimizer,
-        trainer.scheduler,
         config.checkpoint.keep,
         leader=leader,
         checksums=config.checkpoint.checksums,
@@ -165,18 +163,11 @@ def save_step(config, step: int, trainer, tokenizer, comm, leader: bool, extra_s
 
 
 def save(
-    run_dir,
-    step: int,
-    model,
-    tokenizer,
-    optimizer,
-    scheduler,
-    keep: int,
-    leader: bool = True,
-    checksums: bool = True,
-    extra_state=(),
+    run_dir, step: int, trainer, tokenizer, keep: int, leader: bool = True, checksums: bool = True, extra_state=()
 ) -> Path | None:
-    """Every trainer rank calls this (sharded models gather collectively); the leader writes and returns the path."""
+    """Every trainer rank calls this (sharded models gather collectively); the leader writes and returns the path.
+    `trainer`: what trains (an RL or SFT trainer), its `model`, `optimizer` and `scheduler`."""
+    model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     model_state, optimizer_format = None, "local"
     if parallel.is_sharded(model):
         model_state = parallel.full_model_state(model)

@@ -1,6 +1,7 @@
 """Checkpoint manifests: a damaged newest checkpoint is named and skipped; pruning never loses the good one."""
 
 import json
+from types import SimpleNamespace
 
 import torch
 
@@ -11,7 +12,8 @@ from agentrl.trainer import checkpoint
 def save(run_dir, step, model, tokenizer, keep=5):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    return checkpoint.save(run_dir, step, model, tokenizer, optimizer, scheduler, keep)
+    trained = SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler)
+    return checkpoint.save(run_dir, step, trained, tokenizer, keep)
 
 
 def truncate(path):

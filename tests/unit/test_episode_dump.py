@@ -12,7 +12,7 @@ from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.loading import load_tokenizer
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.trajectory import Episode
 from tests.unit.test_agent_loop import ScriptedEngine
@@ -39,11 +39,11 @@ def test_turns_become_assistant_messages_with_tool_calls_and_tool_messages():
 
 @pytest.fixture(scope="module")
 def tool_chat(tmp_path_factory):
-    from agentrl.models.tiny import build_tiny_model
+    from agentrl.models.tiny import TinyShape, build_tiny_model
 
     path = tmp_path_factory.mktemp("models") / "tool"
     texts = [CALL, "What is 6 * 7? 42 <tool_response>\n42\n</tool_response> Be brief.", "calculator expression"]
-    build_tiny_model(path, texts, hidden_size=16, num_layers=1, num_heads=2, vocab_size=128)
+    build_tiny_model(path, texts, TinyShape(hidden_size=16, num_layers=1, num_heads=2, vocab_size=128))
     return ChatFormat(load_tokenizer(str(path)), system_prompt="Be brief.")
 
 
@@ -56,7 +56,7 @@ def test_a_qa_episode_with_a_tool_call_is_dumped_as_chat_messages(tool_chat):
     sampling = SamplingParams(max_new_tokens=64, stop_token_ids=tool_chat.stop_ids)
     engine = ScriptedEngine(turns, tool_chat.eos_id)
     limits = EpisodeLimits(4, 64, 1000)
-    asyncio.run(run_episode(engine, LocalEnvClient(host), tool_chat, sampling, limits, episode, key=0))
+    asyncio.run(run_episode(engine, LocalEnvClient(host), tool_chat, EpisodeRules(sampling, limits), episode, key=0))
     record = json.loads(json.dumps(episode_record(episode, step=5)))
     assert record["messages"] == [
         {"role": "system", "content": "Be brief."},

@@ -184,9 +184,7 @@ def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny
 
     trainer = trained(tiny_model_dir, run_dir=tmp_path / "run", steps=2, modules_to_save=saved)
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    folder = checkpoint.save(
-        tmp_path / "run", 2, trainer.model, tokenizer, trainer.optimizer, trainer.scheduler, keep=2
-    )
+    folder = checkpoint.save(tmp_path / "run", 2, trainer, tokenizer, keep=2)
     assert (folder / ADAPTER_CONFIG).is_file() and (folder / "adapter_model.safetensors").is_file()
     assert not (folder / "model.safetensors").exists()  # the frozen base is not copied
     recorded = json.loads((folder / ADAPTER_CONFIG).read_text())

@@ -13,7 +13,7 @@ from agentrl.env.host import EnvHost
 from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.tiny import build_tokenizer
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.rollout.reward_hook import ARGUMENTS, RewardFunction
 from agentrl.trajectory import Episode, RewardError, pack
 from envs.guess_number import GuessNumberEnv
@@ -37,7 +37,7 @@ def calculator_episode(chat, turns, reward_fn=None, seed=7):
     engine = ScriptedEngine(token_turns, chat.eos_id)
     sampling = SamplingParams(max_new_tokens=400, stop_token_ids=chat.stop_ids)
     limits = EpisodeLimits(6, 400, 3000)
-    asyncio.run(run_episode(engine, LocalEnvClient(host), chat, sampling, limits, episode, 0, None, reward_fn))
+    asyncio.run(run_episode(engine, LocalEnvClient(host), chat, EpisodeRules(sampling, limits, reward_fn), episode, 0))
     return episode, info
 
 

@@ -90,9 +90,7 @@ def main():
 
     tokenizer = load_tokenizer(model_dir)
     run_dir = out_dir / "run"
-    saved = checkpoint.save(
-        run_dir, 3, trainer.model, tokenizer, trainer.optimizer, trainer.scheduler, keep=2, leader=rank == 0
-    )
+    saved = checkpoint.save(run_dir, 3, trainer, tokenizer, keep=2, leader=rank == 0)
     transport.barrier(world)
     if rank == 0:
         assert saved is not None and (saved / "model.safetensors").is_file()

@@ -108,10 +108,8 @@ def main():
     saved = checkpoint.save(
         run_dir,
         3,
-        trainer.model,
+        trainer,
         tokenizer,
-        trainer.optimizer,
-        trainer.scheduler,
         keep=2,
         leader=rank == 0,
         extra_state=trainer.extra_state,
