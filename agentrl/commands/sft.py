@@ -26,7 +26,7 @@ from agentrl.config import save_config
 from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.run import preempt, startup_gc
 from agentrl.sft.config import SFTConfig
-from agentrl.sft.data import Packed, describe, read_transcripts, texts_of, tokenize_all
+from agentrl.sft.data import Packed, describe_packed, read_transcripts, texts_of, tokenize_all
 
 FINAL_DIR = "final"
 
@@ -116,7 +116,7 @@ def read_inputs(config: SFTConfig, world_size: int) -> tuple[list, list | None]:
     return train, val
 
 
-def prepare(
+def prepare_run(
     config: SFTConfig, world_size: int, train: list, val: list | None
 ) -> tuple[int, int, Packed, Packed | None]:
     """Rank 0: build or check the model, tokenize, decide the start step, save the config."""
@@ -131,13 +131,13 @@ def prepare(
     packed = tokenize_all(train, tokenizer, config.sft.max_seq_len)
     if not len(packed):
         raise UserError(f"no transcript of {config.sft.train} has an assistant token within sft.max_seq_len")
-    print(f"agentrl sft: {describe(packed, 'train', config.sft.max_seq_len)}", flush=True)
+    print(f"agentrl sft: {describe_packed(packed, 'train', config.sft.max_seq_len)}", flush=True)
     val_packed = None
     if val is not None:
         val_packed = tokenize_all(val, tokenizer, config.sft.max_seq_len)
         if not len(val_packed):
             raise UserError(f"no transcript of {config.sft.val} has an assistant token within sft.max_seq_len")
-        print(f"agentrl sft: {describe(val_packed, 'val', config.sft.max_seq_len)}", flush=True)
+        print(f"agentrl sft: {describe_packed(val_packed, 'val', config.sft.max_seq_len)}", flush=True)
     total = config.sft.epochs * steps_per_epoch(config, len(packed))
     start = resume_step(types.SimpleNamespace(run_dir=config.run_dir, resume=config.resume, steps=total))
     save_config(config, Path(config.run_dir) / "config.yaml")
@@ -192,7 +192,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     inputs = []  # rank 0's transcripts, kept there: the other ranks get the packed batches
     transport.agree_on_root(world, lambda: inputs.extend(read_inputs(config, size)))
     import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
-    start, total, data, val = transport.agree_on_root(world, lambda: prepare(config, size, *inputs))
+    start, total, data, val = transport.agree_on_root(world, lambda: prepare_run(config, size, *inputs))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     torch.manual_seed(config.seed + rank)
     device = device_for(world)

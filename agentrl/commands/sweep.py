@@ -13,7 +13,7 @@ from agentrl.sweep.spec import load_spec
 from agentrl.sweep.study import SPEC_FILE, Sweep
 
 
-def prepare(spec_path: str, resume: bool) -> Sweep:
+def open_sweep(spec_path: str, resume: bool) -> Sweep:
     """Load and check the spec (every searched value through the config loader), then start or reopen its folder."""
     from agentrl.sweep.space import check_space
 
@@ -29,14 +29,14 @@ def run(spec_path: str, resume: bool, slurm: bool, sbatch_args: list[str]) -> in
     if slurm:
         from agentrl.sweep.slurm import sbatch_command
 
-        sweep = prepare(spec_path, resume)
+        sweep = open_sweep(spec_path, resume)
         command = sbatch_command(spec_path, sweep, sbatch_args)
         print(f"agentrl sweep: {' '.join(command)}", flush=True)
         return subprocess.run(command).returncode
     from agentrl.sweep.local import run_local
     from agentrl.sweep.status import report
 
-    sweep = prepare(spec_path, resume)
+    sweep = open_sweep(spec_path, resume)
     print(
         f"agentrl sweep: {sweep.dir}: {sweep.spec.method}, {sweep.spec.budget()} trials, "
         f"{sweep.spec.concurrency} at a time",

@@ -76,7 +76,7 @@ class SubprocessEnv(TextEnv):
         return value
 
 
-def serve(channel_in, channel_out) -> None:
+def child_loop(channel_in, channel_out) -> None:
     """The child's loop: build the env, then answer requests until close or end of input."""
     from agentrl.env.registry import make
 
@@ -114,4 +114,4 @@ if __name__ == "__main__":
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints in env code go to stderr, not into the reply pipe
     sys.stdout = sys.stderr
-    serve(requests, replies)
+    child_loop(requests, replies)

@@ -14,10 +14,10 @@ import numpy as np
 
 from agentrl import transport
 from agentrl.config import Config, save_config
-from agentrl.data.episode_dump import drop_from as drop_dumps_from
+from agentrl.data.episode_dump import drop_dumps_from
 from agentrl.env.registry import make
 from agentrl.errors import UserError
-from agentrl.evaluation.report import drop_from as drop_eval_from
+from agentrl.evaluation.report import drop_reports_from
 from agentrl.layout import Layout, Role, pinned_cores
 from agentrl.models.chat_format import tools_as_text
 from agentrl.run.plan import show_layout
@@ -63,7 +63,7 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     start_step = resume_step(config)
     if dropped := drop_dumps_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)
-    if dropped := drop_eval_from(run_dir, start_step):
+    if dropped := drop_reports_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} eval report(s) and dump(s) of steps from {start_step} on", flush=True)
     save_config(config, run_dir / "config.yaml")
     return start_step

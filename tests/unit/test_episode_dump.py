@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from agentrl.data.episode_dump import drop_from, episode_record, read_steps, write_step
+from agentrl.data.episode_dump import drop_dumps_from, episode_record, read_steps, write_step
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
@@ -81,6 +81,6 @@ def test_a_redone_step_replaces_its_file_and_resume_drops_later_ones(tmp_path):
         write_step(tmp_path, step, [{"step": step, "task_id": "a"}])
     write_step(tmp_path, 2, [{"step": 2, "task_id": "b"}, {"step": 2, "task_id": "c"}])
     assert [r["task_id"] for r in read_steps(tmp_path)[2]] == ["b", "c"]
-    assert drop_from(tmp_path, 2) == 2
+    assert drop_dumps_from(tmp_path, 2) == 2
     assert sorted(read_steps(tmp_path)) == [0, 1]
     assert (tmp_path / "episodes" / "step_000001.jsonl").read_text() == '{"step": 1, "task_id": "a"}\n'
