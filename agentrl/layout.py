@@ -8,14 +8,12 @@ index among GPU-using ranks; env ranks never take a GPU.
 from __future__ import annotations
 
 import os
-from collections import Counter
-from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
 from agentrl import transport
-from agentrl.config import ConfigError, EngineConfig, LayoutConfig
+from agentrl.config import ConfigError, LayoutConfig
 
 
 class Role(str, Enum):
@@ -61,56 +59,6 @@ def node_ids(hosts: list[str]) -> list[int]:
     return [order.index(host) for host in hosts]
 
 
-def parse_hosts(spec: str) -> list[str]:
-    """Each rank's host from MPICH's `-hosts` syntax, `node0:2,node1:2` (a bare name: one rank), in rank order."""
-    hosts = []
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, _, count = item.partition(":")
-        if not name or (count and (not count.isdigit() or int(count) < 1)):
-            raise ConfigError(f"--hosts {spec!r}: write HOST:RANKS,... (e.g. node0:2,node1:2)")
-        hosts += [name] * int(count or 1)
-    return hosts
-
-
-def maps_shared_weights(choice: bool | str, rollout_nodes: list[int]) -> bool:
-    """`weights.shm_mapped` resolved: `auto` maps where some node holds two or more rollout ranks."""
-    if choice == "auto":
-        return max(Counter(rollout_nodes).values(), default=0) >= 2
-    return bool(choice)
-
-
-def weight_roles(
-    roles: list[Role],
-    nodes: list[int],
-    transport: str = "shm",
-    shm_mapped: bool | str = "auto",
-    in_place: bool | str = False,
-) -> list[str]:
-    """Each rank's part in a weight sync: `send` (trainer leader), `bcast+shm` (first rollout rank of a
-    node without the trainer leader: receives the one broadcast into the node's window), `shm`
-    (reads the window), `mpi`/`...` (another transport's receiver) or `-` (not in the weight group).
-    A rollout rank whose engine views the window rather than copying from it shows ` view`; the
-    trainer leader whose parameters live in the window (`weights.shm_in_place`) shows `send in place`."""
-    leader = roles.index(Role.TRAINER)
-    rollout_nodes = [node for role, node in zip(roles, nodes, strict=True) if role is Role.ROLLOUT]
-    view = " view" if maps_shared_weights(shm_mapped, rollout_nodes) else ""
-    led_nodes: set[int] = {nodes[leader]}
-    parts = []
-    for rank, (role, node) in enumerate(zip(roles, nodes, strict=True)):
-        if rank == leader:
-            parts.append("send in place" if transport == "shm" and view and in_place is not False else "send")
-        elif role is not Role.ROLLOUT:
-            parts.append("-")
-        elif transport != "shm":
-            parts.append(transport)
-        elif node in led_nodes:
-            parts.append("shm" + view)
-        else:
-            led_nodes.add(node)
-            parts.append("bcast+shm" + view)
-    return parts
-
-
 def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
     """Role of each world rank. Raises ConfigError naming both sizes when they differ."""
     if world_size == 1:
@@ -122,11 +70,6 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
             f"or change layout.* so the counts add up to {world_size}"
         )
     return [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
-
-
-def engine_gpus(engine: EngineConfig) -> int:
-    """GPUs one rollout engine (`rollout.engine`) uses: SGLang's tensor-parallel size; the torch engine uses one."""
-    return getattr(engine, "tp_size", 1)
 
 
 def bind_gpus(
@@ -190,7 +133,8 @@ def shared_trainer_gpu(roles: list[Role], nodes: list[int], gpus: list[int | Non
     """The first two trainer ranks bound to one GPU, as (rank, rank, node, gpu), or None.
 
     NCCL refuses two ranks of its group on one device, so such trainer ranks reduce over gloo
-    (`agentrl.trainer.model.trainer_backend`), which cannot shard: FSDP is refused there (`plan`)."""
+    (`agentrl.trainer.model.trainer_backend`), which cannot shard: FSDP is refused there
+    (`agentrl.run.plan.plan`)."""
     first: dict[tuple[int, int], int] = {}
     for rank, (role, node, gpu) in enumerate(zip(roles, nodes, gpus, strict=True)):
         if role is not Role.TRAINER or gpu is None:
@@ -209,99 +153,6 @@ def sharding_refusal(shared: tuple[int, int, int, int], role: str) -> str:
         f"cuda:{gpu}, and NCCL refuses two ranks on one GPU; set parallelism.fsdp=false (replicas then reduce over "
         f"gloo) or run at most as many {role} ranks per node as it has GPUs"
     )
-
-
-@dataclass(frozen=True)
-class RankPlan:
-    rank: int
-    role: Role
-    role_rank: int
-    node: int
-    gpu: int | None
-    weights: str = "-"
-    host: str = ""
-
-
-def weight_group_placements(
-    roles: list[Role], nodes: list[int], gpus: list[int | None]
-) -> tuple[tuple[int, int | None], list[tuple[int, int | None]]]:
-    """Where the weight group sits: the trainer leader's (node, gpu) and each rollout rank's, in rank order."""
-    leader = roles.index(Role.TRAINER)
-    rollouts = [(nodes[rank], gpus[rank]) for rank, role in enumerate(roles) if role is Role.ROLLOUT]
-    return (nodes[leader], gpus[leader]), rollouts
-
-
-def plan(
-    layout: LayoutConfig,
-    world_size: int,
-    ranks_per_node: int | None = None,
-    gpus_per_node: int = 0,
-    rollout_gpus: int = 1,
-    weights_transport: str = "auto",
-    shm_mapped: bool | str = "auto",
-    in_place: bool | str = False,
-    nodes: list[int] | None = None,
-    hosts: list[str] | None = None,
-    *,
-    fsdp: bool = False,
-    lora: bool = False,
-):
-    """The whole job's placement, as `agentrl layout` prints it (no MPI needed).
-
-    `weights_transport` is `weights.transport` as configured: resolved from the weight group's
-    placements the way every rank resolves it (`agentrl.weights.resolve_weight_sync`), so `auto` shows
-    the transport the run uses, and a choice that cannot work raises ConfigError. `nodes`: each
-    rank's node where it is known (a running job's `Layout.nodes`), in place of `ranks_per_node`.
-    `hosts`: each rank's host name (a running job's, or `--hosts`); nodes are then numbered by host.
-    `fsdp` (`parallelism.fsdp`) is refused where trainer ranks share a GPU; `lora` (`model.lora` set) sends
-    adapters over a CPU transport.
-    """
-    roles = assign_roles(layout, world_size)
-    if hosts is not None and len(hosts) != world_size:
-        raise ConfigError(f"--hosts places {len(hosts)} ranks but the job has {world_size}; make the counts add up")
-    if hosts is not None and nodes is None:
-        nodes = node_ids(hosts)
-    if nodes is None:
-        per_node = ranks_per_node or world_size
-        nodes = [rank // per_node for rank in range(world_size)]
-    colocate = layout.colocate and world_size > 1
-    gpus = bind_gpus(roles, nodes, gpus_per_node, colocate, rollout_gpus)
-    shared = shared_trainer_gpu(roles, nodes, gpus)
-    if fsdp and shared is not None:
-        raise ConfigError(sharding_refusal(shared, "trainer"))
-    if world_size > 1:
-        from agentrl.weights.choice import resolve_weight_sync
-
-        leader, rollouts = weight_group_placements(roles, nodes, gpus)
-        transport = resolve_weight_sync(weights_transport, colocate, leader, rollouts, rollout_gpus, lora=lora)
-        if leader[1] is not None:  # GPU ranks neither view host memory nor train in it: they copy
-            shm_mapped, in_place = False, False
-        parts = weight_roles(roles, nodes, transport, shm_mapped, in_place)
-    else:
-        parts = ["in-process"]
-    counters: dict[Role, int] = {}
-    rows = []
-    for rank, (role, node, gpu, part) in enumerate(zip(roles, nodes, gpus, parts, strict=True)):
-        host = hosts[rank] if hosts is not None else ""
-        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu, part, host))
-        counters[role] = counters.get(role, 0) + 1
-    return rows
-
-
-def format_plan(rows: list[RankPlan], single_process: bool = False, evaluating: bool = False) -> str:
-    """`evaluating` (`agentrl eval`): the trainer leader only gathers results and writes the report, and the
-    other trainer ranks idle; they load no model and no rank syncs weights."""
-    width = max((len(row.host) for row in rows), default=0)
-    lines = ["rank  role     role_rank  node  " + (f"{'host':<{width}}  " if width else "") + "device  weights"]
-    for row in rows:
-        device = f"cuda:{row.gpu}" if row.gpu is not None else "cpu"
-        role = "all" if single_process else row.role.value
-        weights = "-" if evaluating else row.weights
-        if evaluating and row.role is Role.TRAINER and not single_process:
-            role, device = ("report" if row.role_rank == 0 else "idle"), "-"
-        host = f"{row.host:<{width}}  " if width else ""
-        lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {host}{device:<6}  {weights}")
-    return "\n".join(lines)
 
 
 class Layout:

@@ -5,7 +5,7 @@
       reward_fn: agentrl.rewards:number_match     # or exact_match, token_f1, contains
 
 The reward functions read the episode's last turn (`completion`) and reset info's
-`"answer"` (see agentrl/rollout/reward_fn.py for every argument they may take); an env
+`"answer"` (see agentrl/rollout/reward_hook.py for every argument they may take); an env
 without an answer scores 0. Each returns {"reward": ..., "success": ...}.
 """
 

@@ -23,8 +23,8 @@ from enum import IntEnum
 
 import numpy as np
 
-from agentrl.doorbell import Doorbell
 from agentrl.errors import EXIT_USER_ERROR, RefusedOnEveryRank, UserError
+from agentrl.node_wakeup import Doorbell
 
 MIN_SLEEP_S = 50e-6
 MAX_SLEEP_S = 5e-3

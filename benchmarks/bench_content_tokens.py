@@ -1,4 +1,4 @@
-"""What keeping message content as text (agentrl/rollout/content_tokens.py) adds to tokenizing a turn.
+"""What keeping message content as text (agentrl/models/content_tokens.py) adds to tokenizing a turn.
 
     python benchmarks/bench_content_tokens.py --specials tiny,qwen,llama3 --repeats 7
 
@@ -24,9 +24,9 @@ import functools
 import string
 import time
 
+from agentrl.models.chat_format import ChatFormat, tools_as_text
+from agentrl.models.content_tokens import content_tokenizer
 from agentrl.models.tiny import build_tokenizer
-from agentrl.rollout.chat import ChatFormat, tools_as_text
-from agentrl.rollout.content_tokens import content_tokenizer
 from agentrl.serve.protocol import ChatMessage
 from agentrl.serve.render import ChatRenderer
 

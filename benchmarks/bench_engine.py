@@ -45,9 +45,9 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, StoppingCriteria, StoppingCriteriaList
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.batch import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
-from agentrl.models.tiny import build_tiny_model
+from agentrl.engine.torch_engine import TorchEngine
+from agentrl.models.tiny import TinyShape, build_tiny_model
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -185,7 +185,9 @@ def tiny_model(shape: str, vocab: int = 0, device: str = "cpu", dtype: torch.dty
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
+        model_dir = build_tiny_model(
+            Path(tmp) / "model", TEXTS, TinyShape(hidden_size=hidden, num_layers=layers, num_heads=heads)
+        )
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if vocab > model.config.vocab_size:

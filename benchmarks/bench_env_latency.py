@@ -16,7 +16,7 @@ Two wait strategies run side by side, interleaved round by round:
   one Iprobe per poll, no doorbell (MPIEnvClient and serve with doorbells=False, and
   transport.try_recv swapped for its one-probe version while this strategy runs).
 - doorbell (new): the same schedules, two Iprobes per poll, and each side rings the
-  other's doorbell (agentrl.doorbell) after sending, which cuts the wait short.
+  other's doorbell (agentrl.node_wakeup) after sending, which cuts the wait short.
 
 Idle CPU uses bench_idle_cpu.py's method: process CPU time / wall time over a wait, in
 percent of one core. "env rank" waits for a request that comes after --idle seconds;

@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from agentrl.models.tiny import build_tiny_model  # noqa: E402
+from agentrl.models.tiny import TinyShape, build_tiny_model  # noqa: E402
 from tests.conftest import GUESS_TEXTS  # noqa: E402
 from tests.mpi import helpers  # noqa: E402
 
@@ -53,7 +53,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         model = scratch / "tiny"
-        build_tiny_model(model, GUESS_TEXTS, hidden_size=32, num_layers=2, num_heads=4, vocab_size=96)
+        build_tiny_model(model, GUESS_TEXTS, TinyShape(hidden_size=32, num_layers=2, num_heads=4, vocab_size=96))
         socket = scratch / "socket"
         server = subprocess.Popen(
             [sys.executable, "-m", "tests.mpi.forkserver", str(socket)], cwd=ROOT, env=helpers.job_env()

@@ -92,9 +92,9 @@ def make_sync(kind: str, comm, lora: bool):
 
 def measure(comm, folder: Path, rank: int | None, reps: int, vocab: int) -> dict | None:
     """Every rank: rank 0 trains and sends, the others receive into engines; rank 0 returns the row."""
-    from agentrl.engine.batch import TorchEngine
-    from agentrl.run_start import policy_trainer
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.engine.torch_engine import TorchEngine
+    from agentrl.models.loading import load_causal_lm
+    from agentrl.roles.trainer_parts import policy_trainer
 
     config = config_for(folder, rank)
     row = {}

@@ -383,17 +383,19 @@ def main() -> None:
 
     import torch
 
+    from agentrl.commands.serve import engine_section
     from agentrl.engine import build_torch_engine
-    from agentrl.models.tiny import build_tiny_model
-    from agentrl.serve.command import engine_section
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
+    from agentrl.models.tiny import TinyShape, build_tiny_model
     from agentrl.serve.render import ChatRenderer
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     levels = [int(c) for c in args.concurrency.split(",")]
     hidden, layers, heads = (int(x) for x in args.shape.split("x"))
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = build_tiny_model(Path(tmp) / "model", TEXTS, hidden_size=hidden, num_layers=layers, num_heads=heads)
+        model_dir = build_tiny_model(
+            Path(tmp) / "model", TEXTS, TinyShape(hidden_size=hidden, num_layers=layers, num_heads=heads)
+        )
         model = load_causal_lm(str(model_dir))
         tokenizer = load_tokenizer(str(model_dir))
         renderer = ChatRenderer(tokenizer)

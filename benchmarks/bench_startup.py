@@ -4,7 +4,7 @@
 
 1. A model rank's start-up in a fresh process: import torch and transformers, load the tiny model and its
    tokenizer with `from_pretrained`. Once at CPython's default collector thresholds, once the way `agentrl`
-   starts (agentrl.startup: defer_collection, then settle). The two alternate; medians of --repeats.
+   starts (agentrl.run.startup_gc: defer_collection, then settle). The two alternate; medians of --repeats.
 2. With --against DIR ... (other checkouts, e.g. `git worktree add /tmp/old HEAD~3`): a one-step
    `mpirun -n 4 agentrl train launch/configs/quickstart.yaml` from this checkout and from each DIR, in turn:
    wall time and the CPU all ranks used together.
@@ -30,12 +30,12 @@ RANK_START = """
 import sys, time
 wall, cpu = time.perf_counter(), time.process_time()
 if sys.argv[2] == "agentrl":
-    from agentrl import startup
-    startup.defer_collection()
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.run import startup_gc
+    startup_gc.defer_collection()
+from agentrl.models.loading import load_causal_lm, load_tokenizer
 model, tokenizer = load_causal_lm(sys.argv[1]), load_tokenizer(sys.argv[1])
 if sys.argv[2] == "agentrl":
-    startup.settle()
+    startup_gc.settle()
 print(time.perf_counter() - wall, time.process_time() - cpu)
 """
 
@@ -98,15 +98,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "tiny"
         build_tiny_model(model_dir, ["Guess the number between 1 and 7. higher lower correct"])
-        ranks = {"default thresholds": [], "agentrl.startup": []}
+        ranks = {"default thresholds": [], "agentrl.run.startup_gc": []}
         for _ in range(args.repeats):
             ranks["default thresholds"].append(rank_start(model_dir, "default"))
-            ranks["agentrl.startup"].append(rank_start(model_dir, "agentrl"))
+            ranks["agentrl.run.startup_gc"].append(rank_start(model_dir, "agentrl"))
         print(f"One model rank's start-up (imports, tiny model and tokenizer), medians of {args.repeats}")
         print("| collector | wall s | CPU s |\n|---|---|---|")
         for name, samples in ranks.items():
             print(row(name, samples))
-        ratio = medians(ranks["default thresholds"])[1] / medians(ranks["agentrl.startup"])[1]
+        ratio = medians(ranks["default thresholds"])[1] / medians(ranks["agentrl.run.startup_gc"])[1]
         print(f"CPU ratio, default/agentrl: {ratio:.2f}x")
 
         if args.against is not None:

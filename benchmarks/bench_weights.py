@@ -94,7 +94,7 @@ def run_mpi_part(args) -> None:
     from mpi4py import MPI
 
     from agentrl import transport
-    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.weights.mpi import MPIWeightBroadcast
     from agentrl.weights.nccl import DistributedWeightBroadcast
     from agentrl.weights.shm import SharedMemoryWeights

@@ -44,7 +44,7 @@ def memory_mb() -> dict[str, float]:
 def run_mpi_part(args) -> None:
     from mpi4py import MPI
 
-    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.weights.shm import SharedMemoryWeights
 
     world = MPI.COMM_WORLD

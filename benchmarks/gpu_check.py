@@ -224,7 +224,7 @@ def sync_device(device: str) -> None:
 
 
 def time_grpo_step(model_dir: Path, device: str, dtype: str, small: bool) -> dict:
-    from agentrl.run_start import policy_trainer
+    from agentrl.roles.trainer_parts import policy_trainer
 
     trainer = policy_trainer(agentrl_config(model_dir, dtype), str(model_dir), device)
     episodes, prompt_len, response_len = (8, 16, 16) if small else (32, 256, 512)
@@ -260,7 +260,7 @@ def weight_sync_part(model_dir: Path, device: str, dtype: str, bucket_mb: float)
     from agentrl import transport
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.continuous import ContinuousTorchEngine
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.models.loading import load_causal_lm
     from agentrl.weights.mpi import MPIWeightBroadcast
 
     world = MPI.COMM_WORLD
@@ -518,8 +518,8 @@ def shut_down(engine) -> None:
 def time_generation(model, device: str, batch_size: int, new_tokens: int, repeats: int) -> Contenders:
     """tokens/s of each contender on `batch_size` 64-token random prompts, `new_tokens` each, top-k sampling."""
     from agentrl.engine.base import SamplingParams
-    from agentrl.engine.batch import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     rng = np.random.default_rng(batch_size)
     prompts = [rng.integers(3, 160, 64).tolist() for _ in range(batch_size)]
@@ -571,8 +571,8 @@ def time_multiturn(device: str, dtype: str, small: bool, repeats: int) -> tuple[
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import bench_engine
 
-    from agentrl.engine.batch import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     shape, episodes, turns, new_tokens = ("64x2x4", 4, 2, 8) if small else ("512x8x8", 32, 8, 32)
     short = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[dtype]
@@ -746,7 +746,7 @@ def main(argv=None) -> int:
                     )
 
         if "tokens" in wanted:
-            from agentrl.trainer.model import load_causal_lm
+            from agentrl.models.loading import load_causal_lm
 
             new_tokens = 8 if args.small else args.new_tokens
             model = None

@@ -44,7 +44,7 @@ echo "mpirun: $(command -v mpirun)"
 mpirun -n 2 python3 -c 'from mpi4py import MPI; print("mpi4py sees", MPI.COMM_WORLD.Get_size(), "ranks")'
 if wanted gpu_tests; then
     part gpu_tests "${GPU_TESTS_S:-120}" python3 -m pytest -q -p no:cacheprovider -rs \
-        tests/unit/test_continuous_engine.py tests/unit/test_weights_gpu.py tests/mpi/test_weight_sync_cuda_ipc.py \
+        tests/unit/test_continuous_engine.py tests/unit/test_weights_nccl.py tests/mpi/test_weight_sync_cuda_ipc.py \
         -k "cuda_graph or cuda_ipc_reaches or ipc_handle or two_readers"
 fi
 if wanted gpu_check; then

@@ -55,8 +55,8 @@ def main() -> None:
 
     from agentrl.config import load_config
     from agentrl.env import make
-    from agentrl.run_start import env_texts
-    from agentrl.trainer.model import ensure_model
+    from agentrl.models.loading import ensure_model
+    from agentrl.run.start import env_texts
 
     header = " | ".join(f"TV {a} vs {b}" for a, b in PAIRS)
     print(f"| init_std | {header} |")

@@ -16,7 +16,7 @@
 #
 # Preemption and time limits: 120 s before the limit SLURM sends USR1 to this script, which
 # forwards it to the launcher; the ranks finish the current step, write a checkpoint, and
-# exit 75 (agentrl.preempt.EXIT_STOPPED); this script then requeues the job. SIGTERM
+# exit 75 (agentrl.run.preempt.EXIT_STOPPED); this script then requeues the job. SIGTERM
 # (scancel, preemption, `scontrol requeue`) is forwarded the same way but does not requeue:
 # SLURM decides that. Every start passes resume=true, so a requeued job continues at the
 # last checkpoint with the same config.

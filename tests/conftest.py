@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import startup
+from agentrl.run import startup_gc
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -50,10 +50,10 @@ def forkserver(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A tiny Qwen2 model and tokenizer, built once per session and loaded with from_pretrained."""
-    from agentrl.models.tiny import build_tiny_model
+    from agentrl.models.tiny import TinyShape, build_tiny_model
 
     path = tmp_path_factory.mktemp("models") / "tiny"
-    build_tiny_model(path, GUESS_TEXTS, hidden_size=32, num_layers=2, num_heads=4, vocab_size=96)
+    build_tiny_model(path, GUESS_TEXTS, TinyShape(hidden_size=32, num_layers=2, num_heads=4, vocab_size=96))
     return path
 
 
@@ -77,11 +77,11 @@ def _mpirun_version(mpirun: str) -> str:
 
 
 def pytest_configure(config):
-    startup.defer_collection()  # as every rank does: the suite imports torch, transformers and every test module
+    startup_gc.defer_collection()  # as every rank does: the suite imports torch, transformers and every test module
 
 
 def pytest_collection_finish(session):
-    startup.settle()  # the collected tests and what they imported are set aside from later collections
+    startup_gc.settle()  # the collected tests and what they imported are set aside from later collections
 
 
 def pytest_runtest_logreport(report):

@@ -61,7 +61,7 @@ def main() -> None:
     args = parser.parse_args()
     flags = {key: getattr(args, key) for key in GAME_KEYS if getattr(args, key) is not None}
     game = {**run_game(Path(args.checkpoint)), **flags}
-    from agentrl.trainer.lora import is_adapter_folder
+    from agentrl.models.adapters import is_adapter_folder
 
     if not ((Path(args.checkpoint) / "config.json").is_file() or is_adapter_folder(args.checkpoint)):
         parser.error(
@@ -71,7 +71,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.models.loading import load_causal_lm
     from envs.guess_number.env import GuessNumberEnv
 
     tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)

@@ -37,8 +37,8 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 import numpy as np
 from pydantic import Field, model_validator
 
-from agentrl.config.base import AlgorithmSection as AlgorithmOptions
-from agentrl.config.base import Section
+from agentrl.sections import AlgorithmSection as AlgorithmOptions
+from agentrl.sections import Section
 
 if TYPE_CHECKING:  # torch loads with the trainer: validating a config (any rank's first act) does without it
     import torch
@@ -189,10 +189,9 @@ class ExtraModel:
     `max_grad_norm` (logged as train/NAME_grad_norm) and steps `optimizer` (no LR schedule).
     Build the optimizer over the parameters of the module `place` returned.
 
-    Checkpoints: `save` and `load` write and read the step folder's `NAME/` subfolder (the
-    weights through `write_weights(state_dict, folder)` / `read_weights(folder) -> state_dict`,
-    full and unsharded, plus the optimizer state in `optimizer.pt`); agentrl/trainer/checkpoint.py
-    calls them through its `extra_state` hook.
+    Checkpoints: agentrl/trainer/checkpoint.py writes and reads it in the step folder's `NAME/`
+    subfolder (the weights through `write_weights(state_dict, folder)` / `read_weights(folder) ->
+    state_dict`, full and unsharded, plus the optimizer state in `optimizer.pt`).
     """
 
     name: str
@@ -201,57 +200,6 @@ class ExtraModel:
     max_grad_norm: float
     write_weights: Callable[[dict[str, torch.Tensor], Path], None]
     read_weights: Callable[[Path], dict[str, torch.Tensor]]
-
-    OPTIMIZER_FILE: ClassVar[str] = "optimizer.pt"
-
-    def save(self, step_folder: Path | None) -> None:
-        """Every trainer rank (gathering sharded state is a collective); only the leader gets a folder to write."""
-        from agentrl.trainer import parallel
-
-        if parallel.is_sharded(self.module):
-            weights = parallel.full_model_state(self.module)
-            optimizer, form = parallel.full_optimizer_state(self.module, self.optimizer), "full_by_name"
-        elif step_folder is None:
-            return
-        else:
-            weights, optimizer, form = self.module.state_dict(), self.optimizer.state_dict(), "local"
-        if step_folder is None:
-            return
-        folder = Path(step_folder) / self.name
-        folder.mkdir(parents=True, exist_ok=True)
-        self.write_weights(weights, folder)
-        import torch
-
-        torch.save({"optimizer": optimizer, "optimizer_format": form}, folder / self.OPTIMIZER_FILE)
-
-    def load(self, step_folder: Path) -> None:
-        """Every trainer rank: weights and optimizer state back from the step folder's `NAME/`."""
-        from agentrl.trainer import parallel
-
-        folder = Path(step_folder) / self.name
-        if not (folder / self.OPTIMIZER_FILE).is_file():
-            raise FileNotFoundError(
-                f"{folder} is missing: this checkpoint was written without the {self.name!r} model the algorithm "
-                "trains; resume it with the algorithm that wrote it, or start a new run_dir"
-            )
-        weights = self.read_weights(folder)
-        import torch
-
-        state = torch.load(folder / self.OPTIMIZER_FILE, weights_only=False)
-        sharded = parallel.is_sharded(self.module)
-        if sharded:
-            parallel.load_full_model_state(self.module, weights)
-        else:
-            self.module.load_state_dict(weights)
-        if state["optimizer_format"] == "full_by_name":
-            parallel.load_full_optimizer_state(self.module, self.optimizer, state["optimizer"])
-        elif sharded:
-            raise ValueError(
-                f"{folder} was saved without parallelism.fsdp and cannot be loaded into sharded parameters: "
-                "resume it with parallelism.fsdp=false"
-            )
-        else:
-            self.optimizer.load_state_dict(state["optimizer"])
 
 
 class Algorithm:

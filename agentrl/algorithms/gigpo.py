@@ -15,7 +15,7 @@ answered (agentrl/rollout/agent_loop.py), hashed into the batch's `turn_state`.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import numpy as np
 from pydantic import Field
@@ -52,23 +52,28 @@ def discounted_turn_returns(turn_episode: np.ndarray, turn_reward: np.ndarray, g
     return returns
 
 
+class Turns(NamedTuple):
+    """A batch's turns, flat (M,): `episode` the episode index of each turn (an episode's turns contiguous and in
+    order), `state` the int64 hash of the state the turn acted in (the observation before its action), `reward`
+    the reward the env returned for that turn."""
+
+    episode: np.ndarray
+    state: np.ndarray
+    reward: np.ndarray
+
+
 def gigpo_advantages(
     rewards: np.ndarray,
     groups: np.ndarray,
     valid: np.ndarray | None,
-    turn_episode: np.ndarray,
-    turn_state: np.ndarray,
-    turn_reward: np.ndarray,
+    turns: Turns,
     gamma: float,
     step_weight: float = 1.0,
     std_norm: bool = True,
 ) -> np.ndarray:
     """Per-turn advantages (M,) float32: A = A_episode + step_weight * A_step.
 
-    Episodes: `rewards`, `groups` (task ids), `valid` (N,) as in `advantages.group_advantages`. Turns, flat:
-    `turn_episode` (M,) the episode index of each turn (an episode's turns contiguous and in order),
-    `turn_state` (M,) int64 hash of the state the turn acted in (the observation before its action),
-    `turn_reward` (M,) the reward the env returned for that turn.
+    Episodes: `rewards`, `groups` (task ids), `valid` (N,) as in `advantages.group_advantages`. Turns: `turns`.
 
     - A_episode: `group_advantages(rewards, groups, valid, std_norm)` of the turn's episode, one value per
       episode (verl-agent computes these statistics over its rows, one per turn, so longer episodes weigh
@@ -88,9 +93,9 @@ def gigpo_advantages(
     rewards = np.asarray(rewards, dtype=np.float64)
     groups = np.asarray(groups)
     valid = np.ones(rewards.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
-    turn_episode = np.asarray(turn_episode, dtype=np.int64)
-    turn_state = np.asarray(turn_state, dtype=np.int64)
-    turn_reward = np.asarray(turn_reward, dtype=np.float64)
+    turn_episode = np.asarray(turns.episode, dtype=np.int64)
+    turn_state = np.asarray(turns.state, dtype=np.int64)
+    turn_reward = np.asarray(turns.reward, dtype=np.float64)
     if not (len(turn_episode) == len(turn_state) == len(turn_reward)):
         raise ValueError(
             f"turn_episode, turn_state, turn_reward have lengths {len(turn_episode)}, {len(turn_state)}, "
@@ -177,9 +182,7 @@ class GiGPO(PolicyGradient):
             batch["reward"],
             batch["group"],
             valid,
-            batch["turn_episode"],
-            batch["turn_state"],
-            turn_rewards_with_final(batch),
+            Turns(batch["turn_episode"], batch["turn_state"], turn_rewards_with_final(batch)),
             self.options.gamma,
             self.options.step_weight,
             self.options.std_norm,

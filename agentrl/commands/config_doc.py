@@ -1,17 +1,44 @@
-"""The config reference, generated from the schema's fields and docstrings (`agentrl config-doc`, docs/config.md)."""
+"""`agentrl config-doc [--write FILE]`: the config reference, generated from the schema's fields and docstrings
+(docs/config.md)."""
 
 from __future__ import annotations
 
 import inspect
 import types
 import typing
+from pathlib import Path
 from typing import Annotated, Literal
 
-from agentrl.config.base import AlgorithmSection, Section
 from agentrl.config.schema import Config
+from agentrl.errors import UserError
+from agentrl.sections import AlgorithmSection, Section
 
 # Sections the SFT config shares with the RL config (documented once, under the RL reference).
 SHARED_SECTIONS = ("model", "optimizer", "lr_scheduler", "parallelism", "checkpoint", "logging")
+START, END = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument(
+        "--write",
+        metavar="FILE",
+        help="replace the reference between FILE's config-reference markers instead (docs/config.md)",
+    )
+
+
+def main(args) -> int:
+    if not args.write:
+        print(config_reference())
+        return 0
+    path = Path(args.write)
+    text = path.read_text() if path.is_file() else ""
+    if START not in text or END not in text.split(START, 1)[1]:
+        raise UserError(f"{path} has no {START} ... {END} block to replace")
+    before, rest = text.split(START, 1)
+    after = rest.split(END, 1)[1]
+    path.write_text(f"{before}{START}\n{config_reference().strip()}\n{END}{after}")
+    print(f"wrote the config reference into {path}")
+    return 0
 
 
 def config_reference() -> str:

@@ -52,12 +52,12 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
     """This rank's part; the report on the rank that wrote it (rank 0), None elsewhere."""
     from transformers.utils import logging as hf_logging
 
-    from agentrl.layout import Layout, engine_gpus
-    from agentrl.liveness import Liveness
+    from agentrl.layout import Layout
+    from agentrl.run.liveness import Liveness
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
-    layout = Layout(config.layout, rollout_gpus=engine_gpus(config.rollout.engine))
+    layout = Layout(config.layout, rollout_gpus=config.rollout.engine.gpus)
     liveness = Liveness(layout.world, layout.nodes, layout.hosts, config.runtime.peer_timeout_s)
     report = _evaluate_role(config, layout, target, started)
     liveness.stop()
@@ -66,7 +66,7 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
 
 def _evaluate_role(config, layout, target: Target, started: float) -> dict | None:
     from agentrl.layout import Role
-    from agentrl.run_start import seed_everything, set_threads
+    from agentrl.run.start import seed_everything, set_threads
 
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
@@ -106,7 +106,8 @@ def _close(worker) -> None:
 def _evaluator(config, layout, target: Target, env_client):
     from agentrl.env.client import LocalEnvClient
     from agentrl.evaluation.runner import Evaluator
-    from agentrl.run_start import env_host, rollout_worker
+    from agentrl.roles.env import env_host
+    from agentrl.roles.rollout_parts import rollout_worker
 
     if env_client is None and not config.agent.enabled:  # agent programs play the env's part, through a gateway
         env_client = LocalEnvClient(env_host(config, check=not layout.single_process))
@@ -140,14 +141,30 @@ def _write(config, target: Target, messages: list[dict], layout, started: float)
     return report
 
 
-def main(config_path: str, overrides: list[str], checkpoint: str | None, out: str | None, dump: bool) -> int:
+def add_arguments(parser) -> None:
+    parser.description = "agentrl eval CONFIG [--checkpoint PATH] [--out DIR] [--dump] [key=value ...]"
+    parser.add_argument("config", help="the run's YAML config (env, layout, eval: split, n, sampling)")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. eval.n=8 eval.temperature=1.0")
+    parser.add_argument(
+        "--checkpoint",
+        help="RUN_DIR/checkpoints/step_N, a run folder (its newest) or a model folder; default model.path",
+    )
+    parser.add_argument("--out", help="folder for report.json, tb/ and episodes/ (default RUN_DIR/eval/<checkpoint>)")
+    parser.add_argument("--dump", action="store_true", help="also write the episodes, as training's episode dumps")
+
+
+def main(args) -> int:
+    return run_eval(args.config, args.overrides, args.checkpoint, args.out, args.dump)
+
+
+def run_eval(config_path: str, overrides: list[str], checkpoint: str | None, out: str | None, dump: bool) -> int:
     """`agentrl eval`: errors found before evaluating raise on every rank (the CLI prints them once)."""
     from mpi4py import MPI
 
     from agentrl.config import load_config
-    from agentrl.env.preflight import refuse_unusable_env
     from agentrl.evaluation.report import headline, table
     from agentrl.layout import Role, assign_roles
+    from agentrl.run.preflight import refuse_unusable_env
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])
@@ -160,11 +177,11 @@ def main(config_path: str, overrides: list[str], checkpoint: str | None, out: st
     config.model.path = target.model
     refuse_unusable_env(world, config, evaluating=True)
     if roles[world.Get_rank()] is not Role.ENV:
-        from agentrl.trainer.model import import_model_code  # imports torch: after the refusals above
+        from agentrl.models.loading import import_model_code  # imports torch: after the refusals above
 
         import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     if checkpoint is None:
-        from agentrl.run_start import check_model
+        from agentrl.run.start import check_model
 
         transport.agree_on_root(world, lambda: check_model(config))
     try:

@@ -1,13 +1,12 @@
 """Typed, validated configuration: one section per role, YAML plus key=value overrides.
 
-- `base`: `Section`, `AlgorithmSection` and `ConfigError`, which any component may import;
+- `Section`, `AlgorithmSection` and `ConfigError` come from agentrl/sections.py, a leaf any module may import;
 - `schema`: every section with a docstring per field, and the whole-config checks;
 - `load`: YAML and `key=value` overrides in, validated once, saved resolved into the run folder;
 """
 
 from __future__ import annotations
 
-from agentrl.config.base import AlgorithmSection, ConfigError, Section, format_validation_error
 from agentrl.config.load import (
     apply_override,
     from_dict,
@@ -19,6 +18,7 @@ from agentrl.config.load import (
 )
 from agentrl.config.schema import (
     AgentConfig,
+    ChatConfig,
     CheckpointConfig,
     Config,
     DataConfig,
@@ -41,10 +41,12 @@ from agentrl.config.schema import (
     WeightsConfig,
     algorithm_options,
 )
+from agentrl.sections import AlgorithmSection, ConfigError, Section, format_validation_error
 
 __all__ = [
     "AgentConfig",
     "AlgorithmSection",
+    "ChatConfig",
     "CheckpointConfig",
     "Config",
     "ConfigError",

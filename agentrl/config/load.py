@@ -8,8 +8,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from agentrl.config.base import ConfigError, format_validation_error
 from agentrl.config.schema import Config
+from agentrl.sections import ConfigError, format_validation_error
 
 # Fields that moved when `trainer` and `rollout` were split into one section per component:
 # old dotted path -> new dotted path (None: removed, nothing read it).

@@ -17,7 +17,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from agentrl.config.base import AlgorithmSection, Section, format_validation_error
+from agentrl.sections import AlgorithmSection, Section, format_validation_error
 
 
 class LayoutConfig(Section):
@@ -173,6 +173,11 @@ class TorchEngineConfig(Section):
         "(Llama, Qwen2/3, Mistral); `true` also on CPU, where the same steps run eagerly (for tests); `false`: never.",
     )
 
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine uses (the layout binds them): the torch engine runs on one."""
+        return 1
+
 
 class SGLangEngineConfig(Section):
     """An in-process `sglang.Engine` per rollout rank (GPU; the `agentrl[sglang]` extra)."""
@@ -183,6 +188,11 @@ class SGLangEngineConfig(Section):
         0.8, gt=0, lt=1, description="GPU memory fraction for weights and KV cache (lower it when colocated)."
     )
     kwargs: dict[str, Any] = Field(default_factory=dict, description="Extra keyword arguments for `sglang.Engine`.")
+
+    @property
+    def gpus(self) -> int:
+        """GPUs one engine uses (the layout binds them): its tensor-parallel size."""
+        return self.tp_size
 
 
 EngineConfig = Annotated[TorchEngineConfig | SGLangEngineConfig, Field(discriminator="backend")]
@@ -721,11 +731,10 @@ class Config(Section):
                 "set layout.env=0"
             )
         self._note_async_correction()
-        if self.chat.format is not None:
+        if self.chat.format is not None and not self.agent.enabled:
             self._notes.append(
-                f"chat.format={self.chat.format}: training does not read it yet (issue 51): the training gateway "
-                "detects the family from the model folder, the env agent loop and SFT transcripts use the model's "
-                "chat template with Hermes tool calls; agentrl serve takes it as --chat-format"
+                f"chat.format={self.chat.format}: the training gateway and agentrl serve use it; the env agent loop "
+                "and SFT transcripts still render with the model's chat template and parse Hermes tool calls"
             )
         transport = self.weights.transport
         if self.model.lora is not None:

@@ -68,7 +68,7 @@ def write_step(run_dir: str | Path, step: int, records: list[dict]) -> Path:
     return path
 
 
-def drop_from(run_dir: str | Path, step: int) -> int:
+def drop_dumps_from(run_dir: str | Path, step: int) -> int:
     """Delete the dumps of steps >= `step` (a resumed run redoes them); the number deleted."""
     folder = Path(run_dir) / DUMP_DIR
     if not folder.is_dir():

@@ -19,7 +19,7 @@ def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int
         from agentrl.engine.sglang import SGLangEngine
 
         return SGLangEngine.from_config(engine, model, device, seed, colocate=colocate)
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     loaded = load_causal_lm(model.path, model.dtype, device)
     tokenizer = load_tokenizer(model.path)
@@ -31,7 +31,7 @@ def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int
 
 def build_torch_engine(model, config, *, pad_token_id: int, seed: int):
     """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler."""
-    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     if config.scheduler == "batch":
         return TorchEngine(model, pad_token_id=pad_token_id, max_batch_size=config.max_batch_size, seed=seed)

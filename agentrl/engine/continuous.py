@@ -34,7 +34,6 @@ import torch.nn.functional as F
 from transformers import DynamicCache
 
 from agentrl.engine.base import FinishReason, GenerateOutput, SamplingParams
-from agentrl.engine.batch import TorchEngine, _LoopQueue
 from agentrl.engine.decode_graphs import DecodeGraphs
 from agentrl.engine.grammar import grammar_error
 from agentrl.engine.kv_sessions import KVSessionStore
@@ -42,6 +41,7 @@ from agentrl.engine.lean_decoder import COLUMN_HEADROOM, FAMILIES, Feed, LeanDec
 from agentrl.engine.running_batch import RunningBatch
 from agentrl.engine.sampling import RowSampling, sample_tokens, seeded_generator
 from agentrl.engine.slot_batch import SlotBatch
+from agentrl.engine.torch_engine import TorchEngine, _LoopQueue
 from agentrl.errors import UserError
 
 # Waiting requests are admitted once they are this fraction of the running rows, or have

@@ -43,7 +43,7 @@ def static_decode(
     values of the inputs, only on `rows` and `width`.
     """
     ids, positions = batch.tokens_in[:rows, None], batch.positions_buffer[:rows, None]
-    return static_step(decoder, batch, ids, positions, None, None, width, cos, signed_sin)
+    return static_step(decoder, batch, ids, positions, None, None, width, (cos, signed_sin))
 
 
 def static_prefill(
@@ -52,7 +52,7 @@ def static_prefill(
     """Feed each row's new tokens `inputs.ids` at `inputs.positions` into slot `inputs.slots`, after the cache that
     slot holds; the logits (rows, vocab) after each row's last real token (`inputs.last`). A row's padding tokens
     write columns past its last one, which its next steps overwrite before anything reads them."""
-    return static_step(decoder, batch, inputs.ids, inputs.positions, inputs.slots, inputs.last, width, cos, sin)
+    return static_step(decoder, batch, inputs.ids, inputs.positions, inputs.slots, inputs.last, width, (cos, sin))
 
 
 def static_step(
@@ -63,12 +63,13 @@ def static_step(
     slots: torch.Tensor | None,
     last: torch.Tensor | None,
     width: int,
-    cos: torch.Tensor,
-    signed_sin: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
 ) -> torch.Tensor:
     """The lean decoder's computation for `ids` (rows, tokens) at `positions` over the slot cache: slot `slots[i]`
     (None: slot i) takes row i's keys and values, and its first `width` columns are what row i attends to, up to
-    each token's own position. The logits after token `last[i]` of each row (None: the only one)."""
+    each token's own position. The logits after token `last[i]` of each row (None: the only one). `rotary`: the
+    (cos, signed sin) tables by position."""
+    cos, signed_sin = rotary
     query_heads, kv_heads, head_dim = decoder.query_heads, decoder.kv_heads, decoder.head_dim
     query_keys = (query_heads + kv_heads) * head_dim
     rows, tokens = ids.shape

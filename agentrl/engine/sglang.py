@@ -230,17 +230,17 @@ class SGLangEngine(Engine):
     def __init__(
         self,
         model_path: str,
+        section: SGLangEngineConfig,
         *,
         base_gpu_id: int,
-        tp_size: int = 1,
-        mem_fraction_static: float = 0.8,
         colocate: bool = False,
         seed: int = 0,
         dtype: str = "bfloat16",
-        sglang_kwargs: dict | None = None,
         lora=None,
     ):
-        """`lora` (a LoraConfig): weight syncs bring adapters only, loaded through SGLang's LoRA adapter API."""
+        """`section`: the engine's `rollout.engine` (tp_size, mem_fraction_static, SGLang's own keyword arguments);
+        `lora` (a LoraConfig): weight syncs bring adapters only, loaded through SGLang's LoRA adapter API."""
+        tp_size, mem_fraction_static, sglang_kwargs = section.tp_size, section.mem_fraction_static, section.kwargs
         sglang = import_sglang()
         self.colocate = colocate
         self.weight_group_size = tp_size
@@ -272,7 +272,7 @@ class SGLangEngine(Engine):
 
     def _take_back_signals(self) -> None:
         """SGLang's loop handlers would drain and exit on SIGTERM and kill this rank on SIGQUIT: restore ours."""
-        from agentrl import preempt
+        from agentrl.run import preempt
 
         for signum in (signal.SIGTERM, signal.SIGQUIT):
             self.engine.loop.remove_signal_handler(signum)
@@ -292,13 +292,11 @@ class SGLangEngine(Engine):
             )
         return cls(
             model.path,
+            engine,
             base_gpu_id=int(device.partition(":")[2] or 0),
-            tp_size=engine.tp_size,
-            mem_fraction_static=engine.mem_fraction_static,
             colocate=colocate,
             seed=seed,
             dtype=model.dtype,
-            sglang_kwargs=engine.kwargs,
             lora=model.lora,
         )
 

@@ -32,7 +32,7 @@ def check_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 50,
     return inspect_env(env_id, kwargs, episodes, max_steps, rows).problems
 
 
-def reset(env, seed: int, rows: list[dict] | None):
+def reset_env(env, seed: int, rows: list[dict] | None):
     """`env.reset(seed=seed)`, or with dataset rows (an env that serves data.train) a row as options."""
     return env.reset(seed=seed) if not rows else env.reset(seed=seed, options=rows[seed % len(rows)])
 
@@ -58,7 +58,7 @@ def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: in
     problems += check_tools(tools)
     problems += check_spaces(env)
     try:
-        first = reset(env, 123, rows)
+        first = reset_env(env, 123, rows)
     except Exception as error:  # report, do not crash: this is a checker
         problems.append(f"reset(seed=123) raised {type(error).__name__}: {error}")
         return
@@ -66,13 +66,13 @@ def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: in
         problems.append(f"reset() must return (str, dict), got {first!r:.80}")
         return
     problems += check_observation(env, first[0], "reset")
-    again = reset(make(env_id, **kwargs), 123, rows)
+    again = reset_env(make(env_id, **kwargs), 123, rows)
     if again[0] != first[0]:
         problems.append("reset(seed=123) twice gave different observations: seed the env via super().reset(seed=seed)")
     rng = random.Random(0)
     reports_success = False
     for episode in range(episodes):
-        reset(env, episode, rows)
+        reset_env(env, episode, rows)
         for _ in range(max_steps):
             out = env.step(random_action(rng, tools if not problems else []))
             if not (isinstance(out, tuple) and len(out) == 5):
@@ -211,7 +211,7 @@ def time_random_episodes(
     steps, started = 0, time.perf_counter()
     for episode in range(episodes):
         env = make(env_id, **kwargs)
-        reset(env, episode, rows)
+        reset_env(env, episode, rows)
         tools = getattr(env, "tools", None) or []
         for _ in range(max_steps):
             steps += 1

@@ -13,9 +13,9 @@ import threading
 from collections import deque
 
 from agentrl import transport
-from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost, EnvResult
 from agentrl.errors import UserError
+from agentrl.node_wakeup import Doorbell
 from agentrl.transport import Tag
 
 
@@ -64,7 +64,7 @@ class MPIEnvClient(TickBatchingClient):
     tag), so each reply resolves the oldest batch in flight. A daemon thread receives
     them: it can sleep a fraction of a millisecond between polls (asyncio's timers wake
     no sooner than 1 ms on Linux), and it wakes the event loop only when a reply is in.
-    On one node the two sides ring each other's doorbell (agentrl.doorbell) after
+    On one node the two sides ring each other's doorbell (agentrl.node_wakeup) after
     sending, so neither waits for its next poll; the env rank's address comes with its
     first reply (wire format: agentrl.roles.env.serve).
     """

@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -159,17 +160,7 @@ def _execute(code: str, limits: SandboxLimits, backend: str, files: dict[str, st
             if os.geteuid() == 0:
                 _give_folder_to(host_dir, uid)
             leftovers = functools.partial(_kill_rlimit_leftovers, uid, marker)
-        return _run(
-            command,
-            code,
-            limits,
-            backend,
-            cwd=host_dir,
-            env=env,
-            preexec=preexec,
-            pass_fds=pass_fds,
-            leftovers=leftovers,
-        )
+        return _run(_Launch(command, host_dir, env, preexec, pass_fds, leftovers), code, limits, backend)
 
 
 def uncontained(backend: str) -> list[str]:
@@ -579,7 +570,29 @@ class _BoundedReader(threading.Thread):
         return text
 
 
-def _run(command, code, limits, backend, *, cwd, env, preexec, pass_fds, leftovers=None) -> CodeResult:
+@dataclass(frozen=True)
+class _Launch:
+    """How the sandboxed interpreter starts: its command, working folder and environment, what runs in the child
+    before it (rlimit: `preexec`), the descriptors it inherits (bwrap: `pass_fds`), and what kills the processes the
+    code left behind once it ended (rlimit: `leftovers`)."""
+
+    command: list[str]
+    cwd: str
+    env: dict[str, str]
+    preexec: Callable[[], None] | None
+    pass_fds: tuple[int, ...]
+    leftovers: Callable[[], None] | None = None
+
+
+def _run(launch: _Launch, code: str, limits, backend: str) -> CodeResult:
+    command, cwd, env, preexec, pass_fds, leftovers = (
+        launch.command,
+        launch.cwd,
+        launch.env,
+        launch.preexec,
+        launch.pass_fds,
+        launch.leftovers,
+    )
     start = time.monotonic()
     try:
         process = subprocess.Popen(
@@ -609,11 +622,11 @@ def _run(command, code, limits, backend, *, cwd, env, preexec, pass_fds, leftove
         returncode = process.wait(timeout=limits.wall_seconds)
     except subprocess.TimeoutExpired:
         timed_out = True
-        _kill_group(process.pid)
+        kill_group(process.pid)
         returncode = process.wait()
     if backend == "rlimit":
         # Children the code left in its session, then those that left it. (bwrap: they died with the pid namespace.)
-        _kill_group(process.pid)
+        kill_group(process.pid)
         leftovers()
     if backend == "bwrap" and returncode > 128:
         returncode = 128 - returncode  # bwrap exits 128 + N when the code was killed by signal N
@@ -632,12 +645,6 @@ def _feed(pipe, data: bytes) -> None:
         pipe.write(data)
     with contextlib.suppress(BrokenPipeError):
         pipe.close()
-
-
-def _kill_group(pgid: int) -> None:
-    # ProcessLookupError: the group is gone; PermissionError: only zombies are left (some kernels).
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signal.SIGKILL)
 
 
 def _describe_failure(returncode: int, timed_out: bool, stderr: str, limits: SandboxLimits) -> str | None:
@@ -667,3 +674,11 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return "unknown signal"
+
+
+def kill_group(pgid: int) -> None:
+    """SIGKILL to every process of group `pgid` (a child started in a session of its own has its pid as the group):
+    what sandboxed code, or an agent program (agentrl/gateway/agent_process.py), left running."""
+    # ProcessLookupError: the group is gone; PermissionError: only zombies are left (some kernels).
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signal.SIGKILL)

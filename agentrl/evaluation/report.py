@@ -108,9 +108,9 @@ def table(report: dict) -> str:
     return "\n".join(lines)
 
 
-def drop_from(run_dir: str | Path, step: int) -> int:
+def drop_reports_from(run_dir: str | Path, step: int) -> int:
     """A resumed run redoes the evaluations of steps >= `step`: delete their reports and episode dumps."""
-    from agentrl.data.episode_dump import drop_from as drop_dumps
+    from agentrl.data.episode_dump import drop_dumps_from
 
     folder = Path(run_dir) / EVAL_DIR
     if not folder.is_dir():
@@ -118,7 +118,7 @@ def drop_from(run_dir: str | Path, step: int) -> int:
     doomed = [p for p in folder.glob("step_*.json") if int(p.stem.removeprefix("step_")) >= step]
     for path in doomed:
         path.unlink()
-    return len(doomed) + drop_dumps(folder, step)
+    return len(doomed) + drop_dumps_from(folder, step)
 
 
 class RunEvaluation:

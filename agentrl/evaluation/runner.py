@@ -24,8 +24,8 @@ from agentrl.config import EvalConfig
 from agentrl.data.episode_dump import episode_record
 from agentrl.data.tasks import ID_COLUMN, Task
 from agentrl.evaluation.metrics import TaskResult
-from agentrl.failures import error_kind
 from agentrl.rollout.agent_loop import LoopTimers, gather_episodes
+from agentrl.rollout.failures import error_kind
 from agentrl.trajectory import Episode
 
 EVAL_STREAM = 2**32 + 11  # keeps eval's seeds apart from the task, engine and shuffle streams

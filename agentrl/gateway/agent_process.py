@@ -8,9 +8,9 @@ import contextlib
 import json
 import os
 import shlex
-import signal
 from dataclasses import dataclass
 
+from agentrl.env.code_sandbox import kill_group
 from agentrl.trajectory import RewardError, finite_reward
 
 OUTPUT_TAIL_BYTES = 4000  # of stderr, kept for the error message of a failed run
@@ -66,11 +66,11 @@ async def run_agent(
     try:
         stdout, stderr = await asyncio.wait_for(process.communicate(task_json.encode()), timeout_s)
     except asyncio.TimeoutError:
-        _kill_group(process)
+        kill_group(process.pid)
         await process.wait()
         return AgentRun(None, None, None, f"agent.command ran past agent.timeout_s={timeout_s:g} s and was killed")
     except asyncio.CancelledError:
-        _kill_group(process)
+        kill_group(process.pid)
         with contextlib.suppress(ProcessLookupError):
             await asyncio.shield(process.wait())
         raise
@@ -100,8 +100,3 @@ def last_line_reward(stdout: str) -> tuple[float | None, bool | None]:
     reward = finite_reward(payload["reward"], 'the "reward" of the agent\'s last stdout line')
     success = payload.get("success")
     return reward, bool(success) if success is not None else None
-
-
-def _kill_group(process) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(process.pid, signal.SIGKILL)

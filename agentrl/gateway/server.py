@@ -25,11 +25,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from agentrl.config.schema import AgentConfig
 from agentrl.errors import UserError
 from agentrl.gateway.sessions import Session, SessionError, SessionTable
 from agentrl.gateway.stitch import PromptStitcher
 from agentrl.gateway.trace import SessionCall
-from agentrl.serve.guard import DEFAULT_MAX_BODY_BYTES
 
 GATEWAY_DIR = "gateway"  # in run_dir: one rollout-N.json per rollout rank while it trains
 CLAIM_WAIT_S = 30.0
@@ -37,29 +37,36 @@ KEEP_ALIVE_S = 600  # a service's claim waits this long for a session before an 
 
 
 class Gateway:
+    """The policy under training over HTTP on a rollout rank, as `agent` (the config's agent section) describes it:
+    its address (`port` overrides agent.port: each rollout rank of a node listens on its own), the served model
+    name, whether tools are listed, the body limit; `chat_format`: the config's chat.format (None: the family
+    detected from the tokenizer)."""
+
     def __init__(
         self,
         engine,
         tokenizer,
-        model_name: str,
         max_model_len: int,
-        host: str,
-        port: int,
-        list_tools: bool = True,
-        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        agent: AgentConfig | None = None,
+        port: int | None = None,
         chat_format: str | None = None,
     ):
         from agentrl.serve.completions import Completions
         from agentrl.serve.generation import LocalBackend
 
+        agent = agent or AgentConfig()
+        host, port = agent.host, agent.port if port is None else port
         self.host = host
-        self.max_body_bytes = max_body_bytes  # larger request bodies get 413 (agent.max_body_bytes)
+        self.max_body_bytes = agent.max_body_bytes  # larger request bodies get 413
         backend = LocalBackend(engine, tokenizer)
-        # list_tools false: the request's tools are not shown to the model, only parsed for; chat_format: the
-        # config's chat.format (None: the family detected from the tokenizer)
         try:
             self.completions = Completions(
-                backend, tokenizer, model_name, max_model_len, list_tools=list_tools, chat_format=chat_format
+                backend,
+                tokenizer,
+                agent.model_name,
+                max_model_len,
+                list_tools=agent.list_tools,  # false: the request's tools are parsed for, not shown to the model
+                chat_format=chat_format,
             )
         except KeyError as error:
             if chat_format is None:

@@ -9,7 +9,7 @@ the next role, is not repeated). The call then extends the last one token for to
 (agentrl/gateway/trace.py). Where the template renders the history differently once the new messages follow
 (it drops earlier reasoning, rewrites an end token: docs/chat-formats.md), and for any other request (a rewritten
 history, a sub-agent's), the prompt is rendered from scratch and starts a sample of its own. The new messages'
-content is tokenized as text (agentrl/rollout/content_tokens.py): a control string in a tool result is never a
+content is tokenized as text (agentrl/models/content_tokens.py): a control string in a tool result is never a
 turn marker.
 """
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 # Tool results as Qwen2.5 renders them: a run of `tool` messages is one user turn of <tool_response> blocks (what
@@ -66,22 +67,29 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 160):
     )
 
 
-def build_tiny_model(
-    out_dir: str | os.PathLike,
-    texts: Iterable[str],
-    *,
-    hidden_size: int = 64,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    vocab_size: int = 160,
-    seed: int = 0,
-    init_std: float = 0.02,
-    output_scale: float = 1.0,
-) -> Path:
-    """Write a randomly initialised Qwen2 causal LM and its tokenizer to `out_dir`."""
+@dataclass(frozen=True)
+class TinyShape:
+    """A tiny model's size and initialisation; the config's `model.tiny` section has the same fields and serves as
+    well."""
+
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    vocab_size: int = 160
+    seed: int = 0
+    init_std: float = 0.02
+    output_scale: float = 1.0
+
+
+def build_tiny_model(out_dir: str | os.PathLike, texts: Iterable[str], shape: TinyShape | None = None) -> Path:
+    """Write a randomly initialised Qwen2 causal LM of `shape` (default `TinyShape()`) and its tokenizer to
+    `out_dir`."""
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    shape = shape or TinyShape()
+    hidden_size, num_layers, num_heads = shape.hidden_size, shape.num_layers, shape.num_heads
+    vocab_size, seed, init_std, output_scale = shape.vocab_size, shape.seed, shape.init_std, shape.output_scale
     out_dir = Path(out_dir)
     tokenizer = build_tokenizer(texts, vocab_size=vocab_size)
     config = Qwen2Config(

@@ -1,7 +1,44 @@
-"""One file per role, each read top to bottom: setup, loop, shutdown.
+"""One file per role, each read top to bottom: setup, loop, shutdown; `run_role` takes this rank's.
 
 - `trainer.run_trainer`: take batches, train, publish weights, log, checkpoint;
 - `rollout.run_rollout`: generate episodes and ship them, in lockstep or running ahead;
 - `env.run_env`: host envs for rollout ranks;
 - `single.run_single_process`: all of it in turns, in one process (world size 1).
+
+What the trainer side and a rollout rank are built from, each part given the config sections it reads:
+`trainer_parts` and `rollout_parts`.
 """
+
+from __future__ import annotations
+
+from agentrl.config import Config
+from agentrl.layout import Layout, Role
+from agentrl.run.start import RunStart, seed_everything, set_threads
+
+
+def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | None, dict[int, float] | None]:
+    """This rank's role, from `start`; the steps done and the success rate at each step where it trained (the
+    trainer leader, or the single process), else None. Each role's module is imported only on its ranks: env
+    ranks load no torch unless an env does."""
+    if layout.role is Role.ENV and not layout.single_process:
+        from agentrl.roles.env import run_env
+
+        run_env(config, layout)  # no torch here unless an env loads it (run_env then seeds it)
+        return None, None
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    set_threads(config, layout)
+    seed_everything(config.seed + layout.rank)
+    if layout.single_process:
+        from agentrl.roles.single import run_single_process
+
+        return run_single_process(config, layout, start)
+    if layout.role is Role.TRAINER:
+        from agentrl.roles.trainer import run_trainer
+
+        return run_trainer(config, layout, start.step)
+    from agentrl.roles.rollout import run_rollout
+
+    run_rollout(config, layout, start)
+    return None, None

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import Config
-from agentrl.doorbell import Doorbell
 from agentrl.env.host import EnvHost
 from agentrl.layout import Layout
-from agentrl.run_start import env_host, seed_everything, seed_torch, set_threads
+from agentrl.node_wakeup import Doorbell
+from agentrl.run import preempt, startup_gc
+from agentrl.run.preflight import check_env_config
+from agentrl.run.start import seed_everything, seed_torch, set_threads
 from agentrl.transport import Tag
 
 
@@ -21,13 +23,21 @@ def run_env(config: Config, layout: Layout) -> None:
     host = env_host(config)  # builds one env, so its plugin's imports (torch or not) have happened
     set_threads(config, layout, only_if_loaded=True)
     seed_torch(seed, only_if_loaded=True)
-    startup.settle()
+    startup_gc.settle()
     serve(
         layout.world,
         host,
         layout.rollout_ranks_served_by(layout.rank),
         after_batch=lambda: preempt.forward(layout.world, leader),
     )
+
+
+def env_host(config: Config, check: bool = True) -> EnvHost:
+    """The host of this rank's envs (an env rank's, or a rollout rank's own); `check`: build one first, so a failure
+    on this rank stops the job (rank 0's check passed, but this rank may lack a package or a file)."""
+    if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
+        check_env_config(config.env.id, config.env.kwargs, reset=not (config.data.train or config.data.val))
+    return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
 
 
 def serve(
@@ -43,7 +53,7 @@ def serve(
     A request is `(calls, the client's doorbell address or None)`; the reply is `(results, this
     rank's doorbell address or None)`, and the client's doorbell is rung after it. The wait for a
     request polls per `polling` (transport.Backoff; None: sleeps that double to 5 ms), cut short
-    when a client on this node rings (`doorbells`, agentrl.doorbell).
+    when a client on this node rings (`doorbells`, agentrl.node_wakeup).
     """
     from mpi4py import MPI
 

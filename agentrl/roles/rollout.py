@@ -18,79 +18,51 @@ One loop serves every mode; how it waits for weights and ships batches is its pa
   run generates the discarded steps' tasks again, the same tasks, from the resumed weights.
 
 Where a step's tasks come from is the worker's business (agentrl/rollout/worker.py): rounds of this
-rank's share, or claims from one queue for all ranks (rollout.dispatch=dynamic).
+rank's share, or claims from one queue for all ranks (rollout.dispatch=dynamic, agentrl/roles/rollout_parts.py).
 """
 
 from __future__ import annotations
 
 import time
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import Config
-from agentrl.env.client import LocalEnvClient, MPIEnvClient
 from agentrl.layout import Layout
+from agentrl.roles.rollout_parts import rollout_parts
 from agentrl.rollout.agent_loop import Stopped
-from agentrl.rollout.dispatch import DispatchClient, DispatchServer
-from agentrl.rollout.shipping import batch_messages
+from agentrl.rollout.trainer_messages import batch_messages
 from agentrl.rollout.worker import RolloutWorker
-from agentrl.run_start import data_shards, env_host, rollout_worker, task_source, weight_sync
+from agentrl.run import preempt, startup_gc
+from agentrl.run.start import RunStart
 from agentrl.transport import Tag
 
 END_OF_BATCHES = {"end": True}  # after a stop: this rollout rank sends no more batches
 
 
-def run_rollout(config: Config, layout: Layout, start_step: int, data_start: list[int] | None) -> None:
-    """The rollout rank's role: set up its env client, weights, tasks and worker, run the loop, close.
+def run_rollout(config: Config, layout: Layout, start: RunStart) -> None:
+    """The rollout rank's role: set up its parts (env client, weights, tasks, worker; roles/rollout_parts.py), run
+    the loop, close.
 
     The message to the trainer leader also carries this rank's data position after the step (kept in
     checkpoints) and, with rollout.dump_episodes, the step's episodes as dump records. At a step due for
     evaluation (`eval:`), this rank's share of the eval split runs first, on the same weights, and its
     results go to the trainer leader; after the last step that needs the last weights, sent for it.
     """
-    env_rank = layout.env_rank_for(layout.rank)
-    if config.agent.enabled:
-        env_client = None  # agent programs play the env's part, through this rank's gateway
-    elif env_rank is None:
-        env_client = LocalEnvClient(env_host(config))
-    else:
-        env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
-    sync = weight_sync(config, layout)  # a process-group sync connects at its first receive
-    shards = data_shards(config, layout)
-    index = layout.rollout_ranks.index(layout.rank)
-    tasks = task_source(config, index if shards > 1 else 0, shards, data_start)
-    worker = rollout_worker(config, env_client, index, len(layout.rollout_ranks), layout.device, tasks)
-    if config.rollout.dispatch == "dynamic" and len(layout.rollout_ranks) > 1:
-        worker.dispatch = task_queue(config, layout, worker)
-    evaluator = None
-    if config.eval.enabled:
-        from agentrl.evaluation.runner import Evaluator
-
-        evaluator = Evaluator(
-            worker, index, len(layout.rollout_ranks), eval_config=config.eval, data_val=config.data.val
-        )
+    parts = rollout_parts(config, layout, start)
+    worker, sync = parts.worker, parts.sync
     pace = (
         RunningAhead(config, layout, worker, sync)
         if config.rollout.max_staleness
         else Lockstep(config, layout, worker, sync)
     )
-    rollout_loop(config, layout, start_step, worker, evaluator, pace)
-    close(worker, env_client)
-
-
-def task_queue(config: Config, layout: Layout, worker: RolloutWorker) -> DispatchServer | DispatchClient:
-    """rollout.dispatch=dynamic over several ranks: the first rollout rank serves the step's queue, the others
-    claim from it."""
-    if layout.rank == layout.rollout_ranks[0]:
-        peers = layout.rollout_ranks[1:]
-        extra = worker.algorithm.max_extra_rounds
-        return DispatchServer(layout.world, peers, config.rollout.tasks_per_step, extra, worker.task_source)
-    return DispatchClient(layout.world, layout.rollout_ranks[0])
+    rollout_loop(config, layout, start.step, worker, parts.evaluator, pace)
+    close(worker, parts.env_client)
 
 
 def rollout_loop(config: Config, layout: Layout, start_step: int, worker: RolloutWorker, evaluator, pace) -> None:
     """Steps from `start_step` to `config.steps`: evaluate when due, collect, ship; ends early at a stop."""
     index = layout.rollout_ranks.index(layout.rank)
-    startup.settle()
+    startup_gc.settle()
     pace.start(start_step)
     for step in range(start_step, config.steps + 1):
         if evaluator is not None and config.eval.due(step):

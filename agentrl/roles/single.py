@@ -3,26 +3,26 @@
 from __future__ import annotations
 
 from agentrl.config import Config
-from agentrl.env.client import LocalEnvClient
+from agentrl.data.recorder import StepRecorder
 from agentrl.layout import Layout
-from agentrl.roles.trainer import make_evaluation, make_logger, make_trainer, train_loop
-from agentrl.run_start import env_host, rollout_worker, task_source
+from agentrl.roles.rollout_parts import rollout_parts
+from agentrl.roles.trainer import TrainingParts, train_loop
+from agentrl.roles.trainer_parts import leader_parts, make_trainer
+from agentrl.rollout.failures import FailureTally, abort_if_failing
+from agentrl.rollout.trainer_messages import sample_texts
+from agentrl.run.start import RunStart
+from agentrl.trajectory import pack
+from agentrl.weights.base import InProcessWeightCopy
 
 
-def run_single_process(config: Config, layout: Layout, start_step: int, data_start) -> tuple[int, dict[int, float]]:
-    """World size 1: rollout, envs and training take turns in this process (pdb works anywhere)."""
-    from agentrl.data.recorder import StepRecorder
-    from agentrl.failures import FailureTally, abort_if_failing
-    from agentrl.rollout.shipping import sample_texts
-    from agentrl.trajectory import pack
-    from agentrl.weights.base import InProcessWeightCopy
-
-    trainer, tokenizer = make_trainer(config, layout, start_step)
-    tasks = task_source(config, 0, 1, data_start)
-    env_client = None if config.agent.enabled else LocalEnvClient(env_host(config, check=False))
-    worker = rollout_worker(config, env_client, 0, 1, layout.device, tasks)
+def run_single_process(config: Config, layout: Layout, start: RunStart) -> tuple[int, dict[int, float]]:
+    """The trainer's side and a rollout rank's (roles/trainer_parts.py, roles/rollout_parts.py) in one process;
+    the steps done and the success rate logged at each step."""
+    trainer, tokenizer = make_trainer(config, layout, start.step)
+    rollout = rollout_parts(config, layout, start)
+    worker, tasks = rollout.worker, rollout.tasks
     sync = InProcessWeightCopy(worker.engine)
-    sync.send(trainer.named_weights(), start_step)
+    sync.send(trainer.named_weights(), start.step)
     recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes)
 
     def collect(step: int):
@@ -32,16 +32,11 @@ def run_single_process(config: Config, layout: Layout, start_step: int, data_sta
         recorder.record(step, [tasks.position()], dumped)
         return pack(episodes), stats, sample_texts(config, step, episodes)
 
-    logger = make_logger(config, start_step)
-    evaluate = None
-    if config.eval.enabled:
-        from agentrl.evaluation.runner import Evaluator
-
-        evaluator = Evaluator(worker, eval_config=config.eval, data_val=config.data.val)
-        evaluate = make_evaluation(config, lambda step: [evaluator.run(step, config.eval.dump_episodes)], logger)
-    done = train_loop(
-        config, trainer, tokenizer, collect, sync, start_step, layout.role_comm, logger, [recorder], evaluate
-    )
+    evaluator = rollout.evaluator
+    results = None if evaluator is None else lambda step: [evaluator.run(step, config.eval.dump_episodes)]
+    logger, evaluate = leader_parts(config, start.step, results)
+    parts = TrainingParts(trainer, tokenizer, logger, evaluate)
+    done = train_loop(config, parts, collect, sync, start.step, layout.role_comm, [recorder])
     logger.close()
     if worker.gateway is not None:
         worker.gateway.stop(worker.loop)

@@ -9,48 +9,56 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import Config
-from agentrl.failures import FailureTally, abort_if_failing
+from agentrl.data.recorder import StepRecorder
+from agentrl.evaluation.report import receive_results
 from agentrl.layout import Layout
 from agentrl.metrics import episode_metrics, episode_sums, merge_stats
-from agentrl.supervise import restart_count
+from agentrl.roles.trainer_parts import leader_parts, make_trainer, weight_sync
+from agentrl.rollout.failures import FailureTally, abort_if_failing
+from agentrl.run import preempt, startup_gc
 from agentrl.trainer import checkpoint, staleness
+from agentrl.trainer.model import init_trainer_group
 from agentrl.trajectory import concat
 from agentrl.transport import Tag
+from agentrl.weights.announce import AnnouncedWeights
+from agentrl.weights.base import GatherOnly
+
+
+@dataclass
+class TrainingParts:
+    """What `train_loop` trains with: the policy trainer and its tokenizer; on the trainer leader, the run logger
+    and `evaluate(step)`, the evaluation at a step `config.eval.due` (None elsewhere, or without `eval:`)."""
+
+    trainer: object
+    tokenizer: object
+    logger: object | None = None
+    evaluate: Callable[[int], dict] | None = None
 
 
 def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, dict[int, float] | None]:
     """Steps done, and on the leader the success rate logged at each step."""
-    from agentrl.data.recorder import StepRecorder
-    from agentrl.run_start import weight_sync
-    from agentrl.trainer.model import init_trainer_group
-    from agentrl.weights.base import GatherOnly
-
     group = init_trainer_group(layout.role_comm, layout.device, shares_gpu=layout.shared_trainer_gpu is not None)
     trainer, tokenizer = make_trainer(config, layout, start_step, group)
     weights = GatherOnly()  # other trainer ranks join the leader's gathers of sharded (FSDP) weights
     if layout.is_trainer_leader:
         weights = weight_sync(config, layout)
         if config.rollout.max_staleness:
-            from agentrl.weights.announce import AnnouncedWeights
-
             weights = AnnouncedWeights(weights, layout.world, layout.rollout_ranks)
         weights.place(trainer.model)
     weights.send(trainer.named_weights(), start_step)
-    logger = make_logger(config, start_step) if layout.is_trainer_leader else None
-    recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if layout.is_trainer_leader else None
+    logger, evaluate, recorder = None, None, None
+    if layout.is_trainer_leader:
+        results = receive_results(layout) if config.eval.enabled else None
+        logger, evaluate = leader_parts(config, start_step, results)
+        recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes)
     collect = receive_from_rollouts(layout, config.runtime.abort_on_failed_fraction, recorder)
     extra = [recorder] if recorder is not None else []
-    evaluate = None
-    if config.eval.enabled and layout.is_trainer_leader:
-        from agentrl.evaluation.report import receive_results
-
-        evaluate = make_evaluation(config, receive_results(layout), logger)
-    done = train_loop(
-        config, trainer, tokenizer, collect, weights, start_step, layout.role_comm, logger, extra, evaluate
-    )
+    parts = TrainingParts(trainer, tokenizer, logger, evaluate)
+    done = train_loop(config, parts, collect, weights, start_step, layout.role_comm, extra)
     if config.rollout.max_staleness and done < config.steps:  # stopped: batches generated ahead are still coming
         discarded = discard_batches_ahead(layout)
         if logger is not None and discarded:
@@ -63,46 +71,6 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
         return done, None
     logger.close()
     return done, logger.success_by_step
-
-
-def make_trainer(config: Config, layout: Layout, start_step: int, group=None):
-    """The policy trainer (resumed from the checkpoint of `start_step`, if any) and the tokenizer."""
-    from agentrl.run_start import policy_trainer
-    from agentrl.trainer.model import load_tokenizer
-
-    resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
-    trainer = policy_trainer(config, str(resumed_from or config.model.path), layout.device, group)
-    if resumed_from is not None:
-        checkpoint.load_state(
-            resumed_from, trainer.optimizer, trainer.scheduler, trainer.model, extra_state=trainer.extra_state
-        )
-    return trainer, load_tokenizer(config.model.path)
-
-
-def make_evaluation(config: Config, results: Callable[[int], list[dict]], logger):
-    """The trainer leader's side of evaluation in a training run (`results(step)`: the rollout ranks' results)."""
-    from agentrl.evaluation.report import RunEvaluation
-
-    return RunEvaluation(
-        results,
-        logger,
-        run_dir=config.run_dir,
-        model_path=config.model.path,
-        eval_config=config.eval,
-        env=config.env,
-        rollout=config.rollout,
-    )
-
-
-def make_logger(config: Config, start_step: int):
-    """The trainer leader's RunLogger: TensorBoard, and the W&B/MLflow runs logging.backends lists."""
-    from agentrl.logging import RunLogger
-    from agentrl.tracking import open_trackers
-
-    trackers = open_trackers(config.logging, config.run_dir, start_step, config.model_dump(mode="json"))
-    return RunLogger(
-        config.run_dir, config.steps, start_step, config.logging.progress, restarts=restart_count(), trackers=trackers
-    )
 
 
 def receive_from_rollouts(
@@ -135,18 +103,17 @@ def receive_from_rollouts(
     return collect
 
 
-def train_loop(
-    config, trainer, tokenizer, collect, weights, start_step: int, role_comm, logger, extra_state=(), evaluate=None
-) -> int:
+def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, role_comm, extra_state=()) -> int:
     """`collect(step) -> (batch, rollout stats, sample texts)`; `weights`: the WeightSync to publish on, or None;
-    `extra_state`: more parts checkpoints save beside the trainer's own (the data position); `evaluate(step)`:
-    the evaluation at a step `config.eval.due` (before that step's batch; at `config.steps`, after the last
-    step, on weights published for it), given on the trainer leader only.
+    `extra_state`: more parts checkpoints save beside the trainer's own (the data position). The evaluation at a
+    step `config.eval.due` runs before that step's batch; at `config.steps`, after the last step, on weights
+    published for it.
 
     Returns the number of steps done: `config.steps`, or fewer when a stop signal ended the run early
     (a checkpoint for them is written and the rollout ranks are told to stop).
     """
-    startup.settle()
+    trainer, tokenizer, logger, evaluate = parts.trainer, parts.tokenizer, parts.logger, parts.evaluate
+    startup_gc.settle()
     done = start_step
     for step in range(start_step, config.steps + 1):
         if evaluate is not None and config.eval.due(step):

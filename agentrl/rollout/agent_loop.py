@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from agentrl.engine.base import Engine, SamplingParams
-from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.content_tokens import ContentError
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.content_tokens import ContentError
 from agentrl.rollout.messages import assistant_message, observation_messages
-from agentrl.rollout.reward_fn import RewardFunction
+from agentrl.rollout.reward_hook import RewardFunction
 from agentrl.trajectory import Episode, RewardError, finite_reward, state_key
 
 # Numbers an env's `info` may carry that are summed into `Episode.metrics` (besides `info["metrics"]`).
@@ -33,6 +33,16 @@ class EpisodeLimits:
     max_episode_tokens: int
 
 
+@dataclass(frozen=True)
+class EpisodeRules:
+    """How an episode is played and scored: each turn's sampling, the limits that end it, and the reward function
+    named in the config (None: the env's rewards alone)."""
+
+    sampling: SamplingParams
+    limits: EpisodeLimits
+    reward_fn: RewardFunction | None = None
+
+
 @dataclass
 class LoopTimers:
     """Seconds spent awaiting the engine and the envs, summed over episodes."""
@@ -42,16 +52,10 @@ class LoopTimers:
 
 
 async def run_episode(
-    engine: Engine,
-    env,
-    chat: ChatFormat,
-    sampling: SamplingParams,
-    limits: EpisodeLimits,
-    episode: Episode,
-    key,
-    timers: LoopTimers | None = None,
-    reward_fn: RewardFunction | None = None,
+    engine: Engine, env, chat: ChatFormat, rules: EpisodeRules, episode: Episode, key, timers: LoopTimers | None = None
 ) -> Episode:
+    """`episode` played by `engine` against `env` (its env key `key`), formatted by `chat`, as `rules` say."""
+    sampling, limits, reward_fn = rules.sampling, rules.limits, rules.reward_fn
     timers = timers or LoopTimers()
     started = time.perf_counter()
     result = await env.call("reset", key, episode.task_seed, episode.task_options)

@@ -9,22 +9,30 @@ import math
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from agentrl.algorithms.base import Algorithm, Reduce
-from agentrl.config import AgentConfig, EnvConfig, ModelConfig, RolloutConfig
+from agentrl.config import AgentConfig, ChatConfig, EnvConfig, ModelConfig, RolloutConfig
 from agentrl.data.episode_dump import episode_record
 from agentrl.data.tasks import SeededTasks, TaskSource
 from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
-from agentrl.failures import error_kind
-from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers, gather_episodes, gather_polling, run_episode
-from agentrl.rollout.chat import ChatFormat
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
+from agentrl.rollout.agent_loop import (
+    EpisodeLimits,
+    EpisodeRules,
+    LoopTimers,
+    gather_episodes,
+    gather_polling,
+    run_episode,
+)
 from agentrl.rollout.dispatch import DispatchServer, default_groups_in_flight
-from agentrl.rollout.reward_fn import RewardFunction
-from agentrl.trainer.model import load_tokenizer
+from agentrl.rollout.failures import error_kind
+from agentrl.rollout.reward_hook import RewardFunction
 from agentrl.trajectory import Episode
 
 
@@ -40,13 +48,40 @@ def engine_seed(seed: int, rollout_index: int) -> int:
     return int(np.random.SeedSequence([seed, 2**31, rollout_index]).generate_state(1)[0])
 
 
+@dataclass(frozen=True)
+class WorkerSections:
+    """What a RolloutWorker reads of the config: the `rollout` (episodes, sampling, the engine), `model`, `env`
+    (system prompt, reward function), `agent` and `chat` sections; the run's `seed` and `run_dir`; and `colocate`
+    (`layout.colocate`: the engine shares a trainer's GPU)."""
+
+    rollout: RolloutConfig
+    model: ModelConfig
+    env: EnvConfig
+    agent: AgentConfig
+    chat: ChatConfig
+    seed: int
+    run_dir: str
+    colocate: bool
+
+    @classmethod
+    def of(cls, config) -> WorkerSections:
+        return cls(
+            config.rollout,
+            config.model,
+            config.env,
+            config.agent,
+            config.chat,
+            config.seed,
+            config.run_dir,
+            config.layout.colocate,
+        )
+
+
 class RolloutWorker:
     """Owns an engine, the chat format and an env client; `collect(step)` runs one step's episodes.
 
-    It takes the sections it reads, not the whole config: `rollout` (episodes, sampling, the engine), `model`,
-    `env` (system prompt, reward function) and `agent`; the run's `seed` and `run_dir`; `colocate`
-    (`layout.colocate`: the engine shares a trainer's GPU); and `algorithm`, which builds the algorithm given
-    a reduce (on rollout ranks only its `keep_group` and `max_extra_rounds` are used).
+    It takes the sections it reads (`WorkerSections`), not the whole config, and `algorithm`, which builds the
+    algorithm given a reduce (on rollout ranks only its `keep_group` and `max_extra_rounds` are used).
     """
 
     def __init__(
@@ -54,18 +89,13 @@ class RolloutWorker:
         env_client,
         rollout_index: int,
         rollout_count: int,
-        device: str = "cpu",
-        task_source: TaskSource | None = None,
-        *,
-        rollout: RolloutConfig,
-        model: ModelConfig,
-        env: EnvConfig,
-        agent: AgentConfig,
+        device: str,
+        task_source: TaskSource | None,
+        sections: WorkerSections,
         algorithm: Callable[[Reduce], Algorithm],
-        seed: int,
-        run_dir: str,
-        colocate: bool,
     ):
+        rollout, model, env, agent, chat = sections.rollout, sections.model, sections.env, sections.agent, sections.chat
+        seed, run_dir, colocate = sections.seed, sections.run_dir, sections.colocate
         self.rollout_config, self.agent_config = rollout, agent
         self.rollout_index = rollout_index
         self.task_source = task_source or SeededTasks(seed)  # a dataset's rows, or the env's seeds
@@ -91,14 +121,7 @@ class RolloutWorker:
 
             port = agent.port + rollout_index if agent.port else 0
             self.gateway = Gateway(
-                self.engine,
-                self.chat.tokenizer,
-                agent.model_name,
-                rollout.max_episode_tokens,
-                agent.host,
-                port,
-                list_tools=agent.list_tools,
-                max_body_bytes=agent.max_body_bytes,
+                self.engine, self.chat.tokenizer, rollout.max_episode_tokens, agent, port, chat.format
             )
             self.gateway.start(self.loop)
             self.gateway.announce(Path(run_dir), rollout_index)
@@ -301,9 +324,8 @@ class RolloutWorker:
             from agentrl.gateway.episode import run_agent_episode
 
             return run_agent_episode(self.gateway, self.agent_config, episode, sampling, self.reward_fn, timers)
-        return run_episode(
-            self.engine, self.env, self.chat, sampling, self.limits, episode, key, timers, self.reward_fn
-        )
+        rules = EpisodeRules(sampling, self.limits, self.reward_fn)
+        return run_episode(self.engine, self.env, self.chat, rules, episode, key, timers)
 
     def _run(self, coroutines) -> list:
         """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""

@@ -6,7 +6,7 @@
 - `generation`: one engine on this process, with stop strings and streamed tokens (`LocalBackend`);
 - `completions`: one call (render, generate, respond) and the record of its tokens for an `on_call` hook;
 - `app`: the FastAPI routes (`openai_router`, `build_app`); `ranks`: requests spread over MPI ranks;
-- `command`: the `agentrl serve` entry point.
+- the `agentrl serve` command itself: agentrl/commands/serve.py.
 
 Nothing here knows about sessions or imports the agent loop: the training gateway mounts `openai_router`
 under its own prefix and passes an `on_call` hook per request.

@@ -7,7 +7,7 @@ does not render them gets them in the system message as text, with the family's 
 message a client sends back is written the family's way: its tool calls (arguments as JSON text where the template
 takes text), its reasoning under the key the template reads. Message content, and an assistant message's
 reasoning, is tokenized as text: a control string inside it never becomes a turn marker
-(agentrl/rollout/content_tokens.py). The ids returned are the ids the engine gets.
+(agentrl/models/content_tokens.py). The ids returned are the ids the engine gets.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from pathlib import Path
 from agentrl.chat import ChatTemplateError, ParsedTurn, ToolCall, load_codec
 from agentrl.chat.detect import model_type_of
 from agentrl.chat.hermes import CLOSE, OPEN, HermesFamily
-from agentrl.rollout.chat import PROBE_TOOL, tools_as_text
-from agentrl.rollout.content_tokens import ContentError, content_tokenizer
+from agentrl.models.chat_format import PROBE_TOOL, tools_as_text
+from agentrl.models.content_tokens import ContentError, content_tokenizer
 from agentrl.serve.protocol import APIError, ChatMessage
 
 # The call the tools listing shows as the family's format, for templates that do not render tools.

@@ -7,7 +7,6 @@ from pathlib import Path
 
 from pydantic import Field, ValidationError
 
-from agentrl.config.base import ConfigError, Section, format_validation_error
 from agentrl.config.load import apply_override, parse_override, parse_yaml
 from agentrl.config.schema import (
     CheckpointConfig,
@@ -18,6 +17,7 @@ from agentrl.config.schema import (
     ParallelismConfig,
     RuntimeConfig,
 )
+from agentrl.sections import ConfigError, Section, format_validation_error
 
 
 class SFTSection(Section):

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from agentrl.errors import UserError
-from agentrl.rollout.chat import tools_as_text
+from agentrl.models.chat_format import tools_as_text
 from agentrl.sft.transcripts import TranscriptError, TranscriptTokenizer, episode_shape
 
 
@@ -131,7 +131,7 @@ def tokenize_all(transcripts: list[Transcript], tokenizer: TranscriptTokenizer, 
     return Packed(np.asarray(tokens, dtype=np.int32), np.asarray(masks, dtype=np.int8), offsets, truncated, dropped)
 
 
-def describe(packed: Packed, name: str, max_seq_len: int) -> str:
+def describe_packed(packed: Packed, name: str, max_seq_len: int) -> str:
     """One line for the log: how many transcripts and tokens, and how many the length limit cut or dropped."""
     trained = int(packed.loss_mask.sum())
     line = f"{name}: {len(packed)} transcripts, {len(packed.tokens)} tokens ({trained} trained)"

@@ -8,7 +8,7 @@ model fine-tuned on it has been trained on exactly the token sequences RL will s
 score:
 
 - every message's content is tokenized as text: a control string in it (`<|im_end|>`) is its
-  characters' tokens, never a special token (agentrl/rollout/content_tokens.py);
+  characters' tokens, never a special token (agentrl/models/content_tokens.py);
 - an assistant turn is its text tokenized alone, plus the eos id. Hugging Face `tool_calls`
   become `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks after the content
   (one line each), the format `agentrl.env.tool_calls` parses;
@@ -28,7 +28,7 @@ import json
 from dataclasses import dataclass, field
 
 from agentrl.env.tool_calls import CLOSE, OPEN, parse_tool_calls
-from agentrl.rollout.chat import ChatFormat
+from agentrl.models.chat_format import ChatFormat
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 ROLES = ("system", "user", "assistant", "tool")

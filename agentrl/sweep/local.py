@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.sweep.runner import TrialRun
 from agentrl.sweep.status import progress_line
 from agentrl.sweep.study import Sweep

@@ -9,7 +9,7 @@ import numpy as np
 from agentrl.sweep.spec import Objective
 
 TB_DIR = "tb"
-STEP_TAG = "run/restarts"  # agentrl.logging.RunLogger logs it at every training step
+STEP_TAG = "run/restarts"  # agentrl.tracking.run_logger.RunLogger logs it at every training step
 
 
 def read_scalars(run_dir: str | Path, tag: str) -> list[tuple[int, float]]:

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.sweep import require
 from agentrl.sweep.objective import read_scalars, reduce
 from agentrl.sweep.study import HEARTBEAT_S, Claim, Sweep
@@ -94,7 +94,7 @@ class TrialRun:
         self.sweep.heartbeat(self.claim.number, training_pid=self.process.pid, cores=cores)
 
     def stop(self) -> None:
-        """The graceful stop: the trial checkpoints and exits 75 (agentrl.preempt); mpirun passes it to every rank."""
+        """The graceful stop: the trial checkpoints and exits 75 (agentrl/run/preempt.py); mpirun passes it on."""
         if self.process is not None and self.process.poll() is None and not self.stopping:
             self.stopping = True
             self.process.send_signal(signal.SIGTERM)

@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.sweep.runner import TrialRun
 from agentrl.sweep.study import Sweep
 

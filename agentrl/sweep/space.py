@@ -7,8 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agentrl.config.base import ConfigError
 from agentrl.config.load import apply_override, from_dict, merge_override, parse_yaml
+from agentrl.sections import ConfigError
 from agentrl.sweep.spec import SpecError, SweepSpec
 
 

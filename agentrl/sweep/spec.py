@@ -9,8 +9,8 @@ from typing import Any, ClassVar, Literal
 import yaml
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from agentrl.config.base import ConfigError, Section, format_validation_error
 from agentrl.config.load import parse_yaml
+from agentrl.sections import ConfigError, Section, format_validation_error
 
 Scalar = bool | int | float | str | None
 # Fields a sweep sets itself for every trial; the space and the overrides may not.

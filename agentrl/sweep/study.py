@@ -12,11 +12,11 @@ from pathlib import Path
 
 import yaml
 
-from agentrl.config.base import ConfigError
 from agentrl.config.load import from_dict
 from agentrl.errors import UserError
 from agentrl.file_lock import file_lock
-from agentrl.run_lock import LOCK_FILE, owner_record, why_stale
+from agentrl.run.lock import LOCK_FILE, owner_record, why_stale
+from agentrl.sections import ConfigError
 from agentrl.sweep import require
 from agentrl.sweep.space import base_data, group_trial, suggest, trial_data
 from agentrl.sweep.spec import SweepSpec, dump_spec, parse_spec

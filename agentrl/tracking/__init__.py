@@ -2,8 +2,9 @@
 when `logging.backends` lists them (docs/tracking.md).
 
 Every backend is a `Tracker`: `log_scalars(step, scalars)`, `log_text(step, tag, texts)`, `log_config(config)`,
-`flush()`, `close()`. `agentrl.logging.RunLogger` fans out to them with the same scalar names. W&B and MLflow are
-optional extras: `check_installed` refuses a run that lists one that is missing before any work starts.
+`flush()`, `close()`. `run_logger.RunLogger` fans out to them with the same scalar names (and draws the console
+progress bar). W&B and MLflow are optional extras: `check_installed` refuses a run that lists one that is missing
+before any work starts.
 """
 
 from __future__ import annotations

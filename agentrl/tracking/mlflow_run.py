@@ -101,7 +101,7 @@ class MlflowTracker:
             self.client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
             return
         experiment_id = self._experiment_id(self.experiment)
-        tags = {"agentrl.run_dir": str(Path(run_dir).resolve())}
+        tags = {"agentrl.run.claim": str(Path(run_dir).resolve())}
         if logging.group:
             tags["agentrl.group"] = logging.group
         run = self.client.create_run(experiment_id, run_name=run_name(logging, run_dir), tags=tags)

@@ -13,7 +13,7 @@ Hugging Face model folder either way. Its optimizer state is saved unsharded and
 keyed by parameter name, so a resume may use any number of trainer ranks.
 
 `extra_state`: parts of the trainer's state beyond the policy (an algorithm's extra models,
-agentrl/algorithms/base.py `ExtraModel`), each with `save(step_folder | None)` and
+agentrl/algorithms/base.py `ExtraModel`, as `ExtraModelState`), each with `save(step_folder | None)` and
 `load(step_folder)`. Every trainer rank calls them (gathers are collectives); the leader's
 `save` gets the step folder before it is renamed, so a complete checkpoint holds them too.
 """
@@ -41,6 +41,7 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = 1
 LEFTOVER = re.compile(r"^step_\d{6,}\.(tmp|deleting)$")  # a save or a prune cut short
 FULL_OPTIMIZER = "full_by_name"  # optimizer state from parallel.full_optimizer_state
+EXTRA_OPTIMIZER_FILE = "optimizer.pt"  # in an extra model's NAME/ subfolder
 
 
 def checkpoint_dir(run_dir: str | Path) -> Path:
@@ -151,10 +152,8 @@ def save_step(config, step: int, trainer, tokenizer, comm, leader: bool, extra_s
     save(
         config.run_dir,
         step,
-        trainer.model,
+        trainer,
         tokenizer,
-        trainer.optimizer,
-        trainer.scheduler,
         config.checkpoint.keep,
         leader=leader,
         checksums=config.checkpoint.checksums,
@@ -164,18 +163,11 @@ def save_step(config, step: int, trainer, tokenizer, comm, leader: bool, extra_s
 
 
 def save(
-    run_dir,
-    step: int,
-    model,
-    tokenizer,
-    optimizer,
-    scheduler,
-    keep: int,
-    leader: bool = True,
-    checksums: bool = True,
-    extra_state=(),
+    run_dir, step: int, trainer, tokenizer, keep: int, leader: bool = True, checksums: bool = True, extra_state=()
 ) -> Path | None:
-    """Every trainer rank calls this (sharded models gather collectively); the leader writes and returns the path."""
+    """Every trainer rank calls this (sharded models gather collectively); the leader writes and returns the path.
+    `trainer`: what trains (an RL or SFT trainer), its `model`, `optimizer` and `scheduler`."""
+    model, optimizer, scheduler = trainer.model, trainer.optimizer, trainer.scheduler
     model_state, optimizer_format = None, "local"
     if parallel.is_sharded(model):
         model_state = parallel.full_model_state(model)
@@ -235,6 +227,57 @@ def load_state(path: Path, optimizer, scheduler, model=None, extra_state=()) -> 
     np.random.set_state(state["rng"]["numpy"])
     random.setstate(state["rng"]["python"])
     return int(state["step"])
+
+
+class ExtraModelState:
+    """An algorithm's extra model (PPO's critic) as a part of `extra_state`: its weights and optimizer state in the
+    step folder's `NAME/` subfolder."""
+
+    def __init__(self, extra):
+        self.extra = extra
+
+    def save(self, step_folder: Path | None) -> None:
+        """Every trainer rank (gathering sharded state is a collective); only the leader gets a folder to write."""
+        extra = self.extra
+        if parallel.is_sharded(extra.module):
+            weights = parallel.full_model_state(extra.module)
+            optimizer, form = parallel.full_optimizer_state(extra.module, extra.optimizer), FULL_OPTIMIZER
+        elif step_folder is None:
+            return
+        else:
+            weights, optimizer, form = extra.module.state_dict(), extra.optimizer.state_dict(), "local"
+        if step_folder is None:
+            return
+        folder = Path(step_folder) / extra.name
+        folder.mkdir(parents=True, exist_ok=True)
+        extra.write_weights(weights, folder)
+        torch.save({"optimizer": optimizer, "optimizer_format": form}, folder / EXTRA_OPTIMIZER_FILE)
+
+    def load(self, step_folder: Path) -> None:
+        """Every trainer rank: weights and optimizer state back from the step folder's `NAME/`."""
+        extra = self.extra
+        folder = Path(step_folder) / extra.name
+        if not (folder / EXTRA_OPTIMIZER_FILE).is_file():
+            raise FileNotFoundError(
+                f"{folder} is missing: this checkpoint was written without the {extra.name!r} model the algorithm "
+                "trains; resume it with the algorithm that wrote it, or start a new run_dir"
+            )
+        weights = extra.read_weights(folder)
+        state = torch.load(folder / EXTRA_OPTIMIZER_FILE, weights_only=False)
+        sharded = parallel.is_sharded(extra.module)
+        if sharded:
+            parallel.load_full_model_state(extra.module, weights)
+        else:
+            extra.module.load_state_dict(weights)
+        if state["optimizer_format"] == FULL_OPTIMIZER:
+            parallel.load_full_optimizer_state(extra.module, extra.optimizer, state["optimizer"])
+        elif sharded:
+            raise ValueError(
+                f"{folder} was saved without parallelism.fsdp and cannot be loaded into sharded parameters: "
+                "resume it with parallelism.fsdp=false"
+            )
+        else:
+            extra.optimizer.load_state_dict(state["optimizer"])
 
 
 def prune(run_dir, saved_step: int, keep: int) -> None:

@@ -27,11 +27,11 @@ def newest_checkpoint(run_dir: Path) -> tuple[Path, str]:
 def check_model_folder(path: Path, given: str) -> None:
     """A Hugging Face model folder (config.json, weights and a tokenizer), or a LoRA checkpoint (an adapter
     folder whose recorded base model exists, and a tokenizer)."""
-    from agentrl.trainer import lora
+    from agentrl.models import adapters
 
     missing = []
-    if lora.is_adapter_folder(path):
-        lora.recorded_base(path)  # names the fix when the base model is gone
+    if adapters.is_adapter_folder(path):
+        adapters.recorded_base(path)  # names the fix when the base model is gone
     elif not (path / "config.json").is_file():
         missing.append("config.json")
     if not any(next(path.glob(pattern), None) for pattern in WEIGHT_FILES):

@@ -1,29 +1,22 @@
-"""LoRA adapters on the policy (PEFT): wrap a model, name its adapter tensors for syncs, load adapter folders.
+"""LoRA adapters on the policy (PEFT): wrap a model, name its adapter tensors for syncs (adapter folders are read
+by agentrl/models/adapters.py).
 
 A sync names each adapter tensor after the base weight it adapts: `model.layers.0.self_attn.q_proj.lora_A`
 and `...q_proj.lora_B` for the weight `model.layers.0.self_attn.q_proj.weight` (agentrl/engine/lora_merge.py
-merges them there). A checkpoint is a PEFT adapter folder (adapter_config.json + adapter_model.safetensors)
-whose `base_model_name_or_path` is the base model's absolute path.
+merges them there).
 """
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 import torch
 
 from agentrl.errors import UserError
-from agentrl.models.hub import HUB_ID
+from agentrl.models.adapters import base_folder, peft_names
 
-ADAPTER_CONFIG = "adapter_config.json"
 PEFT_PARAM = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.(?P<part>lora_A|lora_B)\.default\.weight$")
 SAVED_PARAM = re.compile(r"^(?:base_model\.model\.)?(?P<module>.+)\.modules_to_save\.default\.(?P<param>\w+)$")
-
-
-def is_adapter_folder(path: str | Path) -> bool:
-    return (Path(path) / ADAPTER_CONFIG).is_file()
 
 
 def module_names(model: torch.nn.Module) -> list[str]:
@@ -70,7 +63,7 @@ def _tied_modules(model: torch.nn.Module, kinds: tuple[type, ...]) -> list[str]:
 
 def apply_lora(model: torch.nn.Module, lora, base_path: str) -> torch.nn.Module:
     """`model` with fresh adapters (B = 0: the same outputs as the base); only the adapters require grad."""
-    LoraConfig, get_peft_model = _peft("LoraConfig", "get_peft_model")
+    LoraConfig, get_peft_model = peft_names("LoraConfig", "get_peft_model")
 
     check_targets(model, list(lora.target_modules), list(lora.modules_to_save))
     peft_config = LoraConfig(
@@ -94,45 +87,6 @@ def saves_tied_weight(model: torch.nn.Module, saved: list[str]) -> bool:
     tied output head): PEFT must then train one copy for both, or the head would stay the frozen original."""
     tied = _tied_modules(model, (torch.nn.Linear, torch.nn.Embedding))
     return any(name == t or name.endswith("." + t) for name in tied for t in saved)
-
-
-def base_folder(path: str) -> str:
-    """What a checkpoint records as its base: the absolute path of a local folder, else the hub id as given."""
-    return str(Path(path).resolve()) if Path(path).exists() else path
-
-
-def recorded_base(adapter_path: str | Path) -> str:
-    """The base model an adapter folder records; UserError naming the fix when it is missing."""
-    config = json.loads((Path(adapter_path) / ADAPTER_CONFIG).read_text())
-    base = config.get("base_model_name_or_path")
-    if not base:
-        raise UserError(
-            f"{adapter_path} is a LoRA adapter folder without base_model_name_or_path in {ADAPTER_CONFIG}; add the "
-            "base model's folder there"
-        )
-    if not Path(base).exists() and (Path(base).is_absolute() or not HUB_ID.fullmatch(base)):
-        raise UserError(
-            f"{adapter_path} is a LoRA adapter for the base model {base}, which does not exist here; put the base "
-            f"model back at {base}, or edit base_model_name_or_path in {Path(adapter_path) / ADAPTER_CONFIG} to "
-            "where it is now"
-        )
-    return base
-
-
-def load_adapter_model(adapter_path: str | Path, base, trainable: bool = False):
-    """`base` (a loaded causal LM) with the adapter of `adapter_path`: a PeftModel (trainable adapters), or
-    merged into a plain model when not trainable."""
-    (PeftModel,) = _peft("PeftModel")
-    model = PeftModel.from_pretrained(base, str(adapter_path), is_trainable=trainable)
-    return model if trainable else model.merge_and_unload()
-
-
-def _peft(*names: str) -> tuple:
-    try:
-        import peft
-    except ImportError:
-        raise UserError("model.lora and LoRA checkpoints need PEFT: pip install 'agentrl[lora]' (peft)") from None
-    return tuple(getattr(peft, name) for name in names)
 
 
 def adapter_weights(model: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:

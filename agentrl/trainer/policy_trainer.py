@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -34,45 +35,65 @@ from agentrl.config import (
     ParallelismConfig,
     TrainerConfig,
 )
-from agentrl.trainer import parallel
-from agentrl.trainer.model import load_causal_lm, load_policy
+from agentrl.models.loading import load_causal_lm
+from agentrl.trainer import checkpoint, parallel
+from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 from agentrl.trajectory import num_episodes
 
 
+@dataclass(frozen=True)
+class PolicySections:
+    """What a PolicyTrainer reads of the config: the `model`, `trainer`, `optimizer`, `lr_scheduler` and
+    `parallelism` sections; of `rollout` the sampling `temperature` (log-probs are of logits / temperature); and
+    the run's `steps` (the learning-rate schedule spans steps x trainer.updates_per_step optimizer steps)."""
+
+    model: ModelConfig
+    trainer: TrainerConfig
+    optimizer: OptimizerConfig
+    lr_scheduler: LRSchedulerConfig
+    parallelism: ParallelismConfig
+    temperature: float
+    steps: int
+
+    @classmethod
+    def of(cls, config) -> PolicySections:
+        return cls(
+            config.model,
+            config.trainer,
+            config.optimizer,
+            config.lr_scheduler,
+            config.parallelism,
+            config.rollout.temperature,
+            config.steps,
+        )
+
+
 class PolicyTrainer:
     """Trains the policy of `weights_path` on `device`, among the trainer ranks of `group` (None: alone).
 
-    It takes the sections it reads, not the whole config: `model`, `trainer`, `optimizer`, `lr_scheduler` and
-    `parallelism`; of `rollout` the sampling `temperature` (log-probs are of logits / temperature); the run's
-    `steps` (the learning-rate schedule spans steps x trainer.updates_per_step optimizer steps); and `algorithm`,
-    which builds the algorithm given the sum over trainer ranks (agentrl/run_start.py: the config's `algorithm`).
+    It takes the sections it reads (`PolicySections`), not the whole config, and `algorithm`, which builds the
+    algorithm given the sum over trainer ranks (`agentrl.algorithms.algorithm_of`: the config's `algorithm`).
     """
 
     def __init__(
         self,
         weights_path: str,
         device: str,
-        group=None,
-        *,
-        model: ModelConfig,
-        trainer: TrainerConfig,
-        optimizer: OptimizerConfig,
-        lr_scheduler: LRSchedulerConfig,
-        parallelism: ParallelismConfig,
-        temperature: float,
-        steps: int,
+        group,
+        sections: PolicySections,
         algorithm: Callable[[Reduce], Algorithm],
     ):
+        model, trainer, optimizer = sections.model, sections.trainer, sections.optimizer
         self.model_config = model
         self.micro_batch_size, self.updates_per_step = trainer.micro_batch_size, trainer.updates_per_step
         self.nonfinite = NonFiniteGuard(trainer.max_skipped_nonfinite, announce=_leads(group))
         self.max_grad_norm = optimizer.max_grad_norm
-        self.temperature = temperature
+        self.temperature = sections.temperature
         self.device = device
         self.group = group  # torch.distributed group of trainer ranks, None when alone
-        self.parallelism = parallelism
+        self.parallelism = sections.parallelism
         if self.parallelism.fsdp and group is None:
             raise ConfigError(
                 "parallelism.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one trainer rank there "
@@ -87,15 +108,17 @@ class PolicyTrainer:
             self.reference = self._load(model.path, reference=True).eval()
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optimizer)
-        self.scheduler = build_scheduler(self.optimizer, lr_scheduler, steps * trainer.updates_per_step)
+        self.scheduler = build_scheduler(
+            self.optimizer, sections.lr_scheduler, sections.steps * trainer.updates_per_step
+        )
         self.extras: list[ExtraModel] = self.algorithm.extra_models(self._place)
         for extra in self.extras:
             extra.module.train()
 
     @property
-    def extra_state(self) -> list[ExtraModel]:
-        """What checkpoint.save/load_state keep beside the policy (each has save and load)."""
-        return self.extras
+    def extra_state(self) -> list[checkpoint.ExtraModelState]:
+        """What checkpoint.save/load_state keep beside the policy: the algorithm's extra models."""
+        return [checkpoint.ExtraModelState(extra) for extra in self.extras]
 
     def _place(self, module: torch.nn.Module) -> torch.nn.Module:
         """An algorithm's extra model onto this trainer's device and dtype, checkpointed and sharded as the policy."""

@@ -4,7 +4,7 @@
 - `mpi`: a bucketed MPI broadcast; `shm`: written once per node into MPI shared memory;
 - `nccl`: a torch.distributed process group (NCCL on GPUs, gloo on CPU), the way SGLang's workers join one;
 - `cuda_ipc`: one writer and any number of readers on its GPU;
-- `choice`: which of them `weights.transport=auto` picks, from where the weight group sits;
+- `placement`: which of them `weights.transport=auto` picks, from where the weight group sits; each rank's part;
 - `announce`: the version announcement that lets rollout ranks running ahead take new weights;
 - `lora`: with `model.lora`, adapter-only syncs confirmed by every engine (version and checksum).
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agentrl.config import LoraConfig, WeightsConfig
 from agentrl.weights.base import WeightSync
-from agentrl.weights.choice import resolve_weight_sync
+from agentrl.weights.placement import resolve_weight_sync, weight_group_placements
 
 
 def make_weight_sync(
@@ -32,11 +32,9 @@ def make_weight_sync(
     Every rank of the weight group resolves `weights.transport` from the whole job's placements
     (`layout.nodes`, `layout.gpus`), so all of them pick the same transport (`transport_for` builds it). The
     keywords are what other sections decide of it: `layout.colocate`, the GPUs of one engine
-    (`layout.engine_gpus`), `model.lora` (adapter-only syncs, each version confirmed by every engine), and
+    (`rollout.engine.gpus`), `model.lora` (adapter-only syncs, each version confirmed by every engine), and
     `Config.maps_weights` / `Config.trains_in_window` (`weights.shm_mapped` / `shm_in_place` as resolved).
     """
-    from agentrl.layout import weight_group_placements
-
     leader, rollouts = weight_group_placements(layout.roles, layout.nodes, layout.gpus)
     choice = resolve_weight_sync(weights.transport, colocate, leader, rollouts, rollout_gpus, lora=lora is not None)
     sync = transport_for(choice, layout, engine, weights.bucket_mb, colocate=colocate, mapped=mapped, in_place=in_place)

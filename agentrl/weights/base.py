@@ -4,7 +4,7 @@ A sync is: a small header (version, tensor manifest, bucket boundaries), then on
 broadcast per bucket of raw bytes. Bytes, not a numeric dtype, so bf16 travels as is.
 `WeightSync` is the transport interface: the CPU path broadcasts over MPI; a GPU path
 (NCCL broadcast, CUDA IPC) implements the same three methods. A header with `stop` set
-and no buckets tells the rollout ranks to stop instead (see agentrl/preempt.py).
+and no buckets tells the rollout ranks to stop instead (see agentrl/run/preempt.py).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 from agentrl import transport
@@ -19,6 +20,18 @@ from agentrl import transport
 # Once a version's header has arrived its buckets follow at once: poll them closely (MPICH
 # progresses a non-blocking broadcast only inside MPI calls, so long sleeps stall it).
 TRANSFER_MAX_SLEEP_S = 2e-4
+
+TensorSpec = tuple[str, tuple[int, ...], str]  # name, shape, dtype name ("bfloat16"): a manifest's entry
+
+
+def tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
+    return name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")
+
+
+def spec_nbytes(spec: TensorSpec) -> int:
+    """The bytes of the tensor a manifest entry describes."""
+    _, shape, dtype = spec
+    return int(np.prod(shape, dtype=np.int64)) * getattr(torch, dtype).itemsize
 
 
 class WeightSync(abc.ABC):

@@ -20,21 +20,18 @@ import numpy as np
 import torch
 
 from agentrl import transport
-from agentrl.weights.base import WeightSync, full_tensors, plan_buckets, receive_buckets
+from agentrl.weights.base import (
+    TensorSpec,
+    WeightSync,
+    full_tensors,
+    plan_buckets,
+    receive_buckets,
+    spec_nbytes,
+    tensor_spec,
+)
 
 GROUP_NAME = "agentrl_weights"
 GROUP_TIMEOUT = datetime.timedelta(minutes=10)
-
-TensorSpec = tuple[str, tuple[int, ...], str]  # name, shape, dtype name ("bfloat16")
-
-
-def tensor_spec(name: str, tensor: torch.Tensor) -> TensorSpec:
-    return name, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch.")
-
-
-def spec_nbytes(spec: TensorSpec) -> int:
-    _, shape, dtype = spec
-    return int(np.prod(shape, dtype=np.int64)) * getattr(torch, dtype).itemsize
 
 
 def check_alignment(specs: list[TensorSpec]) -> None:

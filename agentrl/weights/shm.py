@@ -46,8 +46,8 @@ import numpy as np
 import torch
 
 from agentrl import transport
-from agentrl.layout import maps_shared_weights
-from agentrl.weights.base import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors, plan_buckets
+from agentrl.weights.base import TRANSFER_MAX_SLEEP_S, WeightSync, full_tensors, plan_buckets, spec_nbytes
+from agentrl.weights.placement import maps_shared_weights
 
 ALIGN = 64  # every tensor and slot starts on a cache line; any dtype is aligned there
 STAMP_BYTES = ALIGN  # per slot: int64 sequence, version, bucket index (then padding)
@@ -62,13 +62,9 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-def spec_nbytes(shape, dtype: str) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * getattr(torch, dtype).itemsize
-
-
 def plan_layout(manifest, bucket_bytes: int) -> tuple[list[tuple[int, int]], list[int], int]:
     """(buckets, each tensor's byte offset inside its bucket's slot, slot capacity in bytes)."""
-    sizes = [aligned(spec_nbytes(shape, dtype)) for _, shape, dtype in manifest]
+    sizes = [aligned(spec_nbytes(spec)) for spec in manifest]
     buckets = plan_buckets(sizes, bucket_bytes)
     offsets = [0] * len(sizes)
     capacity = 0
@@ -97,7 +93,7 @@ def mapped_layout(manifest) -> tuple[list[int], int]:
     offsets, filled = [0] * len(manifest), 0
     for index in order:
         offsets[index] = filled
-        filled += aligned(spec_nbytes(*manifest[index][1:]))
+        filled += aligned(spec_nbytes(manifest[index]))
     return offsets, filled
 
 
@@ -281,7 +277,7 @@ class SharedMemoryWeights(WeightSync):
             engine.begin_weight_update()
         for bucket, (start, end) in enumerate(buckets):
             slot = window.slots[bucket % window.slots_count]
-            used = offsets[end - 1] + aligned(spec_nbytes(*manifest[end - 1][1:]))
+            used = offsets[end - 1] + aligned(spec_nbytes(manifest[end - 1]))
             if self.is_node_leader:
                 self._fill(slot, bucket, header["version"], named_tensors, start, end, offsets, used)
             if node_size > 1:
@@ -417,7 +413,7 @@ class SharedMemoryWeights(WeightSync):
         views = []
         for index in range(start, end):
             name, shape, dtype = manifest[index]
-            raw = slot.tensor[offsets[index] : offsets[index] + spec_nbytes(shape, dtype)]
+            raw = slot.tensor[offsets[index] : offsets[index] + spec_nbytes(manifest[index])]
             views.append((name, raw.view(getattr(torch, dtype)).view(shape)))
         return views
 

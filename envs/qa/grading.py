@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from agentrl.rollout.reward_fn import RewardFunction
+from agentrl.rollout.reward_hook import RewardFunction
 
 NAMED = ("exact_match", "number_match", "token_f1", "contains")
 

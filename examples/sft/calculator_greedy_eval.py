@@ -13,8 +13,8 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.env.tool_calls import parse_tool_calls
-from agentrl.rollout.chat import ChatFormat
-from agentrl.trainer.model import load_tokenizer
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
 from envs.calculator import CalculatorEnv
 from envs.calculator.demos import call_text
 

@@ -48,14 +48,14 @@ def die_with_parent(number: int) -> None:
 
 def preload() -> None:
     """Import what a model rank imports, leaving MPI uninitialized and no thread running (forks copy one thread)."""
-    from agentrl import startup
+    from agentrl.run import startup_gc
 
-    startup.defer_collection()
+    startup_gc.defer_collection()
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
     import agentrl
-    from agentrl.trainer.model import import_model_code
+    from agentrl.models.loading import import_model_code
 
     import_model_code()
     for module in pkgutil.walk_packages(agentrl.__path__, "agentrl."):
@@ -65,7 +65,7 @@ def preload() -> None:
         raise RuntimeError("preloading initialized MPI; a fork could not start its own MPI")
     if threading.active_count() != 1:
         raise RuntimeError(f"preloading started threads ({threading.enumerate()}); forks would copy them half-alive")
-    startup.settle()
+    startup_gc.settle()
 
 
 @dataclass

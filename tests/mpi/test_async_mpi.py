@@ -8,7 +8,7 @@ import pytest
 
 from agentrl.data.episode_dump import dump_path, read_steps
 from agentrl.layout import Role, pinned_cores
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.trainer import checkpoint
 from tests.mpi.helpers import assert_ok, finish, scalars, small_run, start_training, train, wait_for
 from tests.mpi.test_data_mpi import STEPS, TASKS, data_run, trained_ids, uninterrupted_order, write_rows

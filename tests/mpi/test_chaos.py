@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrl.models.loading import load_causal_lm
 from agentrl.trainer import checkpoint
-from agentrl.trainer.model import load_causal_lm
 from tests.conftest import ROOT, mpirun_command
 from tests.mpi.helpers import QUICKSTART, agentrl_on_path, job_env, job_pids, rank_pids, scalars, small_run
 

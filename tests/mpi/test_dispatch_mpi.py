@@ -9,7 +9,7 @@ import pytest
 from agentrl.data.episode_dump import dump_path, read_steps
 from agentrl.data.loading import load_rows
 from agentrl.data.tasks import DatasetTasks, task_seed
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.trainer import checkpoint
 from tests.mpi.helpers import assert_ok, finish, scalars, script, small_run, start_training, train, wait_for
 from tests.mpi.test_data_mpi import ROWS, SEED, data_run, trained_ids, write_rows

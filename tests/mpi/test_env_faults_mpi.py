@@ -16,7 +16,7 @@ pytestmark = pytest.mark.mpi
 ENVS = {
     "raise": {"env.id": "tests.fault_envs:FaultyEnv", "env.kwargs": "{fault: raise, every: 3}"},
     "exit": {
-        "env.id": "agentrl.env.sandbox:SubprocessEnv",
+        "env.id": "agentrl.env.subprocess_env:SubprocessEnv",
         "env.kwargs": "{env_id: 'tests.fault_envs:FaultyEnv', kwargs: {fault: exit, every: 3}}",
     },
     "hang": {  # in-process: the hung call's thread is abandoned, its episode ends at the timeout

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from agentrl.errors import EXIT_USER_ERROR
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.trainer import checkpoint
 from agentrl.transport import EXIT_INTERRUPTED
 from tests.conftest import ROOT

@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.trainer import checkpoint
 from tests.mpi.helpers import assert_ok, scalars, small_run, start_training, train, wait_for
 

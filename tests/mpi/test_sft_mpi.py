@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from agentrl.preempt import EXIT_STOPPED
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.trainer import checkpoint
 from tests.conftest import ROOT, mpirun_command
 from tests.mpi.helpers import (

@@ -20,9 +20,9 @@ SERVE_TEXTS = [
 
 
 def build_serve_model(path: Path) -> Path:
-    from agentrl.models.tiny import build_tiny_model
+    from agentrl.models.tiny import TinyShape, build_tiny_model
 
-    return build_tiny_model(path, SERVE_TEXTS, hidden_size=32, num_layers=2, num_heads=4, vocab_size=160)
+    return build_tiny_model(path, SERVE_TEXTS, TinyShape(hidden_size=32, num_layers=2, num_heads=4, vocab_size=160))
 
 
 def free_port() -> int:

@@ -11,10 +11,10 @@ from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.metrics import episode_metrics, episode_sums
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
-from agentrl.run_start import rollout_worker
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_causal_lm, load_tokenizer
+from agentrl.roles.rollout_parts import rollout_worker
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.trajectory import Episode, pack
 
 
@@ -112,7 +112,7 @@ def run(engine, chat, limits, host=None, seed=1):
     host = host or EnvHost("guess_number", {"low": 1, "high": 10, "max_guesses": 4})
     sampling = SamplingParams(max_new_tokens=limits.max_new_tokens, stop_token_ids=chat.stop_ids)
     episode = Episode(group=0, task_seed=seed)
-    return asyncio.run(run_episode(engine, LocalEnvClient(host), chat, sampling, limits, episode, key=0))
+    return asyncio.run(run_episode(engine, LocalEnvClient(host), chat, EpisodeRules(sampling, limits), episode, key=0))
 
 
 def test_turn_without_stop_is_closed_with_masked_eos(chat):

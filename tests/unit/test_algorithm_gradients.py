@@ -25,12 +25,12 @@ import numpy as np
 import pytest
 import torch
 
-from agentrl.algorithms import registered_names
+from agentrl.algorithms import algorithm_of, registered_names
 from agentrl.algorithms.advantages import local_sum
 from agentrl.algorithms.base import LossInputs
 from agentrl.algorithms.losses import uniform_kl
 from agentrl.config import from_dict
-from agentrl.run_start import algorithm_of, policy_trainer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trajectory import Episode, pack
 
 SHIPPED = [

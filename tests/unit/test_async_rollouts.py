@@ -7,9 +7,9 @@ import pytest
 from agentrl.config import ConfigError, from_dict, load_config
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.roles.rollout_parts import rollout_worker
 from agentrl.rollout.agent_loop import Stopped
 from agentrl.rollout.worker import RolloutWorker
-from agentrl.run_start import rollout_worker
 from agentrl.trainer import staleness
 from agentrl.trajectory import Episode, pack, select_episodes
 from tests.mpi.helpers import QUICKSTART

@@ -1,17 +1,19 @@
 """Checkpoint manifests: a damaged newest checkpoint is named and skipped; pruning never loses the good one."""
 
 import json
+from types import SimpleNamespace
 
 import torch
 
+from agentrl.models.loading import load_causal_lm, load_tokenizer
 from agentrl.trainer import checkpoint
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
 
 def save(run_dir, step, model, tokenizer, keep=5):
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
-    return checkpoint.save(run_dir, step, model, tokenizer, optimizer, scheduler, keep)
+    trained = SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler)
+    return checkpoint.save(run_dir, step, trained, tokenizer, keep)
 
 
 def truncate(path):

@@ -12,10 +12,10 @@ import pytest
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.content_tokens import ContentError, ContentTokenizer, content_tokenizer
 from agentrl.models.tiny import CHAT_TEMPLATE, build_tokenizer
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.content_tokens import ContentError, ContentTokenizer, content_tokenizer
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.serve.protocol import APIError, ChatMessage
 from agentrl.serve.render import ChatRenderer
 from agentrl.sft.transcripts import TranscriptTokenizer
@@ -144,7 +144,9 @@ def echo_episode(chat, text):
     episode = Episode(group=0, task_seed=1)
     engine = ScriptedEngine(turns, chat.eos_id)
     return asyncio.run(
-        run_episode(engine, LocalEnvClient(host), chat, sampling, EpisodeLimits(3, 8, 400), episode, key=0)
+        run_episode(
+            engine, LocalEnvClient(host), chat, EpisodeRules(sampling, EpisodeLimits(3, 8, 400)), episode, key=0
+        )
     )
 
 

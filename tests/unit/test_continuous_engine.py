@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.engine.kv_sessions import KVSessionStore
-from agentrl.models.tiny import build_tiny_model
+from agentrl.models.tiny import TinyShape, build_tiny_model
 
 TEXTS = ["The quick brown fox jumps over the lazy dog.", "12 + 30 = 42", "A small model learns to add numbers."]
 OBSERVATION = [7, 8, 9, 10, 11]
@@ -21,7 +21,9 @@ OBSERVATION = [7, 8, 9, 10, 11]
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", TEXTS, hidden_size=64, num_layers=2, num_heads=4)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "m", TEXTS, TinyShape(hidden_size=64, num_layers=2, num_heads=4)
+    )
 
 
 @pytest.fixture
@@ -209,7 +211,7 @@ def test_session_store_takes_the_longest_prefix_and_evicts_the_oldest():
 def test_config_picks_the_scheduler(model):
     from agentrl.config import TorchEngineConfig
     from agentrl.engine import build_torch_engine
-    from agentrl.engine.batch import TorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
 
     continuous = build_torch_engine(
         model, TorchEngineConfig(scheduler="continuous", kv_cache_mb=2), pad_token_id=0, seed=0

@@ -85,7 +85,7 @@ def test_dapo_defaults_are_the_papers_and_options_are_checked():
 def test_an_empty_shard_trains_without_moving_the_weights(tiny_model_dir):
     import torch
 
-    from agentrl.run_start import policy_trainer
+    from agentrl.roles.trainer_parts import policy_trainer
 
     config = from_dict({"model": {"path": str(tiny_model_dir)}, "algorithm": {"name": "dapo"}})
     trainer = policy_trainer(config, str(tiny_model_dir), "cpu")

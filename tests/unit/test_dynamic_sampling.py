@@ -11,9 +11,9 @@ from agentrl.env.api import TextEnv
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.metrics import merge_stats
-from agentrl.rollout.shipping import shard_for_trainers
+from agentrl.roles.rollout_parts import rollout_worker
+from agentrl.rollout.trainer_messages import shard_for_trainers
 from agentrl.rollout.worker import RolloutWorker
-from agentrl.run_start import rollout_worker
 
 SHARE = 4  # tasks per rollout rank: tasks_per_step 8 over 2 rollout ranks
 GROUP = 4

@@ -8,9 +8,9 @@ import pytest
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
-from agentrl.trainer.model import load_tokenizer
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.trajectory import Episode
 from tests.fault_envs import fails
 from tests.unit.test_agent_loop import ScriptedEngine
@@ -47,7 +47,9 @@ def test_episodes_with_faults_finish_as_errors_and_reconcile(tiny_model_dir):
         for seed in range(6):
             engine = ScriptedEngine([guess] * 4, chat.eos_id)
             episode = Episode(group=seed, task_seed=seed)
-            runs.append(run_episode(engine, client, chat, sampling, EpisodeLimits(4, 4, 400), episode, key=seed))
+            runs.append(
+                run_episode(engine, client, chat, EpisodeRules(sampling, EpisodeLimits(4, 4, 400)), episode, key=seed)
+            )
         return await asyncio.gather(*runs)
 
     done = asyncio.run(episodes())
@@ -58,7 +60,7 @@ def test_episodes_with_faults_finish_as_errors_and_reconcile(tiny_model_dir):
     assert counts["started"] == len(done) == counts["finished"] + counts["failed"] and counts["open"] == 0
 
 
-SANDBOX = "agentrl.env.sandbox:SubprocessEnv"
+SANDBOX = "agentrl.env.subprocess_env:SubprocessEnv"
 
 
 @pytest.mark.parametrize("fault", ["exit", "hang", "raise"])

@@ -6,14 +6,14 @@ import json
 
 import pytest
 
-from agentrl.data.episode_dump import drop_from, episode_record, read_steps, write_step
+from agentrl.data.episode_dump import drop_dumps_from, episode_record, read_steps, write_step
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.rollout.messages import assistant_message, observation_messages
-from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode
 from tests.unit.test_agent_loop import ScriptedEngine
 
@@ -39,11 +39,11 @@ def test_turns_become_assistant_messages_with_tool_calls_and_tool_messages():
 
 @pytest.fixture(scope="module")
 def tool_chat(tmp_path_factory):
-    from agentrl.models.tiny import build_tiny_model
+    from agentrl.models.tiny import TinyShape, build_tiny_model
 
     path = tmp_path_factory.mktemp("models") / "tool"
     texts = [CALL, "What is 6 * 7? 42 <tool_response>\n42\n</tool_response> Be brief.", "calculator expression"]
-    build_tiny_model(path, texts, hidden_size=16, num_layers=1, num_heads=2, vocab_size=128)
+    build_tiny_model(path, texts, TinyShape(hidden_size=16, num_layers=1, num_heads=2, vocab_size=128))
     return ChatFormat(load_tokenizer(str(path)), system_prompt="Be brief.")
 
 
@@ -56,7 +56,7 @@ def test_a_qa_episode_with_a_tool_call_is_dumped_as_chat_messages(tool_chat):
     sampling = SamplingParams(max_new_tokens=64, stop_token_ids=tool_chat.stop_ids)
     engine = ScriptedEngine(turns, tool_chat.eos_id)
     limits = EpisodeLimits(4, 64, 1000)
-    asyncio.run(run_episode(engine, LocalEnvClient(host), tool_chat, sampling, limits, episode, key=0))
+    asyncio.run(run_episode(engine, LocalEnvClient(host), tool_chat, EpisodeRules(sampling, limits), episode, key=0))
     record = json.loads(json.dumps(episode_record(episode, step=5)))
     assert record["messages"] == [
         {"role": "system", "content": "Be brief."},
@@ -81,6 +81,6 @@ def test_a_redone_step_replaces_its_file_and_resume_drops_later_ones(tmp_path):
         write_step(tmp_path, step, [{"step": step, "task_id": "a"}])
     write_step(tmp_path, 2, [{"step": 2, "task_id": "b"}, {"step": 2, "task_id": "c"}])
     assert [r["task_id"] for r in read_steps(tmp_path)[2]] == ["b", "c"]
-    assert drop_from(tmp_path, 2) == 2
+    assert drop_dumps_from(tmp_path, 2) == 2
     assert sorted(read_steps(tmp_path)) == [0, 1]
     assert (tmp_path / "episodes" / "step_000001.jsonl").read_text() == '{"step": 1, "task_id": "a"}\n'

@@ -172,8 +172,8 @@ def test_evaluation_puts_the_engines_and_global_random_streams_back_and_drops_it
     import torch
     from transformers import AutoModelForCausalLM
 
-    from agentrl.engine.batch import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
     from agentrl.evaluation.runner import training_streams_kept
 
     engine_class = ContinuousTorchEngine if scheduler == "continuous" else TorchEngine

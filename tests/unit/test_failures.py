@@ -3,7 +3,7 @@
 import pytest
 
 from agentrl.config import ConfigError, load_config
-from agentrl.failures import FailureTally, StepFailed, abort_if_failing, error_kind
+from agentrl.rollout.failures import FailureTally, StepFailed, abort_if_failing, error_kind
 from agentrl.trajectory import Episode
 
 

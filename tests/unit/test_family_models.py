@@ -13,8 +13,8 @@ from transformers import AutoModelForCausalLM
 
 from agentrl.chat.codec import load_codec
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.batch import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.errors import UserError
 from agentrl.models.families import FIXTURES, build_family_model
 from tests.unit.chat_fixtures import CORPUS, TOOLS

@@ -69,14 +69,14 @@ class LoopThread:
 def gateway(tmp_path_factory):
     from agentrl.engine.continuous import ContinuousTorchEngine
     from agentrl.gateway.server import Gateway
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     model_dir = build_serve_model(tmp_path_factory.mktemp("gateway") / "tiny")
     tokenizer = load_tokenizer(str(model_dir))
     engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
     engine.weight_version = 7
     loop = LoopThread()
-    made = Gateway(engine, tokenizer, "policy", 1024, "127.0.0.1", 0)
+    made = Gateway(engine, tokenizer, 1024)
     loop.loop.call_soon_threadsafe(made.start, loop.loop)
     deadline = time.monotonic() + 30
     while made.server is None or not made.server.started:

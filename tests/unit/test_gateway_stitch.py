@@ -10,9 +10,10 @@ import time
 import numpy as np
 import pytest
 
+from agentrl.config.schema import AgentConfig
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.gateway.trace import samples_from_calls
-from agentrl.rollout.chat import ChatFormat
+from agentrl.models.chat_format import ChatFormat
 from agentrl.sft.transcripts import tool_observation
 from tests.unit.serve_server import build_serve_model
 
@@ -38,7 +39,7 @@ class ScriptedEngine(Engine):
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from agentrl.trainer.model import load_tokenizer
+    from agentrl.models.loading import load_tokenizer
 
     return load_tokenizer(str(build_serve_model(tmp_path_factory.mktemp("stitch") / "tiny")))
 
@@ -54,7 +55,7 @@ def session_calls(tokenizer, replies, conversation, list_tools=True):
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    gateway = Gateway(engine, tokenizer, "policy", 1024, "127.0.0.1", 0, list_tools=list_tools)
+    gateway = Gateway(engine, tokenizer, 1024, AgentConfig(list_tools=list_tools))
     loop.call_soon_threadsafe(gateway.start, loop)
     while gateway.server is None or not gateway.server.started:
         time.sleep(0.02)

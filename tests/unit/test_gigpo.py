@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from agentrl.algorithms.advantages import group_advantages
-from agentrl.algorithms.gigpo import _group_relative, discounted_turn_returns, gigpo_advantages
+from agentrl.algorithms.gigpo import Turns, _group_relative, discounted_turn_returns, gigpo_advantages
 
 A, B, C, D = 11, 22, 33, 44  # state hashes
 
@@ -33,6 +33,7 @@ def _gigpo(**overrides):
         std_norm=False,
     )
     args.update(overrides)
+    args["turns"] = Turns(args.pop("turn_episode"), args.pop("turn_state"), args.pop("turn_reward"))
     return gigpo_advantages(**args)
 
 
@@ -96,9 +97,8 @@ def test_gigpo_edge_cases():
     empty = _gigpo(turn_episode=np.zeros(0, int), turn_state=np.zeros(0, np.int64), turn_reward=np.zeros(0))
     assert empty.shape == (0,)
     # one episode per task: both levels are groups of one
-    single = gigpo_advantages(
-        np.array([1.0]), np.array([0]), None, np.array([0, 0]), np.array([A, A]), np.array([0.0, 1.0]), 1.0
-    )
+    turns = Turns(np.array([0, 0]), np.array([A, A]), np.array([0.0, 1.0]))
+    single = gigpo_advantages(np.array([1.0]), np.array([0]), None, turns, 1.0)
     # its two turns share state A (a revisit): returns 1, 1 -> 0 as well
     np.testing.assert_array_equal(single, [0.0, 0.0])
 

@@ -5,14 +5,14 @@ import asyncio
 import numpy as np
 
 from agentrl.algorithms import AlgorithmContext, make_algorithm
-from agentrl.algorithms.gigpo import GiGPO, gigpo_advantages, per_turn_tokens, turn_rewards_with_final
+from agentrl.algorithms.gigpo import GiGPO, Turns, gigpo_advantages, per_turn_tokens, turn_rewards_with_final
 from agentrl.config import from_dict
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
-from agentrl.trainer.model import load_tokenizer
+from agentrl.models.chat_format import ChatFormat
+from agentrl.models.loading import load_tokenizer
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.trajectory import Episode, pack, state_key
 
 
@@ -64,16 +64,8 @@ def test_advantages_are_the_math_modules_per_turn_values():
     ]
     batch = pack(episodes)
     valid = np.array([True, True, False, True, True])
-    per_turn = gigpo_advantages(
-        batch["reward"],
-        batch["group"],
-        valid,
-        batch["turn_episode"],
-        batch["turn_state"],
-        batch["turn_reward"],
-        gamma=0.9,
-        step_weight=0.5,
-    )
+    turns = Turns(batch["turn_episode"], batch["turn_state"], batch["turn_reward"])
+    per_turn = gigpo_advantages(batch["reward"], batch["group"], valid, turns, gamma=0.9, step_weight=0.5)
     advantages = gigpo(gamma=0.9, step_weight=0.5).advantages(batch, valid)
     for turn, (start, end) in enumerate(zip(batch["turn_start"], batch["turn_end"], strict=True)):
         np.testing.assert_array_equal(advantages[start:end], per_turn[turn])
@@ -120,7 +112,9 @@ def test_turns_carry_the_envs_state_keys(tiny_model_dir):
     sampling = SamplingParams(max_new_tokens=4, stop_token_ids=chat.stop_ids)
     e = Episode(group=0, task_seed=1)
     engine = Guesses([say(wrong), say(secret)])
-    asyncio.run(run_episode(engine, LocalEnvClient(host), chat, sampling, EpisodeLimits(4, 4, 400), e, key=1))
+    asyncio.run(
+        run_episode(engine, LocalEnvClient(host), chat, EpisodeRules(sampling, EpisodeLimits(4, 4, 400)), e, key=1)
+    )
     assert e.success and e.turns == 2
     after = (2, 10, 3) if wrong == 1 else (1, 9, 3)  # the range left and the guesses left
     assert e.turn_states == [state_key((1, 10, 4)), state_key(after)]

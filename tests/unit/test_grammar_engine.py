@@ -47,7 +47,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def tokenizer(model_dir):
-    from agentrl.trainer.model import load_tokenizer
+    from agentrl.models.loading import load_tokenizer
 
     return load_tokenizer(str(model_dir))
 
@@ -56,9 +56,9 @@ ENGINES = ["batch", "continuous", "continuous-slots"]
 
 
 def make_engine(kind: str, model_dir, tokenizer):
-    from agentrl.engine.batch import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.engine.torch_engine import TorchEngine
+    from agentrl.models.loading import load_causal_lm
 
     model = load_causal_lm(str(model_dir))
     if kind == "batch":
@@ -143,7 +143,7 @@ def test_constrained_logprobs_are_the_unconstrained_distributions(kind, model_di
 
 def test_a_constrained_request_needs_stop_ids_and_an_engine_given_the_tokenizer(model_dir, tokenizer):
     from agentrl.engine.continuous import ContinuousTorchEngine
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.models.loading import load_causal_lm
 
     engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id)
     try:

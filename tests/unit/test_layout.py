@@ -3,7 +3,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.config import ConfigError, LayoutConfig
-from agentrl.layout import Role, assign_roles, bind_gpus, plan
+from agentrl.layout import Role, assign_roles, bind_gpus
+from agentrl.run.plan import JobShape, plan
 
 
 def test_roles_in_order():
@@ -28,7 +29,7 @@ def test_gpu_binding_is_node_local_and_skips_env_ranks():
 
 
 def test_plan_multi_node():
-    rows = plan(LayoutConfig(trainer=8, rollout=8, env=0), 16, ranks_per_node=8, gpus_per_node=8)
+    rows = plan(LayoutConfig(trainer=8, rollout=8, env=0), JobShape(16, ranks_per_node=8, gpus_per_node=8))
     assert [r.node for r in rows] == [0] * 8 + [1] * 8
     assert [r.gpu for r in rows] == list(range(8)) * 2
     assert rows[8].role is Role.ROLLOUT and rows[8].role_rank == 0
@@ -36,7 +37,7 @@ def test_plan_multi_node():
 
 def test_plan_four_nodes_of_eight_gpus_with_a_cpu_env_tail():
     # 4 x 8 GPUs: 16 trainers on nodes 0-1, 14 rollout ranks on nodes 2-3, 2 env ranks last on node 3.
-    rows = plan(LayoutConfig(trainer=16, rollout=14, env=2), 32, ranks_per_node=8, gpus_per_node=8)
+    rows = plan(LayoutConfig(trainer=16, rollout=14, env=2), JobShape(32, ranks_per_node=8, gpus_per_node=8))
     assert [r.role for r in rows] == [Role.TRAINER] * 16 + [Role.ROLLOUT] * 14 + [Role.ENV] * 2
     assert [r.node for r in rows] == [n for n in range(4) for _ in range(8)]
     assert [r.role_rank for r in rows if r.role is Role.ROLLOUT] == list(range(14))
@@ -46,7 +47,7 @@ def test_plan_four_nodes_of_eight_gpus_with_a_cpu_env_tail():
 
 
 def test_plan_more_ranks_than_gpus_on_a_node_wraps_around():
-    rows = plan(LayoutConfig(trainer=2, rollout=4, env=2), 8, ranks_per_node=8, gpus_per_node=4)
+    rows = plan(LayoutConfig(trainer=2, rollout=4, env=2), JobShape(8, ranks_per_node=8, gpus_per_node=4))
     assert [r.gpu for r in rows] == [0, 1, 2, 3, 0, 1, None, None]
 
 
@@ -108,24 +109,26 @@ def test_weight_group_is_the_trainer_leader_and_every_rollout_rank():
 
 
 def test_colocate_puts_rollout_rank_i_on_trainer_rank_is_gpu():
-    rows = plan(LayoutConfig(trainer=4, rollout=4, env=1, colocate=True), 9, ranks_per_node=9, gpus_per_node=4)
+    rows = plan(
+        LayoutConfig(trainer=4, rollout=4, env=1, colocate=True), JobShape(9, ranks_per_node=9, gpus_per_node=4)
+    )
     assert [r.gpu for r in rows] == [0, 1, 2, 3, 0, 1, 2, 3, None]
-    rows = plan(LayoutConfig(trainer=2, rollout=1, env=0, colocate=True), 3, gpus_per_node=8)
+    rows = plan(LayoutConfig(trainer=2, rollout=1, env=0, colocate=True), JobShape(3, gpus_per_node=8))
     assert [r.gpu for r in rows] == [0, 1, 0]
 
 
 def test_colocate_refuses_more_rollout_than_trainer_ranks():
     with pytest.raises(ConfigError, match=r"layout.rollout=3 > layout.trainer=2"):
-        plan(LayoutConfig(trainer=2, rollout=3, env=0, colocate=True), 5, gpus_per_node=8)
+        plan(LayoutConfig(trainer=2, rollout=3, env=0, colocate=True), JobShape(5, gpus_per_node=8))
 
 
 def test_colocate_refuses_a_rollout_rank_on_another_node_than_its_trainer():
     with pytest.raises(ConfigError, match=r"rollout rank 2 runs on node 1 but its trainer rank 0 on node 0"):
-        plan(LayoutConfig(trainer=2, rollout=2, env=0, colocate=True), 4, ranks_per_node=2, gpus_per_node=2)
+        plan(LayoutConfig(trainer=2, rollout=2, env=0, colocate=True), JobShape(4, ranks_per_node=2, gpus_per_node=2))
 
 
 def test_colocate_without_gpus_binds_nothing():
-    rows = plan(LayoutConfig(trainer=1, rollout=1, env=0, colocate=True), 2, gpus_per_node=0)
+    rows = plan(LayoutConfig(trainer=1, rollout=1, env=0, colocate=True), JobShape(2, gpus_per_node=0))
     assert [r.gpu for r in rows] == [None, None]
 
 
@@ -139,14 +142,16 @@ def test_layout_object_colocates_each_rollout_rank_with_its_trainer():
 
 
 def test_a_tensor_parallel_engine_gets_its_own_consecutive_gpus():
-    rows = plan(LayoutConfig(trainer=2, rollout=3, env=1), 6, ranks_per_node=6, gpus_per_node=8, rollout_gpus=2)
+    rows = plan(
+        LayoutConfig(trainer=2, rollout=3, env=1), JobShape(6, ranks_per_node=6, gpus_per_node=8), rollout_gpus=2
+    )
     assert [r.gpu for r in rows] == [0, 1, 2, 4, 6, None]  # engines on GPUs 2-3, 4-5, 6-7
-    rows = plan(LayoutConfig(trainer=1, rollout=2, env=0), 3, gpus_per_node=4, rollout_gpus=2)
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=0), JobShape(3, gpus_per_node=4), rollout_gpus=2)
     assert [r.gpu for r in rows] == [0, 1, 0]  # engine on GPUs 1-2; the next would need 3-4: it starts over at 0
     with pytest.raises(ConfigError, match=r"rollout.engine.tp_size=16 GPUs per engine, but nodes have 8"):
-        plan(LayoutConfig(trainer=1, rollout=1, env=0), 2, gpus_per_node=8, rollout_gpus=16)
+        plan(LayoutConfig(trainer=1, rollout=1, env=0), JobShape(2, gpus_per_node=8), rollout_gpus=16)
     with pytest.raises(ConfigError, match=r"set rollout.engine.tp_size=1 or layout.colocate=false"):
-        plan(LayoutConfig(trainer=1, rollout=1, env=0, colocate=True), 2, gpus_per_node=8, rollout_gpus=2)
+        plan(LayoutConfig(trainer=1, rollout=1, env=0, colocate=True), JobShape(2, gpus_per_node=8), rollout_gpus=2)
 
 
 def test_layout_command_takes_overrides_after_options(capsys):
@@ -159,40 +164,40 @@ def test_layout_command_takes_overrides_after_options(capsys):
 
 
 def test_weights_column_names_the_node_leader_that_gets_the_broadcast_and_engines_viewing_the_window():
-    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2, shm_mapped=False)
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), JobShape(4, ranks_per_node=2), shm_mapped=False)
     assert [(r.node, r.weights) for r in rows] == [(0, "send"), (0, "shm"), (1, "bcast+shm"), (1, "shm")]
-    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2)  # auto: node 1 has two
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), JobShape(4, ranks_per_node=2))  # auto: node 1 has two
     assert [r.weights for r in rows] == ["send", "shm view", "bcast+shm view", "shm view"]
-    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2)  # auto: one per node copies
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), JobShape(4, ranks_per_node=2))  # auto: one per node copies
     assert [r.weights for r in rows] == ["send", "shm", "bcast+shm", "-"]
-    rows = plan(LayoutConfig(trainer=2, rollout=3, env=1), 6, ranks_per_node=2, shm_mapped=False)
+    rows = plan(LayoutConfig(trainer=2, rollout=3, env=1), JobShape(6, ranks_per_node=2), shm_mapped=False)
     assert [r.weights for r in rows] == ["send", "-", "bcast+shm", "shm", "bcast+shm", "-"]  # node 0: trainers
-    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2, weights_transport="mpi")
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), JobShape(4, ranks_per_node=2), weights_transport="mpi")
     assert [r.weights for r in rows] == ["send", "mpi", "mpi", "-"]
-    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, ranks_per_node=2, in_place="auto")
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), JobShape(4, ranks_per_node=2), in_place="auto")
     assert [r.weights for r in rows] == ["send in place", "shm view", "bcast+shm view", "shm view"]
-    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, ranks_per_node=2, in_place="auto")
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), JobShape(4, ranks_per_node=2), in_place="auto")
     assert rows[0].weights == "send", "copying engines: the trainer cannot train where they read"
 
 
 def test_weights_column_on_gpus_shows_the_transport_auto_resolves_to():
     quickstart = LayoutConfig(trainer=1, rollout=2, env=1)
-    rows = plan(quickstart, 4, gpus_per_node=1)  # one GPU: every rollout rank on the trainer leader's
+    rows = plan(quickstart, JobShape(4, gpus_per_node=1))  # one GPU: every rollout rank on the trainer leader's
     assert [(r.gpu, r.weights) for r in rows] == [(0, "send"), (0, "cuda_ipc"), (0, "cuda_ipc"), (None, "-")]
-    rows = plan(quickstart, 4, gpus_per_node=8)
+    rows = plan(quickstart, JobShape(4, gpus_per_node=8))
     assert [(r.gpu, r.weights) for r in rows] == [(0, "send"), (1, "nccl"), (2, "nccl"), (None, "-")]
-    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), 4, gpus_per_node=2, in_place="auto")
+    rows = plan(LayoutConfig(trainer=1, rollout=3, env=0), JobShape(4, gpus_per_node=2), in_place="auto")
     # some rollout ranks share the leader's GPU, some not: shm, and CUDA engines copy from it (no view, no in place)
     assert [(r.gpu, r.weights) for r in rows] == [(0, "send"), (1, "shm"), (0, "shm"), (1, "shm")]
-    rows = plan(quickstart, 4, gpus_per_node=8, weights_transport="mpi")  # an explicit choice stays
+    rows = plan(quickstart, JobShape(4, gpus_per_node=8), weights_transport="mpi")  # an explicit choice stays
     assert [r.weights for r in rows] == ["send", "mpi", "mpi", "-"]
     with pytest.raises(ConfigError, match=r"share node 0's cuda:0; use weights.transport=auto \(picks cuda_ipc"):
-        plan(quickstart, 4, gpus_per_node=1, weights_transport="nccl")
-    assert plan(quickstart, 1, gpus_per_node=1, weights_transport="nccl")[0].weights == "in-process"
+        plan(quickstart, JobShape(4, gpus_per_node=1), weights_transport="nccl")
+    assert plan(quickstart, JobShape(1, gpus_per_node=1), weights_transport="nccl")[0].weights == "in-process"
 
 
 def test_plan_takes_a_running_jobs_nodes():
-    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, gpus_per_node=1, nodes=[0, 0, 1, 1])
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), JobShape(4, gpus_per_node=1, nodes=[0, 0, 1, 1]))
     assert [(r.node, r.gpu, r.weights) for r in rows] == [
         (0, 0, "send"),
         (0, 0, "shm"),
@@ -277,15 +282,16 @@ def test_pinned_cores_give_trainers_their_own_share():
 
 
 def test_hosts_number_nodes_in_rank_order_and_show_by_name():
-    from agentrl.layout import format_plan, node_ids, parse_hosts, plan
+    from agentrl.layout import node_ids
+    from agentrl.run.plan import format_plan, parse_hosts, plan
 
     assert parse_hosts("node1:2,node0,node2:1") == ["node1", "node1", "node0", "node2"]
     assert node_ids(["b", "b", "a", "b"]) == [0, 0, 1, 0]
     with pytest.raises(ConfigError, match="HOST:RANKS"):
         parse_hosts("node0:x")
     hosts = parse_hosts("node0:2,node1:2")
-    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, hosts=hosts)
+    rows = plan(LayoutConfig(trainer=1, rollout=2, env=1), JobShape(4, hosts=hosts))
     assert [(row.node, row.host) for row in rows] == [(0, "node0"), (0, "node0"), (1, "node1"), (1, "node1")]
     assert "host" in format_plan(rows).splitlines()[0] and "node1  cpu     bcast+shm" in format_plan(rows)
     with pytest.raises(ConfigError, match="--hosts places 2 ranks"):
-        plan(LayoutConfig(trainer=1, rollout=2, env=1), 4, hosts=["a", "b"])
+        plan(LayoutConfig(trainer=1, rollout=2, env=1), JobShape(4, hosts=["a", "b"]))

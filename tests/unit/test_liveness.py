@@ -1,6 +1,6 @@
-"""The liveness bookkeeping (agentrl/liveness.py) on a fake clock, without MPI."""
+"""The liveness bookkeeping (agentrl/run/liveness.py) on a fake clock, without MPI."""
 
-from agentrl.liveness import PeerWatch, beat_interval_s, lost_message
+from agentrl.run.liveness import PeerWatch, beat_interval_s, lost_message
 
 
 def test_a_peer_counts_as_lost_only_after_the_timeout_of_silence():

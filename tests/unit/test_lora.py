@@ -10,12 +10,12 @@ import torch
 from mpi4py import MPI
 
 from agentrl.config import ConfigError, from_dict
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.errors import UserError
-from agentrl.run_start import policy_trainer
+from agentrl.models.adapters import ADAPTER_CONFIG
+from agentrl.models.loading import load_causal_lm, load_tokenizer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import checkpoint
-from agentrl.trainer.lora import ADAPTER_CONFIG
-from agentrl.trainer.model import load_causal_lm, load_tokenizer
 from agentrl.trainer.policy_trainer import PolicyTrainer
 from agentrl.trajectory import Episode, pack
 from agentrl.weights.lora import ConfirmedAdapterSync, StaleWeights, adapter_checksum, check_reports
@@ -178,15 +178,13 @@ def test_a_sync_that_did_not_arrive_stops_with_the_cause():
 
 @pytest.mark.parametrize("saved", [[], ["norm", "embed_tokens"]])
 def test_checkpoint_is_an_adapter_folder_that_resumes_evaluates_and_exports(tiny_model_dir, tmp_path, saved):
-    from agentrl.trainer.export import export_merged
+    from agentrl.commands.export_merged import export_merged
     from agentrl.trainer.folders import check_model_folder
     from agentrl.trainer.model import load_policy
 
     trainer = trained(tiny_model_dir, run_dir=tmp_path / "run", steps=2, modules_to_save=saved)
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    folder = checkpoint.save(
-        tmp_path / "run", 2, trainer.model, tokenizer, trainer.optimizer, trainer.scheduler, keep=2
-    )
+    folder = checkpoint.save(tmp_path / "run", 2, trainer, tokenizer, keep=2)
     assert (folder / ADAPTER_CONFIG).is_file() and (folder / "adapter_model.safetensors").is_file()
     assert not (folder / "model.safetensors").exists()  # the frozen base is not copied
     recorded = json.loads((folder / ADAPTER_CONFIG).read_text())
@@ -261,9 +259,9 @@ def test_a_relative_model_path_is_recorded_absolute(tiny_model_dir, tmp_path, mo
 def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_path):
     from types import SimpleNamespace
 
+    from agentrl.commands.sft import final_path, save_final
     from agentrl.sft.config import SFTConfig
-    from agentrl.sft.run import final_path, save_final
-    from agentrl.sft.trainer import SFTTrainer
+    from agentrl.trainer.sft import SFTSections, SFTTrainer
 
     config = SFTConfig.model_validate(
         {
@@ -273,16 +271,7 @@ def test_sft_trains_adapters_and_its_final_model_is_merged(tiny_model_dir, tmp_p
             "optimizer": {"lr": 0.05},
         }
     )
-    trainer = SFTTrainer(
-        str(tiny_model_dir),
-        "cpu",
-        total_steps=10,
-        model=config.model,
-        sft=config.sft,
-        optimizer=config.optimizer,
-        lr_scheduler=config.lr_scheduler,
-        parallelism=config.parallelism,
-    )
+    trainer = SFTTrainer(str(tiny_model_dir), "cpu", 10, None, SFTSections.of(config))
     rows = [([1, 5, 9, 12, 7, 3], [0, 0, 1, 1, 1, 1]), ([2, 6, 8, 4], [0, 1, 1, 1])]
     losses = [trainer.train_step(rows)["sft/loss"] for _ in range(6)]
     assert losses[-1] < losses[0]

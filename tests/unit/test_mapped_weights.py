@@ -9,17 +9,20 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.batch import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.engine.lean_decoder import stacked
-from agentrl.models.tiny import build_tiny_model
-from agentrl.weights.shm import ALIGN, SharedMemoryWeights, mapped_layout, pieces, spec_nbytes
+from agentrl.engine.torch_engine import TorchEngine
+from agentrl.models.tiny import TinyShape, build_tiny_model
+from agentrl.weights.base import spec_nbytes, tensor_spec
+from agentrl.weights.shm import ALIGN, SharedMemoryWeights, mapped_layout, pieces
 from tests.unit.test_continuous_engine import TEXTS, run_episodes
 
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", TEXTS, hidden_size=64, num_layers=2, num_heads=4)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "m", TEXTS, TinyShape(hidden_size=64, num_layers=2, num_heads=4)
+    )
 
 
 def new_weights(model_dir) -> list[tuple[str, torch.Tensor]]:
@@ -36,7 +39,7 @@ def laid_out(named: list[tuple[str, torch.Tensor]]) -> tuple[torch.Tensor, list[
     buffer = torch.zeros(capacity, dtype=torch.uint8)
     views = []
     for (name, tensor), offset in zip(named, offsets, strict=True):
-        raw = buffer[offset : offset + spec_nbytes(tensor.shape, str(tensor.dtype).removeprefix("torch."))]
+        raw = buffer[offset : offset + spec_nbytes(tensor_spec(name, tensor))]
         view = raw.view(tensor.dtype).view(tensor.shape)
         view.copy_(tensor)
         views.append((name, view))

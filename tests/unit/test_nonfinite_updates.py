@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentrl.config import from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer.nonfinite import NonFiniteUpdates
 from agentrl.trajectory import pack
 from tests.conftest import ROOT

@@ -7,9 +7,9 @@ import torch
 
 from agentrl import transport
 from agentrl.config import ConfigError, from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.models.loading import load_causal_lm
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import parallel
-from agentrl.trainer.model import load_causal_lm
 from agentrl.trajectory import Episode, pack
 from agentrl.weights.base import GatherOnly
 from agentrl.weights.mpi import MPIWeightBroadcast

@@ -10,9 +10,9 @@ import torch
 from agentrl.algorithms import registered_names, resolve
 from agentrl.algorithms.ppo import PPOOptions, step_mask, token_rewards
 from agentrl.config import ConfigError, from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.models.loading import load_tokenizer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import checkpoint
-from agentrl.trainer.model import load_tokenizer
 from agentrl.trajectory import Episode, concat, pack
 
 
@@ -162,10 +162,8 @@ def test_checkpoint_restores_the_critic_bit_exactly(tiny_model_dir, tmp_path):
     saved = checkpoint.save(
         tmp_path,
         1,
-        trainer.model,
+        trainer,
         tokenizer,
-        trainer.optimizer,
-        trainer.scheduler,
         keep=2,
         extra_state=trainer.extra_state,
     )
@@ -204,7 +202,7 @@ def test_a_checkpoint_without_the_critic_names_the_fix(tiny_model_dir, tmp_path)
     grpo = policy_trainer(from_dict({"model": {"path": str(tiny_model_dir)}}), str(tiny_model_dir), "cpu")
     assert isinstance(grpo.algorithm, GRPO) and grpo.extra_state == []
     tokenizer = load_tokenizer(str(tiny_model_dir))
-    saved = checkpoint.save(tmp_path, 1, grpo.model, tokenizer, grpo.optimizer, grpo.scheduler, keep=2)
+    saved = checkpoint.save(tmp_path, 1, grpo, tokenizer, keep=2)
     assert not (saved / "critic").exists()
     ppo = ppo_trainer(tiny_model_dir)
     with pytest.raises(FileNotFoundError, match="without the 'critic' model"):

@@ -3,7 +3,7 @@ import signal
 
 import pytest
 
-from agentrl import preempt
+from agentrl.run import preempt
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 import pytest
 
 from agentrl.env import TextEnv
-from agentrl.env.preflight import EnvUnusable, check_env_config
+from agentrl.run.preflight import EnvUnusable, check_env_config
 
 
 def refusal(env_id: str, kwargs: dict | None = None) -> str:

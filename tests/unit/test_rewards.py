@@ -5,7 +5,7 @@ from decimal import Decimal
 import pytest
 
 from agentrl import rewards
-from agentrl.rollout.reward_fn import RewardFunction
+from agentrl.rollout.reward_hook import RewardFunction
 
 
 def test_graders():

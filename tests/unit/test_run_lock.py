@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from agentrl.run_lock import LOCK_FILE, RunDirInUse, RunLock, why_stale
+from agentrl.run.lock import LOCK_FILE, RunDirInUse, RunLock, why_stale
 
 
 def dead_pid() -> int:

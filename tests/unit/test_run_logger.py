@@ -1,6 +1,6 @@
 """The trainer leader's console output when stderr is not a terminal (sbatch, a file): plain lines, no bar."""
 
-from agentrl.logging import PLAIN_LINES, RunLogger
+from agentrl.tracking.run_logger import PLAIN_LINES, RunLogger
 
 
 def test_without_a_terminal_the_progress_is_a_few_plain_lines(tmp_path, capsys):

@@ -1,5 +1,5 @@
 from agentrl.config import from_dict
-from agentrl.run_summary import RunSummary, format_duration, resume_command, success_trend
+from agentrl.run.summary import RunSummary, format_duration, resume_command, success_trend
 
 
 def config(tmp_path, steps=100):

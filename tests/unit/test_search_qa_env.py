@@ -12,12 +12,12 @@ from agentrl.engine.base import SamplingParams
 from agentrl.env.check import check_env
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.models.chat_format import ChatFormat
 from agentrl.models.tiny import build_tokenizer
 from agentrl.rewards import exact_match_score as exact_match
 from agentrl.rewards import normalize
 from agentrl.rewards import token_f1_score as token_f1
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.trajectory import Episode
 from envs.search_qa import BM25Index, SearchQAEnv, load_library, tokenize
 from envs.search_qa.corpus import render_corpus
@@ -213,7 +213,9 @@ def test_two_hop_episode_through_the_agent_loop_searches_twice_and_is_graded():
     engine = ScriptedEngine(token_turns, chat.eos_id)
     episode = Episode(group=0, task_seed=4)
     sampling = SamplingParams(max_new_tokens=200, stop_token_ids=chat.stop_ids)
-    asyncio.run(run_episode(engine, LocalEnvClient(host), chat, sampling, EpisodeLimits(4, 200, 4000), episode, 0))
+    asyncio.run(
+        run_episode(engine, LocalEnvClient(host), chat, EpisodeRules(sampling, EpisodeLimits(4, 200, 4000)), episode, 0)
+    )
     assert (episode.finish, episode.success, episode.reward, episode.turns) == ("terminated", True, 1.0, 3)
     second_response = episode.text.split("<tool_response>")[2]
     assert second_response.startswith(f"\n[1] {founder}\n") and info["answer"] in second_response

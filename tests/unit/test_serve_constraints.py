@@ -89,10 +89,10 @@ def model_dir(tmp_path_factory):
 def served(model_dir):
     pytest.importorskip("llguidance")
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
     from agentrl.serve.app import build_app
     from agentrl.serve.completions import Completions
     from agentrl.serve.generation import LocalBackend
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(model_dir))
     engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
@@ -317,9 +317,9 @@ def test_without_llguidance_the_options_are_refused_naming_the_extra(served, mon
 
 
 def test_an_engine_that_cannot_constrain_refuses_the_options(model_dir):
+    from agentrl.models.loading import load_tokenizer
     from agentrl.serve.completions import Completions
     from agentrl.serve.protocol import APIError
-    from agentrl.trainer.model import load_tokenizer
 
     class Unconstrained:  # an engine whose allow_grammars says no (SGLang as agentrl runs it)
         def allow_grammars(self, tokenizer):
@@ -343,14 +343,14 @@ def test_a_gateway_session_keeps_the_grammar_under_the_rollouts_sampling(model_d
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.continuous import ContinuousTorchEngine
     from agentrl.gateway.server import Gateway
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(model_dir))
     engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    gateway = Gateway(engine, tokenizer, "policy", 1024, "127.0.0.1", 0)
+    gateway = Gateway(engine, tokenizer, 1024)
     loop.call_soon_threadsafe(gateway.start, loop)
     deadline = time.monotonic() + 30
     while gateway.server is None or not gateway.server.started:

@@ -35,7 +35,7 @@ def model_dirs(tmp_path_factory):
 
 
 def load_tokenizer(folder):
-    from agentrl.trainer.model import load_tokenizer as load
+    from agentrl.models.loading import load_tokenizer as load
 
     return load(str(folder))
 
@@ -264,7 +264,7 @@ def gateway_calls(folder, engine, conversation):
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    gateway = Gateway(engine, load_tokenizer(folder), "policy", 4096, "127.0.0.1", 0)
+    gateway = Gateway(engine, load_tokenizer(folder), 4096)
     loop.call_soon_threadsafe(gateway.start, loop)
     deadline = time.monotonic() + 30
     while gateway.server is None or not gateway.server.started:
@@ -361,11 +361,11 @@ def test_each_familys_tiny_model_serves_a_real_generation_ended_by_the_familys_s
     whole and streamed."""
     from agentrl.config.schema import TorchEngineConfig
     from agentrl.engine import build_torch_engine
+    from agentrl.models.loading import load_causal_lm
     from agentrl.serve.app import build_app
     from agentrl.serve.completions import Completions
     from agentrl.serve.generation import LocalBackend
     from agentrl.serve.reply import ReplyReader
-    from agentrl.trainer.model import load_causal_lm
 
     tokenizer = load_tokenizer(model_dirs[family])
     model = load_causal_lm(str(model_dirs[family])).eval()
@@ -407,7 +407,7 @@ def test_each_familys_tiny_model_serves_a_real_generation_ended_by_the_familys_s
 
 
 def test_serve_detects_each_family_from_its_model_folder_and_the_option_names_one(model_dirs):
-    from agentrl.serve.command import chat_family
+    from agentrl.commands.serve import chat_family
 
     assert {family: chat_family(str(model_dirs[family]), None) for family in FAMILIES} == {f: f for f in FAMILIES}
     assert chat_family(str(model_dirs["qwen3"]), "hermes") == "hermes"  # Qwen3's tokens read as Hermes
@@ -431,8 +431,8 @@ def plain_tokenizer_folder(folder, template: str | None):
 def test_a_bad_chat_format_or_template_is_refused_before_serving_in_one_line_naming_the_fix(model_dirs, tmp_path):
     import shutil
 
+    from agentrl.commands.serve import chat_family
     from agentrl.errors import UserError
-    from agentrl.serve.command import chat_family
 
     def refusal(path, name=None) -> str:
         with pytest.raises(UserError) as refused:
@@ -578,12 +578,12 @@ def test_the_gateway_takes_the_chat_format_by_name_and_refuses_an_unknown_one(mo
     from agentrl.gateway.server import Gateway
 
     tokenizer = load_tokenizer(model_dirs["qwen3"])
-    detected = Gateway(ScriptedEngine(), tokenizer, "policy", 2048, "127.0.0.1", 0)
-    named = Gateway(ScriptedEngine(), tokenizer, "policy", 2048, "127.0.0.1", 0, chat_format="hermes")
+    detected = Gateway(ScriptedEngine(), tokenizer, 2048)
+    named = Gateway(ScriptedEngine(), tokenizer, 2048, chat_format="hermes")
     for gateway in (detected, named):
         gateway.socket.close()
     assert detected.completions.renderer.family.name == "qwen3"
     assert named.completions.renderer.family.name == "hermes"
     with pytest.raises(UserError) as refused:
-        Gateway(ScriptedEngine(), tokenizer, "policy", 2048, "127.0.0.1", 0, chat_format="qwen4")
+        Gateway(ScriptedEngine(), tokenizer, 2048, chat_format="qwen4")
     assert str(refused.value).startswith("chat.format: unknown chat format 'qwen4'") and "\n" not in str(refused.value)

@@ -15,6 +15,7 @@ from collections import Counter
 import httpx
 import pytest
 
+from agentrl.config.schema import AgentConfig
 from agentrl.serve.protocol import ROLES
 from tests.unit.serve_server import ThreadServer, build_serve_model
 
@@ -241,10 +242,10 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def served(model_dir):
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
     from agentrl.serve.app import build_app
     from agentrl.serve.completions import Completions
     from agentrl.serve.generation import LocalBackend
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(model_dir))
     engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
@@ -298,12 +299,12 @@ def gateway(model_dir):
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.continuous import ContinuousTorchEngine
     from agentrl.gateway.server import Gateway
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(model_dir))
     engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
     loop = LoopThread()
-    made = Gateway(engine, tokenizer, "policy", MAX_MODEL_LEN, "127.0.0.1", 0, max_body_bytes=1 << 20)
+    made = Gateway(engine, tokenizer, MAX_MODEL_LEN, AgentConfig(max_body_bytes=1 << 20))
     loop.loop.call_soon_threadsafe(made.start, loop.loop)
     deadline = time.monotonic() + 30
     while made.server is None or not made.server.started:

@@ -27,9 +27,9 @@ def model_dir(tmp_path_factory):
 
 def _completions(model_dir, records):
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
     from agentrl.serve.completions import Completions
     from agentrl.serve.generation import LocalBackend
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(model_dir))
     engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
@@ -100,7 +100,7 @@ def test_n_choices_and_the_seed_reproduce(client):
 
 def test_logprobs_are_the_engines(served, client, model_dir):
     from agentrl.engine.continuous import ContinuousTorchEngine
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.models.loading import load_causal_lm
 
     response = _chat(client, seed=21, max_tokens=10, logprobs=True, top_logprobs=1)
     record = _record(served, response.id)

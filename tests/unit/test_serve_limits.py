@@ -165,7 +165,7 @@ def test_a_50_mb_body_is_refused_at_once_and_the_server_stays_responsive_and_sma
 
 def test_a_prompt_longer_than_any_context_is_refused_before_it_is_tokenized(served, model_dir):
     """3 MB of text, within the body limit: tokenizing it takes seconds (measured here), its refusal a blink."""
-    from agentrl.trainer.model import load_tokenizer
+    from agentrl.models.loading import load_tokenizer
 
     text = "x" * (3 << 20)
     body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4}
@@ -200,8 +200,8 @@ def test_the_api_key_guards_every_route_but_health(served):
 
 
 def test_no_list_tools_keeps_the_tools_out_of_the_prompt(served, model_dir):
+    from agentrl.models.loading import load_tokenizer
     from agentrl.serve.render import ChatRenderer
-    from agentrl.trainer.model import load_tokenizer
 
     client = openai.OpenAI(base_url=served.base_url + "/v1", api_key=KEY, max_retries=0)
     with_tools = client.chat.completions.create(model=MODEL, messages=HI, tools=TOOLS, max_tokens=1)
@@ -227,12 +227,12 @@ def test_a_call_asks_for_at_most_max_choices_completions(served):
 
 
 def _in_process_server(model_dir, scheduler: str):
-    from agentrl.engine.batch import TorchEngine
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.engine.torch_engine import TorchEngine
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
     from agentrl.serve.app import build_app
     from agentrl.serve.completions import Completions
     from agentrl.serve.generation import LocalBackend
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(model_dir))
     engine_class = ContinuousTorchEngine if scheduler == "continuous" else TorchEngine
@@ -349,10 +349,10 @@ def test_a_failure_inside_the_server_is_a_json_500_without_its_traceback():
 def test_a_long_prompt_is_tokenized_off_the_event_loop(model_dir):
     """A prompt that may fit is tokenized whole: in a thread, while /health goes on being answered."""
     from agentrl.engine.continuous import ContinuousTorchEngine
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
     from agentrl.serve.app import build_app
     from agentrl.serve.completions import Completions
     from agentrl.serve.generation import LocalBackend
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
 
     tokenizer = load_tokenizer(str(model_dir))
     text = "guess the number " * 60_000  # 1,020,000 characters: within every bound of a 1M-token context

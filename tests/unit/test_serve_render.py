@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from agentrl.engine.base import GenerateOutput
-from agentrl.rollout.chat import tools_as_text
+from agentrl.models.chat_format import tools_as_text
 from agentrl.serve.completions import Completions
 from agentrl.serve.protocol import APIError, ChatMessage
 from agentrl.serve.render import ChatRenderer, cut_at_stop, streamable_prefix
@@ -25,7 +25,7 @@ CALL_TEXT = '<tool_call>{"name": "calculator", "arguments": {"expression": "2 + 
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
-    from agentrl.trainer.model import load_tokenizer
+    from agentrl.models.loading import load_tokenizer
 
     return load_tokenizer(str(build_serve_model(tmp_path_factory.mktemp("serve") / "tiny")))
 

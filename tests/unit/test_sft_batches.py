@@ -3,8 +3,8 @@ after a resume (a function of seed and step only)."""
 
 import numpy as np
 
+from agentrl.commands.sft import batch_indices, steps_per_epoch
 from agentrl.sft.config import SFTConfig
-from agentrl.sft.run import batch_indices, steps_per_epoch
 
 
 def config(**sft):

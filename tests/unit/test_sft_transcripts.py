@@ -11,8 +11,8 @@ from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.errors import UserError
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
+from agentrl.models.chat_format import ChatFormat
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.sft.data import read_transcripts, tokenize_all
 from agentrl.sft.transcripts import TranscriptError, TranscriptTokenizer, assistant_text, episode_shape
 from agentrl.trajectory import Episode
@@ -57,7 +57,9 @@ def rl_episode(tokenizer, env_id, kwargs, seed, assistant_messages, system_promp
     episode = Episode(group=0, task_seed=seed)
     sampling = SamplingParams(max_new_tokens=400, stop_token_ids=chat.stop_ids)
     limits = EpisodeLimits(len(turns), 400, 4000)
-    asyncio.run(run_episode(ScriptedEngine(turns, chat.eos_id), client, chat, sampling, limits, episode, 0))
+    asyncio.run(
+        run_episode(ScriptedEngine(turns, chat.eos_id), client, chat, EpisodeRules(sampling, limits), episode, 0)
+    )
     return episode, client
 
 

@@ -220,16 +220,18 @@ class _FakeSGLangEngine:
 def test_sglang_engine_drives_the_engine_on_its_own_loop(monkeypatch):
     import types
 
+    from agentrl.config import SGLangEngineConfig
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.sglang import SGLangEngine, abort_job_on_child_crash
 
     monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=_FakeSGLangEngine))
     monkeypatch.setenv("PMI_RANK", "1")
-    from agentrl import preempt
+    from agentrl.run import preempt
 
     previous = {signum: signal.getsignal(signum) for signum in (signal.SIGQUIT, *preempt.STOP_SIGNALS)}
     try:
-        engine = SGLangEngine("/models/m", base_gpu_id=3, tp_size=2, colocate=True, seed=5, dtype="bfloat16")
+        section = SGLangEngineConfig(tp_size=2)
+        engine = SGLangEngine("/models/m", section, base_gpu_id=3, colocate=True, seed=5, dtype="bfloat16")
         assert signal.getsignal(signal.SIGQUIT) is abort_job_on_child_crash
         assert signal.getsignal(signal.SIGTERM) is preempt._flag  # not SGLang's drain-and-exit
     finally:

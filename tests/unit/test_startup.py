@@ -5,15 +5,15 @@ import sys
 
 CHILD = """
 import gc, json
-from agentrl import startup
+from agentrl.run import startup_gc
 defaults = gc.get_threshold()
-startup.defer_collection()
+startup_gc.defer_collection()
 deferred = gc.get_threshold()
 garbage = []
 garbage.append(garbage)  # a cycle made during start-up
 del garbage
-startup.settle()
-startup.settle()  # a second call changes nothing
+startup_gc.settle()
+startup_gc.settle()  # a second call changes nothing
 print(json.dumps([defaults, deferred, gc.get_threshold(), gc.get_freeze_count(), gc.collect()]))
 """
 

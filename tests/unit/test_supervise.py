@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agentrl.supervise import backoff_s, describe_exit, exit_status, supervise
+from agentrl.run.supervise import backoff_s, describe_exit, exit_status, supervise
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -192,7 +192,7 @@ def test_a_sweeps_trials_are_one_wandb_group_and_one_mlflow_experiment(tmp_path,
     for number in range(2):
         run_dir = sweep_dir / "trials" / f"{number:04d}"
         run = runs[f"sweep-{number:04d}"]
-        assert run.data.tags["agentrl.run_dir"] == str(run_dir)
+        assert run.data.tags["agentrl.run.claim"] == str(run_dir)
         history = [(m.step, m.value) for m in mlflow.get_metric_history(run.info.run_id, "eval/success")]
         assert same(history, scalars(run_dir)["eval/success"])
         wandb_run = WandbRun(wandb_run_folder(run_dir))

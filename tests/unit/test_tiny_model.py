@@ -8,7 +8,7 @@ from safetensors.torch import load_file
 
 from agentrl.config.schema import ModelConfig
 from agentrl.errors import UserError
-from agentrl.trainer.model import ensure_model
+from agentrl.models.loading import ensure_model
 
 TEXTS = ["You have 3 guesses. The number is between 1 and 7", "higher, between 5 and 7"]
 

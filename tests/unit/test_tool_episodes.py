@@ -8,9 +8,9 @@ import pytest
 from agentrl.engine.base import SamplingParams
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
+from agentrl.models.chat_format import ChatFormat
 from agentrl.models.tiny import CHAT_TEMPLATE, build_tokenizer
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
 from agentrl.trajectory import Episode
 from envs.calculator import CalculatorEnv, evaluate
 from tests.unit.test_agent_loop import ScriptedEngine
@@ -65,7 +65,9 @@ def test_tool_episode_keeps_engine_tokens_and_shows_errors(tokenizer):
     sampling = SamplingParams(max_new_tokens=400, stop_token_ids=chat.stop_ids)
     episode = Episode(group=0, task_seed=7)
     engine = ScriptedEngine([list(t) for t in token_turns], chat.eos_id)
-    asyncio.run(run_episode(engine, LocalEnvClient(host), chat, sampling, EpisodeLimits(4, 400, 2000), episode, 0))
+    asyncio.run(
+        run_episode(engine, LocalEnvClient(host), chat, EpisodeRules(sampling, EpisodeLimits(4, 400, 2000)), episode, 0)
+    )
 
     assert episode.finish == "terminated" and episode.success and episode.reward == 1.0 and episode.turns == 3
     assert "error: tool 'calculator' raised ValueError: division by zero" in episode.text

@@ -10,10 +10,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from agentrl.engine.base import SamplingParams
-from agentrl.engine.batch import TorchEngine
 from agentrl.engine.continuous import ContinuousTorchEngine
 from agentrl.engine.sampling import RowSampling, sample_tokens
-from agentrl.models.tiny import build_tiny_model
+from agentrl.engine.torch_engine import TorchEngine
+from agentrl.models.tiny import TinyShape, build_tiny_model
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog.",
@@ -31,7 +31,9 @@ ENGINE_CLASSES = pytest.mark.parametrize(
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", TEXTS, hidden_size=64, num_layers=2, num_heads=4)
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny") / "m", TEXTS, TinyShape(hidden_size=64, num_layers=2, num_heads=4)
+    )
 
 
 @pytest.fixture(scope="module")

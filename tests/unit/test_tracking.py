@@ -12,10 +12,10 @@ import yaml
 
 from agentrl.config import LoggingConfig
 from agentrl.errors import UserError
-from agentrl.logging import RunLogger
 from agentrl.tracking import check_installed, open_trackers, read_ids
 from agentrl.tracking.mlflow_run import client as mlflow_client
 from agentrl.tracking.mlflow_run import flatten, metric_name
+from agentrl.tracking.run_logger import RunLogger
 from tests.conftest import ROOT
 from tests.mpi.helpers import scalars as tensorboard_scalars
 from tests.tracking_files import WandbRun, mlflow_scalars, same, wandb_run_folder

@@ -2,7 +2,7 @@ import numpy as np
 
 from agentrl.data.tasks import task_seed
 from agentrl.metrics import episode_metrics, episode_sums
-from agentrl.rollout.shipping import shard_for_trainers
+from agentrl.rollout.trainer_messages import shard_for_trainers
 from agentrl.trajectory import Episode, concat, num_episodes, pack
 
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from agentrl.weights.shm import ALIGN, SharedMemoryWeights, SharedWindow, TornWeights, plan_layout, spec_nbytes
+from agentrl.weights.base import spec_nbytes
+from agentrl.weights.shm import ALIGN, SharedMemoryWeights, SharedWindow, TornWeights, plan_layout
 
 
 def test_every_tensor_starts_aligned_and_buckets_fit_their_slot():
@@ -21,9 +22,9 @@ def test_every_tensor_starts_aligned_and_buckets_fit_their_slot():
         assert offsets[start] == 0
         for index in range(start, end):
             assert offsets[index] % ALIGN == 0
-            assert offsets[index] + spec_nbytes(*manifest[index][1:]) <= capacity
+            assert offsets[index] + spec_nbytes(manifest[index]) <= capacity
             if index > start:  # no overlap with the previous tensor of the bucket
-                assert offsets[index] >= offsets[index - 1] + spec_nbytes(*manifest[index - 1][1:])
+                assert offsets[index] >= offsets[index - 1] + spec_nbytes(manifest[index - 1])
     assert capacity == 40_000
 
 

@@ -13,9 +13,10 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.models.loading import load_causal_lm, load_tokenizer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import checkpoint
-from agentrl.trainer.model import init_trainer_group, load_causal_lm, load_tokenizer
+from agentrl.trainer.model import init_trainer_group
 from agentrl.trajectory import concat
 from agentrl.weights.base import full_tensors
 from tests.mpi.scripts.batches import synthetic_batch
@@ -89,9 +90,7 @@ def main():
 
     tokenizer = load_tokenizer(model_dir)
     run_dir = out_dir / "run"
-    saved = checkpoint.save(
-        run_dir, 3, trainer.model, tokenizer, trainer.optimizer, trainer.scheduler, keep=2, leader=rank == 0
-    )
+    saved = checkpoint.save(run_dir, 3, trainer, tokenizer, keep=2, leader=rank == 0)
     transport.barrier(world)
     if rank == 0:
         assert saved is not None and (saved / "model.safetensors").is_file()

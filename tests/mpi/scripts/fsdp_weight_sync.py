@@ -18,7 +18,7 @@ import torch
 from mpi4py import MPI
 
 from agentrl import transport
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.trainer import parallel
 from agentrl.trainer.model import init_trainer_group
 from agentrl.weights.base import GatherOnly, full_tensors

@@ -7,7 +7,7 @@ import time
 
 from mpi4py import MPI
 
-from agentrl.liveness import Liveness
+from agentrl.run.liveness import Liveness
 
 mode, timeout_s = sys.argv[1], float(sys.argv[2])
 world = MPI.COMM_WORLD

@@ -13,9 +13,9 @@ import torch
 from mpi4py import MPI
 
 from agentrl.config.schema import LoraConfig
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
+from agentrl.models.loading import load_causal_lm
 from agentrl.trainer.lora import adapter_weights, apply_lora
-from agentrl.trainer.model import load_causal_lm
 from agentrl.weights.lora import ConfirmedAdapterSync, StaleWeights
 from agentrl.weights.mpi import MPIWeightBroadcast
 from agentrl.weights.shm import SharedMemoryWeights

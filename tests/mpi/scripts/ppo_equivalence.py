@@ -14,9 +14,10 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.models.loading import load_tokenizer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import checkpoint
-from agentrl.trainer.model import init_trainer_group, load_tokenizer
+from agentrl.trainer.model import init_trainer_group
 from agentrl.trajectory import Episode, concat, pack
 from agentrl.weights.base import full_tensors
 
@@ -107,10 +108,8 @@ def main():
     saved = checkpoint.save(
         run_dir,
         3,
-        trainer.model,
+        trainer,
         tokenizer,
-        trainer.optimizer,
-        trainer.scheduler,
         keep=2,
         leader=rank == 0,
         extra_state=trainer.extra_state,

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import from_dict
-from agentrl.run_start import policy_trainer
+from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer.model import init_trainer_group
 from agentrl.trajectory import concat
 from tests.mpi.scripts.batches import synthetic_batch

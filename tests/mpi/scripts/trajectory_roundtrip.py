@@ -9,7 +9,7 @@ from agentrl import transport
 from agentrl.config import from_dict
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
-from agentrl.run_start import rollout_worker
+from agentrl.roles.rollout_parts import rollout_worker
 from agentrl.trajectory import pack
 from agentrl.transport import Tag
 

@@ -7,8 +7,8 @@ import torch
 from mpi4py import MPI
 
 from agentrl import transport
-from agentrl.engine.batch import TorchEngine
-from agentrl.trainer.model import load_causal_lm
+from agentrl.engine.torch_engine import TorchEngine
+from agentrl.models.loading import load_causal_lm
 from agentrl.weights.mpi import MPIWeightBroadcast
 
 

@@ -26,9 +26,9 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import LayoutConfig
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.layout import Layout, Role
-from agentrl.trainer.model import load_causal_lm
+from agentrl.models.loading import load_causal_lm
 from agentrl.weights.shm import SharedMemoryWeights
 
 BUCKET_MB = 0.02  # about 20 KiB: the tiny model goes through both slots many times

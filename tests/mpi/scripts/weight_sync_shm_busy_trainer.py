@@ -13,9 +13,9 @@ import time
 
 from agentrl import transport
 from agentrl.config import LayoutConfig
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.layout import Layout, Role
-from agentrl.trainer.model import load_causal_lm
+from agentrl.models.loading import load_causal_lm
 from agentrl.weights.shm import SharedMemoryWeights
 
 BUSY_S = 4.0

@@ -6,7 +6,7 @@ import sys
 from mpi4py import MPI
 
 from agentrl import transport
-from agentrl.liveness import Liveness
+from agentrl.run.liveness import Liveness
 from agentrl.transport import Tag
 
 world = MPI.COMM_WORLD

@@ -18,9 +18,9 @@ from mpi4py import MPI
 
 from agentrl import transport
 from agentrl.config import LayoutConfig
-from agentrl.engine.batch import TorchEngine
+from agentrl.engine.torch_engine import TorchEngine
 from agentrl.layout import Layout
-from agentrl.trainer.model import load_causal_lm
+from agentrl.models.loading import load_causal_lm
 from agentrl.weights.mpi import MPIWeightBroadcast
 from agentrl.weights.shm import SharedMemoryWeights
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from agentrl.config import ConfigError, LayoutConfig
-from agentrl.layout import Role, plan, shared_trainer_gpu
+from agentrl.layout import Role, shared_trainer_gpu
+from agentrl.run.plan import JobShape, plan
 from agentrl.weights import resolve_weight_sync
 from agentrl.weights.nccl import (
     check_alignment,
@@ -186,7 +187,7 @@ def test_auto_never_puts_two_members_of_an_nccl_group_on_one_gpu():
             config = LayoutConfig(trainer=trainer, rollout=rollout, env=env, colocate=colocate)
             per_node = -(-world_size // 2) if two_nodes else None
             try:
-                rows = plan(config, world_size, per_node, gpus_per_node, tp)
+                rows = plan(config, JobShape(world_size, per_node, gpus_per_node), tp)
             except ConfigError:  # colocate needs rollout <= trainer, each pair on one node
                 assert colocate
                 continue
@@ -220,10 +221,10 @@ def test_auto_never_puts_two_members_of_an_nccl_group_on_one_gpu():
                 first, second, node, gpu = shared
                 assert rows[first].gpu == rows[second].gpu == gpu and rows[first].node == rows[second].node == node
                 with pytest.raises(ConfigError, match=r"trainer ranks \d+ and \d+ share node \d+'s cuda:\d+"):
-                    plan(config, world_size, per_node, gpus_per_node, tp, fsdp=True)
+                    plan(config, JobShape(world_size, per_node, gpus_per_node), tp, fsdp=True)
                 checked["trainers share a GPU"] += 1
             elif trainer > 1:
-                plan(config, world_size, per_node, gpus_per_node, tp, fsdp=True)
+                plan(config, JobShape(world_size, per_node, gpus_per_node), tp, fsdp=True)
     assert min(checked[name] for name in ("nccl", "cuda_ipc", "shm", "trainers share a GPU")) > 100, checked
 
 
@@ -233,12 +234,12 @@ def test_trainer_ranks_sharing_a_gpu_reduce_over_gloo():
     assert trainer_backend("cuda:0", shares_gpu=False) == "nccl"
     assert trainer_backend("cuda:0", shares_gpu=True) == "gloo"
     assert trainer_backend("cpu", shares_gpu=False) == "gloo"
-    rows = plan(LayoutConfig(trainer=2, rollout=1, env=0), 3, gpus_per_node=1)
+    rows = plan(LayoutConfig(trainer=2, rollout=1, env=0), JobShape(3, gpus_per_node=1))
     assert [row.gpu for row in rows] == [0, 0, 0]
     assert shared_trainer_gpu([r.role for r in rows], [r.node for r in rows], [r.gpu for r in rows]) == (0, 1, 0, 0)
     with pytest.raises(ConfigError, match=r"parallelism.fsdp=false \(replicas then reduce over gloo\)"):
-        plan(LayoutConfig(trainer=2, rollout=1, env=0), 3, gpus_per_node=1, fsdp=True)
-    assert plan(LayoutConfig(trainer=2, rollout=1, env=0), 3, gpus_per_node=2, fsdp=True)[1].gpu == 1
+        plan(LayoutConfig(trainer=2, rollout=1, env=0), JobShape(3, gpus_per_node=1), fsdp=True)
+    assert plan(LayoutConfig(trainer=2, rollout=1, env=0), JobShape(3, gpus_per_node=2), fsdp=True)[1].gpu == 1
 
 
 @pytest.mark.parametrize("leader, rollouts", [((0, 0), [(0, 0), (0, 0)]), ((0, 0), [(0, 1)]), ((0, None), CPU)])
@@ -266,7 +267,7 @@ def test_lora_adapters_travel_over_a_cpu_transport_wherever_the_ranks_sit(leader
 )
 def test_the_transport_auto_picks_for_known_layouts(gpus_per_node, trainer, rollout, env, colocate, expected):
     config = LayoutConfig(trainer=trainer, rollout=rollout, env=env, colocate=colocate)
-    rows = plan(config, trainer + rollout + env, gpus_per_node=gpus_per_node)
+    rows = plan(config, JobShape(trainer + rollout + env, gpus_per_node=gpus_per_node))
     assert _resolve(rows, "auto", colocate) == expected
     if (gpus_per_node, trainer, rollout) == (2, 1, 3):
         assert [row.gpu for row in rows] == [0, 1, 0, 1]
@@ -292,8 +293,8 @@ def test_make_weight_sync_resolves_from_the_layouts_placements(monkeypatch):
 
 
 def test_torch_engine_bucket_update_needs_every_parameter(tiny_model_dir):
-    from agentrl.engine.batch import TorchEngine
-    from agentrl.trainer.model import load_causal_lm
+    from agentrl.engine.torch_engine import TorchEngine
+    from agentrl.models.loading import load_causal_lm
 
     engine = TorchEngine(load_causal_lm(tiny_model_dir), pad_token_id=0)
     named = [(n, p.detach() + 1) for n, p in engine.model.named_parameters()]

@@ -1,9 +1,14 @@
-"""Which weight transport a job uses, from where its weight group sits (a pure function: `agentrl layout` and every
-rank call it with the same placements)."""
+"""Where a job's weight group sits and what follows from it: the weight transport (`resolve_weight_sync`, a pure
+function: `agentrl layout` and every rank call it with the same placements), whether engines view a node's
+shared window, and each rank's part in a sync.
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+
 from agentrl.config import ConfigError
+from agentrl.layout import Role
 
 
 def resolve_weight_sync(
@@ -17,7 +22,7 @@ def resolve_weight_sync(
     """`weights.transport` after `auto`, from where the weight group sits; ConfigError for a choice that cannot work.
 
     `leader` is the trainer leader's (node, GPU index), `rollouts` each rollout rank's (gpu None on CPU),
-    as `agentrl.layout.weight_group_placements` gives them; a rollout engine uses `rollout_gpus`
+    as `weight_group_placements` gives them; a rollout engine uses `rollout_gpus`
     consecutive GPUs from its own (SGLang tensor parallelism). `auto` picks `shm` without CUDA; `nccl`
     when no two members share a GPU (NCCL refuses two members of its group on one device); `cuda_ipc`
     when every rollout rank sits on the leader's own GPU (one writer, the readers on its GPU); else
@@ -70,3 +75,51 @@ def resolve_weight_sync(
             f"use weights.transport=auto (picks {pick} here), {other}"
         )
     return choice
+
+
+def weight_group_placements(
+    roles: list[Role], nodes: list[int], gpus: list[int | None]
+) -> tuple[tuple[int, int | None], list[tuple[int, int | None]]]:
+    """Where the weight group sits: the trainer leader's (node, gpu) and each rollout rank's, in rank order."""
+    leader = roles.index(Role.TRAINER)
+    rollouts = [(nodes[rank], gpus[rank]) for rank, role in enumerate(roles) if role is Role.ROLLOUT]
+    return (nodes[leader], gpus[leader]), rollouts
+
+
+def maps_shared_weights(choice: bool | str, rollout_nodes: list[int]) -> bool:
+    """`weights.shm_mapped` resolved: `auto` maps where some node holds two or more rollout ranks."""
+    if choice == "auto":
+        return max(Counter(rollout_nodes).values(), default=0) >= 2
+    return bool(choice)
+
+
+def weight_roles(
+    roles: list[Role],
+    nodes: list[int],
+    transport: str = "shm",
+    shm_mapped: bool | str = "auto",
+    in_place: bool | str = False,
+) -> list[str]:
+    """Each rank's part in a weight sync: `send` (trainer leader), `bcast+shm` (first rollout rank of a
+    node without the trainer leader: receives the one broadcast into the node's window), `shm`
+    (reads the window), `mpi`/`...` (another transport's receiver) or `-` (not in the weight group).
+    A rollout rank whose engine views the window rather than copying from it shows ` view`; the
+    trainer leader whose parameters live in the window (`weights.shm_in_place`) shows `send in place`."""
+    leader = roles.index(Role.TRAINER)
+    rollout_nodes = [node for role, node in zip(roles, nodes, strict=True) if role is Role.ROLLOUT]
+    view = " view" if maps_shared_weights(shm_mapped, rollout_nodes) else ""
+    led_nodes: set[int] = {nodes[leader]}
+    parts = []
+    for rank, (role, node) in enumerate(zip(roles, nodes, strict=True)):
+        if rank == leader:
+            parts.append("send in place" if transport == "shm" and view and in_place is not False else "send")
+        elif role is not Role.ROLLOUT:
+            parts.append("-")
+        elif transport != "shm":
+            parts.append(transport)
+        elif node in led_nodes:
+            parts.append("shm" + view)
+        else:
+            led_nodes.add(node)
+            parts.append("bcast+shm" + view)
+    return parts

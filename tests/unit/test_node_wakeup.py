@@ -1,4 +1,4 @@
-"""agentrl.doorbell: a ring wakes a wait at once, and a ring that cannot be made fails quietly."""
+"""agentrl.node_wakeup: a ring wakes a wait at once, and a ring that cannot be made fails quietly."""
 
 import threading
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 
 from agentrl import transport
-from agentrl.doorbell import Doorbell
+from agentrl.node_wakeup import Doorbell
 
 pytestmark = pytest.mark.skipif(Doorbell.create() is None, reason="no abstract Unix sockets on this platform")
 

@@ -1,4 +1,5 @@
-"""`agentrl sft`: every rank is a trainer; rank 0 reads and tokenizes the transcripts and sends them to all.
+"""`agentrl sft CONFIG [key=value ...]`: every rank is a trainer; rank 0 reads and tokenizes the transcripts and
+sends them to all. As `agentrl train`: errors before training raise on every rank, later ones abort the job.
 
 The loop is the RL trainer's without rollouts: a batch of transcripts per step (shuffled
 per epoch from the seed, so a resumed run continues with the very next batch), one
@@ -15,17 +16,69 @@ import os
 import shutil
 import time
 import types
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from agentrl import preempt, startup, transport
+from agentrl import transport
 from agentrl.config import save_config
 from agentrl.errors import RefusedOnEveryRank, UserError
+from agentrl.run import preempt, startup_gc
 from agentrl.sft.config import SFTConfig
-from agentrl.sft.data import Packed, describe, read_transcripts, texts_of, tokenize_all
+from agentrl.sft.data import Packed, describe_packed, read_transcripts, texts_of, tokenize_all
 
 FINAL_DIR = "final"
+
+
+@dataclass
+class SFTProgress:
+    """Where a run stands: it started at step `start`, has done `done` of `total` steps; the training loss
+    logged at each step, and the last validation loss."""
+
+    start: int
+    total: int
+    done: int
+    losses: dict[int, float] = field(default_factory=dict)
+    val_loss: float | None = None
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("config", help="SFT YAML config, e.g. launch/configs/sft_example.yaml")
+    parser.add_argument("overrides", nargs="*", help="key=value overrides, e.g. sft.epochs=3 run_dir=runs/sft2")
+
+
+def main(args) -> int:
+    from mpi4py import MPI
+
+    from agentrl.run.claim import claim
+    from agentrl.sft.config import load_sft_config
+    from agentrl.transport import Failed, run_entry_point
+
+    config = load_sft_config(args.config, args.overrides)
+    preempt.install()
+    world = MPI.COMM_WORLD
+    command = ["agentrl", "sft", args.config, *args.overrides]
+
+    def run():
+        lock = claim(config, command, world)
+        try:
+            from agentrl.layout import job_nodes
+            from agentrl.run.liveness import Liveness
+
+            liveness = Liveness(world, *job_nodes(world), config.runtime.peer_timeout_s)
+            result = run_sft(config, world, command)
+            liveness.stop()
+            return result
+        finally:
+            if lock is not None:
+                lock.release()
+
+    try:
+        done, total = run_entry_point(run)
+    except Failed as failure:
+        return failure.exit_code
+    return 0 if done >= total else preempt.EXIT_STOPPED
 
 
 def final_path(run_dir: str | Path) -> Path:
@@ -63,13 +116,13 @@ def read_inputs(config: SFTConfig, world_size: int) -> tuple[list, list | None]:
     return train, val
 
 
-def prepare(
+def prepare_run(
     config: SFTConfig, world_size: int, train: list, val: list | None
 ) -> tuple[int, int, Packed, Packed | None]:
     """Rank 0: build or check the model, tokenize, decide the start step, save the config."""
-    from agentrl.run_start import resume_step
+    from agentrl.models.loading import ensure_model, load_tokenizer
+    from agentrl.run.start import resume_step
     from agentrl.sft.transcripts import TranscriptTokenizer
-    from agentrl.trainer.model import ensure_model, load_tokenizer
 
     ensure_model(
         config.model, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else [])
@@ -78,13 +131,13 @@ def prepare(
     packed = tokenize_all(train, tokenizer, config.sft.max_seq_len)
     if not len(packed):
         raise UserError(f"no transcript of {config.sft.train} has an assistant token within sft.max_seq_len")
-    print(f"agentrl sft: {describe(packed, 'train', config.sft.max_seq_len)}", flush=True)
+    print(f"agentrl sft: {describe_packed(packed, 'train', config.sft.max_seq_len)}", flush=True)
     val_packed = None
     if val is not None:
         val_packed = tokenize_all(val, tokenizer, config.sft.max_seq_len)
         if not len(val_packed):
             raise UserError(f"no transcript of {config.sft.val} has an assistant token within sft.max_seq_len")
-        print(f"agentrl sft: {describe(val_packed, 'val', config.sft.max_seq_len)}", flush=True)
+        print(f"agentrl sft: {describe_packed(val_packed, 'val', config.sft.max_seq_len)}", flush=True)
     total = config.sft.epochs * steps_per_epoch(config, len(packed))
     start = resume_step(types.SimpleNamespace(run_dir=config.run_dir, resume=config.resume, steps=total))
     save_config(config, Path(config.run_dir) / "config.yaml")
@@ -126,11 +179,12 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from agentrl.logging import RunLogger
-    from agentrl.supervise import restart_count
+    from agentrl.models.loading import import_model_code, load_tokenizer
+    from agentrl.run.supervise import restart_count
     from agentrl.tracking import open_trackers
+    from agentrl.tracking.run_logger import RunLogger
     from agentrl.trainer import checkpoint
-    from agentrl.trainer.model import import_model_code, init_trainer_group, load_tokenizer
+    from agentrl.trainer.model import init_trainer_group
 
     started = time.monotonic()
     hf_logging.disable_progress_bar()
@@ -138,7 +192,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     inputs = []  # rank 0's transcripts, kept there: the other ranks get the packed batches
     transport.agree_on_root(world, lambda: inputs.extend(read_inputs(config, size)))
     import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
-    start, total, data, val = transport.agree_on_root(world, lambda: prepare(config, size, *inputs))
+    start, total, data, val = transport.agree_on_root(world, lambda: prepare_run(config, size, *inputs))
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
     torch.manual_seed(config.seed + rank)
     device = device_for(world)
@@ -150,19 +204,9 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     group = init_trainer_group(world, device, shares_gpu=shared is not None)
     resumed_from = checkpoint.step_path(config.run_dir, start) if start else None
 
-    from agentrl.sft.trainer import SFTTrainer
+    from agentrl.trainer.sft import SFTSections, SFTTrainer
 
-    trainer = SFTTrainer(
-        str(resumed_from or config.model.path),
-        device,
-        total,
-        group,
-        model=config.model,
-        sft=config.sft,
-        optimizer=config.optimizer,
-        lr_scheduler=config.lr_scheduler,
-        parallelism=config.parallelism,
-    )
+    trainer = SFTTrainer(str(resumed_from or config.model.path), device, total, group, SFTSections.of(config))
     if resumed_from is not None:
         checkpoint.load_state(resumed_from, trainer.optimizer, trainer.scheduler, trainer.model)
     tokenizer = load_tokenizer(config.model.path)
@@ -175,22 +219,20 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
             config.run_dir, total, start, config.logging.progress, restart_count(), postfix, "sft", trackers
         )
     per_epoch = steps_per_epoch(config, len(data))
-    losses: dict[int, float] = {}
-    val_loss = None
-    done = start
-    startup.settle()
+    progress = SFTProgress(start, total, done=start)
+    startup_gc.settle()
     for step in range(start, total):
         step_started = time.perf_counter()
         batch = batch_indices(config, len(data), step)
         metrics = trainer.train_step(data.rows(batch[rank::size]))
-        done = step + 1
+        done = progress.done = step + 1
         stopping = done < total and preempt.agreed(world)
         evaluate = val is not None and (
             done == total or stopping or (config.sft.eval_every and done % config.sft.eval_every == 0)
         )
         if evaluate:
-            val_loss, _ = trainer.eval_loss(val.rows(range(rank, len(val), size)))
-            metrics["sft/val_loss"] = val_loss
+            progress.val_loss, _ = trainer.eval_loss(val.rows(range(rank, len(val), size)))
+            metrics["sft/val_loss"] = progress.val_loss
         saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == total or stopping
         if logger is not None:
             step_time = time.perf_counter() - step_started
@@ -198,7 +240,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
             metrics["sft/epoch"] = step / per_epoch
             metrics["perf/tokens_per_s"] = batch_tokens / step_time
             metrics["time/step"] = step_time
-            losses[step] = metrics["sft/loss"]
+            progress.losses[step] = metrics["sft/loss"]
             logger.log(step, metrics)
             if stopping:
                 print(f"\nagentrl sft: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)
@@ -208,13 +250,13 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
             checkpoint.save_step(config, done, trainer, tokenizer, world, leader)
         if stopping:
             break
-    if done >= total:
+    if progress.done >= total:
         save_final(config.run_dir, trainer, tokenizer, leader)
     transport.barrier(world)
     if logger is not None:
         logger.close()
-        print(summary(config, start, done, total, time.monotonic() - started, losses, val_loss, command, size))
-    return done, total
+        print(summary(config, progress, time.monotonic() - started, command, size))
+    return progress.done, total
 
 
 def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
@@ -237,10 +279,17 @@ def save_final(run_dir, trainer, tokenizer, leader: bool) -> None:
     os.replace(tmp, final)
 
 
-def summary(config, start, done, total, wall_s, losses, val_loss, command, world_size) -> str:
-    from agentrl.run_summary import format_duration, resume_command
+def summary(config, progress: SFTProgress, wall_s: float, command: list[str], world_size: int) -> str:
+    from agentrl.run.summary import format_duration, resume_command
     from agentrl.tracking import summary_lines
 
+    start, done, total, losses, val_loss = (
+        progress.start,
+        progress.done,
+        progress.total,
+        progress.losses,
+        progress.val_loss,
+    )
     resumed = f", resumed at step {start}" if start else ""
     took = f"{done}/{total} steps in {format_duration(wall_s)}{resumed}"
     run_dir = Path(config.run_dir)

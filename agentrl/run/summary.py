@@ -7,7 +7,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from agentrl.preempt import stopped_message
+from agentrl.run.preempt import stopped_message
 from agentrl.tracking import summary_lines
 
 

@@ -1,10 +1,10 @@
 """Run an environment in its own Python process, so a crash or hang takes down only that process.
 
     env:
-      id: agentrl.env.sandbox:SubprocessEnv
+      id: agentrl.env.subprocess_env:SubprocessEnv
       kwargs: {env_id: calculator, kwargs: {max_value: 50}}
 
-`SubprocessEnv` starts `python -m agentrl.env.sandbox` (one process per episode) and
+`SubprocessEnv` starts `python -m agentrl.env.subprocess_env` (one process per episode) and
 forwards reset/step/close to the env built there. If the process dies (a segfault,
 `os._exit`, the OOM killer), the call raises here and the host ends that episode with
 `finish=error`; on a timeout the host calls `kill()`. The child gets no MPI variables,
@@ -35,7 +35,10 @@ class SubprocessEnv(TextEnv):
         self.env_id = env_id
         child_env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_VARIABLE_PREFIXES)}
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "agentrl.env.sandbox"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env
+            [sys.executable, "-m", "agentrl.env.subprocess_env"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=child_env,
         )
         self.tools = self._call("make", env_id, kwargs or {})
 
@@ -73,7 +76,7 @@ class SubprocessEnv(TextEnv):
         return value
 
 
-def serve(channel_in, channel_out) -> None:
+def child_loop(channel_in, channel_out) -> None:
     """The child's loop: build the env, then answer requests until close or end of input."""
     from agentrl.env.registry import make
 
@@ -111,4 +114,4 @@ if __name__ == "__main__":
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # prints in env code go to stderr, not into the reply pipe
     sys.stdout = sys.stderr
-    serve(requests, replies)
+    child_loop(requests, replies)

@@ -5,6 +5,8 @@ reduce-scatter), clipped, stepped. Every rank ends the step with the weights of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -16,23 +18,29 @@ from agentrl.trainer.model import load_policy
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 
 
+@dataclass(frozen=True)
+class SFTSections:
+    """What an SFTTrainer reads of an SFT config: its `model`, `sft`, `optimizer`, `lr_scheduler` and
+    `parallelism` sections."""
+
+    model: ModelConfig
+    sft: SFTSection
+    optimizer: OptimizerConfig
+    lr_scheduler: LRSchedulerConfig
+    parallelism: ParallelismConfig
+
+    @classmethod
+    def of(cls, config) -> SFTSections:
+        return cls(config.model, config.sft, config.optimizer, config.lr_scheduler, config.parallelism)
+
+
 class SFTTrainer:
     """Fine-tunes the model of `weights_path` on `device` among the ranks of `group` (None: alone), for
     `total_steps` optimizer steps (the learning-rate schedule's length). Takes the sections it reads."""
 
-    def __init__(
-        self,
-        weights_path: str,
-        device: str,
-        total_steps: int,
-        group=None,
-        *,
-        model: ModelConfig,
-        sft: SFTSection,
-        optimizer: OptimizerConfig,
-        lr_scheduler: LRSchedulerConfig,
-        parallelism: ParallelismConfig,
-    ):
+    def __init__(self, weights_path: str, device: str, total_steps: int, group, sections: SFTSections):
+        model, sft, optimizer = sections.model, sections.sft, sections.optimizer
+        lr_scheduler, parallelism = sections.lr_scheduler, sections.parallelism
         self.micro_batch_size = sft.micro_batch_size
         self.max_grad_norm = optimizer.max_grad_norm
         self.device = device

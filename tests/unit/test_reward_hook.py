@@ -11,10 +11,10 @@ from agentrl.env.check import check_env
 from agentrl.env.client import LocalEnvClient
 from agentrl.env.host import EnvHost
 from agentrl.metrics import episode_metrics, episode_sums
+from agentrl.models.chat_format import ChatFormat
 from agentrl.models.tiny import build_tokenizer
-from agentrl.rollout.agent_loop import EpisodeLimits, run_episode
-from agentrl.rollout.chat import ChatFormat
-from agentrl.rollout.reward_fn import ARGUMENTS, RewardFunction
+from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
+from agentrl.rollout.reward_hook import ARGUMENTS, RewardFunction
 from agentrl.trajectory import Episode, RewardError, pack
 from envs.guess_number import GuessNumberEnv
 from tests.unit import reward_fns
@@ -37,7 +37,7 @@ def calculator_episode(chat, turns, reward_fn=None, seed=7):
     engine = ScriptedEngine(token_turns, chat.eos_id)
     sampling = SamplingParams(max_new_tokens=400, stop_token_ids=chat.stop_ids)
     limits = EpisodeLimits(6, 400, 3000)
-    asyncio.run(run_episode(engine, LocalEnvClient(host), chat, sampling, limits, episode, 0, None, reward_fn))
+    asyncio.run(run_episode(engine, LocalEnvClient(host), chat, EpisodeRules(sampling, limits, reward_fn), episode, 0))
     return episode, info
 
 
@@ -123,7 +123,7 @@ class KeepsGoing(GuessNumberEnv):
 
 
 def test_check_env_flags_stepping_after_the_end():
-    problems = check_env("tests.unit.test_reward_fn:KeepsGoing", {"max_guesses": 50})
+    problems = check_env("tests.unit.test_reward_hook:KeepsGoing", {"max_guesses": 50})
     assert any("step() after the episode ended" in p for p in problems)
     assert check_env("guess_number", {}) == [] and check_env("calculator", {}) == []
     env = GuessNumberEnv(max_guesses=1)
@@ -135,7 +135,7 @@ def test_check_env_flags_stepping_after_the_end():
 
 def test_rollout_worker_applies_the_configured_reward_fn(tiny_model_dir):
     from agentrl.config import from_dict
-    from agentrl.run_start import rollout_worker
+    from agentrl.roles.rollout_parts import rollout_worker
 
     def collect(**env):
         config = from_dict(

@@ -7,12 +7,13 @@ import subprocess
 from pathlib import Path
 
 from agentrl.errors import UserError
+from agentrl.run import startup_gc
 from agentrl.sweep import require
 from agentrl.sweep.spec import load_spec
 from agentrl.sweep.study import SPEC_FILE, Sweep
 
 
-def prepare(spec_path: str, resume: bool) -> Sweep:
+def open_sweep(spec_path: str, resume: bool) -> Sweep:
     """Load and check the spec (every searched value through the config loader), then start or reopen its folder."""
     from agentrl.sweep.space import check_space
 
@@ -28,14 +29,14 @@ def run(spec_path: str, resume: bool, slurm: bool, sbatch_args: list[str]) -> in
     if slurm:
         from agentrl.sweep.slurm import sbatch_command
 
-        sweep = prepare(spec_path, resume)
+        sweep = open_sweep(spec_path, resume)
         command = sbatch_command(spec_path, sweep, sbatch_args)
         print(f"agentrl sweep: {' '.join(command)}", flush=True)
         return subprocess.run(command).returncode
     from agentrl.sweep.local import run_local
     from agentrl.sweep.status import report
 
-    sweep = prepare(spec_path, resume)
+    sweep = open_sweep(spec_path, resume)
     print(
         f"agentrl sweep: {sweep.dir}: {sweep.spec.method}, {sweep.spec.budget()} trials, "
         f"{sweep.spec.concurrency} at a time",
@@ -63,8 +64,18 @@ def task(spec_path: str) -> int:
     return run_task(sweep)
 
 
+def add_arguments(parser) -> None:
+    parser.description = "agentrl sweep SPEC [--resume] [--slurm] | agentrl sweep status SWEEP_DIR (docs/sweeps.md)"
+    parser.add_argument("target", help="the sweep spec YAML (e.g. launch/sweeps/quickstart_lr.yaml), or `status`")
+    parser.add_argument("path", nargs="?", help="with status: the sweep folder (the spec's sweep_dir)")
+    parser.add_argument("--resume", action="store_true", help="continue the sweep in the spec's sweep_dir")
+    parser.add_argument("--slurm", action="store_true", help="submit it as a SLURM job array (slurm/sweep.sh)")
+    parser.add_argument("--sbatch", help="with --slurm: more sbatch options, e.g. '--time=02:00:00 --cpus-per-task=4'")
+
+
 def main(args) -> int:
     """The `agentrl sweep` subcommand's arguments -> status, one SLURM task, or a sweep."""
+    startup_gc.settle()  # light, and as long-running as its trials
     if args.target == "status":
         return status(_need(args.path, "agentrl sweep status SWEEP_DIR"))
     if args.target == "task":

@@ -1,25 +1,52 @@
-"""What every rank does before its role starts: the run folder, the data positions, threads and seeds, the
-rank's task source and env host; and the parts roles are built from (policy trainer, rollout worker, weight
-sync), each given the config sections it reads."""
+"""What every rank does before its role starts (`start_run`): rank 0 prepares the run folder, checks the model and
+prints the layout, and every rank learns the start step and the data positions; then this rank's threads and
+seeds. The parts each role is built from are the roles' own (agentrl/roles/)."""
 
 from __future__ import annotations
 
 import os
 import random
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from agentrl import transport
 from agentrl.config import Config, save_config
-from agentrl.data.episode_dump import drop_from as drop_dumps_from
-from agentrl.env.host import EnvHost
-from agentrl.env.preflight import check_env_config
+from agentrl.data.episode_dump import drop_dumps_from
 from agentrl.env.registry import make
 from agentrl.errors import UserError
-from agentrl.evaluation.report import drop_from as drop_eval_from
-from agentrl.layout import Layout, Role, engine_gpus, format_plan, pinned_cores, plan
-from agentrl.rollout.chat import tools_as_text
+from agentrl.evaluation.report import drop_reports_from
+from agentrl.layout import Layout, Role, pinned_cores
+from agentrl.models.chat_format import tools_as_text
+from agentrl.run.plan import show_layout
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """Where a run starts, the same on every rank: its first step, the number of walks over data.train (`shards`)
+    and each walk's rows consumed at that step (`data_start`, None without data.train)."""
+
+    step: int
+    shards: int
+    data_start: list[int] | None
+
+
+def start_run(config: Config, layout: Layout) -> RunStart:
+    """Every rank, in turn with the others: rank 0 prepares the run folder, checks the model and prints the layout;
+    every rank gets the start step and the data positions."""
+    start_step = transport.agree_on_root(layout.world, lambda: prepare_run_dir(config, layout))
+    if layout.role is not Role.ENV:  # env ranks load no model: no torch there unless an env imports it
+        from agentrl.models.loading import import_model_code
+
+        import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
+    transport.agree_on_root(layout.world, lambda: (check_model(config), show_layout(config, layout)))
+    shards = data_shards(config, layout)
+    data_start = None
+    if config.data.train:  # the same on every rank
+        data_start = transport.agree_on_root(layout.world, lambda: data_positions(config, start_step, shards))
+    return RunStart(start_step, shards, data_start)
 
 
 def prepare_run_dir(config: Config, layout: Layout) -> int:
@@ -36,7 +63,7 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
     start_step = resume_step(config)
     if dropped := drop_dumps_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)
-    if dropped := drop_eval_from(run_dir, start_step):
+    if dropped := drop_reports_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} eval report(s) and dump(s) of steps from {start_step} on", flush=True)
     save_config(config, run_dir / "config.yaml")
     return start_step
@@ -44,41 +71,9 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
 
 def check_model(config: Config) -> None:
     """Rank 0: build the tiny model or check that model.path loads (UserError if not)."""
-    from agentrl.trainer.model import ensure_model
+    from agentrl.models.loading import ensure_model  # imports torch
 
     ensure_model(config.model, lambda: env_texts(config))
-
-
-def show_layout(config: Config, layout: Layout) -> None:
-    """Rank 0: the run folder, then a table of this job's real nodes (numbered 0, 1, ... in rank order) and GPUs:
-    what each rank binds and the weight transport every rank resolves from those placements."""
-    print(f"agentrl: run_dir={config.run_dir} world={layout.size}", flush=True)
-    nodes = [sorted(set(layout.nodes)).index(node) for node in layout.nodes]
-    gpus, mapped, in_place = engine_gpus(config.rollout.engine), config.maps_weights, config.trains_in_window
-    transport = config.weights.transport
-    hosts = layout.hosts if layout.hosts and len(set(layout.hosts)) > 1 else None  # several nodes: show their names
-    rows = plan(
-        config.layout,
-        layout.size,
-        None,
-        layout.gpus_per_node,
-        gpus,
-        transport,
-        mapped,
-        in_place,
-        nodes,
-        hosts,
-        fsdp=config.parallelism.fsdp,
-        lora=config.model.lora is not None,
-    )
-    print(format_plan(rows, layout.single_process), flush=True)
-    if layout.shared_trainer_gpu is not None:
-        first, second, node, gpu = layout.shared_trainer_gpu
-        print(
-            f"agentrl: trainer ranks {first} and {second} share node {node}'s cuda:{gpu}: the trainers reduce over "
-            "gloo (NCCL needs a GPU per rank)",
-            flush=True,
-        )
 
 
 def resume_step(config: Config) -> int:
@@ -141,17 +136,6 @@ def data_positions(config: Config, start_step: int, shards: int) -> list[int]:
     return positions
 
 
-def task_source(config: Config, shard: int, shards: int, data_start: list[int] | None):
-    """This rollout rank's tasks: its share of data.train's rows from its saved position, or the env's seeds."""
-    from agentrl.data.loading import load_rows
-    from agentrl.data.tasks import DatasetTasks, SeededTasks
-
-    if not config.data.train:
-        return SeededTasks(config.seed)
-    rows = load_rows(config.data.train)
-    return DatasetTasks(rows, config.data.train, config.seed, shard, shards, data_start[shard], config.data.shuffle)
-
-
 def env_texts(config: Config, episodes: int = 64) -> list[str]:
     """Observations and random digit actions from a few env episodes (on data.train's first rows, if set): the
     tiny tokenizer's corpus."""
@@ -178,78 +162,6 @@ def env_texts(config: Config, episodes: int = 64) -> list[str]:
     if getattr(env, "tools", None):
         texts.append(tools_as_text(env.tools))
     return texts
-
-
-def env_host(config: Config, check: bool = True) -> EnvHost:
-    """The host of this rank's envs; `check`: build one first, so a failure on this rank stops the job (rank 0's
-    check passed, but this rank may lack a package or a file)."""
-    if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
-        check_env_config(config.env.id, config.env.kwargs, reset=not (config.data.train or config.data.val))
-    return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
-
-
-def algorithm_of(config: Config):
-    """The config's algorithm as PolicyTrainer and RolloutWorker take it: built once they supply the reduce.
-    Algorithms see the whole config (`AlgorithmContext.config`, their plug-in API)."""
-    from agentrl.algorithms import AlgorithmContext, make_algorithm
-
-    return lambda reduce: make_algorithm(config, AlgorithmContext(config=config, reduce=reduce))
-
-
-def policy_trainer(config: Config, weights_path: str, device: str, group=None):
-    """The policy trainer of `weights_path` (the model, or a checkpoint to resume) among the ranks of `group`."""
-    from agentrl.trainer.policy_trainer import PolicyTrainer
-
-    return PolicyTrainer(
-        weights_path,
-        device,
-        group,
-        model=config.model,
-        trainer=config.trainer,
-        optimizer=config.optimizer,
-        lr_scheduler=config.lr_scheduler,
-        parallelism=config.parallelism,
-        temperature=config.rollout.temperature,
-        steps=config.steps,
-        algorithm=algorithm_of(config),
-    )
-
-
-def rollout_worker(config: Config, env_client, index: int, count: int, device: str = "cpu", tasks=None):
-    """Rollout rank `index` of `count`: its engine on `device`, talking to `env_client`, drawing from `tasks`
-    (None: the env's seeds)."""
-    from agentrl.rollout.worker import RolloutWorker
-
-    return RolloutWorker(
-        env_client,
-        index,
-        count,
-        device,
-        tasks,
-        rollout=config.rollout,
-        model=config.model,
-        env=config.env,
-        agent=config.agent,
-        algorithm=algorithm_of(config),
-        seed=config.seed,
-        run_dir=config.run_dir,
-        colocate=config.layout.colocate,
-    )
-
-
-def weight_sync(config: Config, layout: Layout):
-    """This rank's weight sync: the trainer leader's, or a rollout rank's (it meets its engine at each receive)."""
-    from agentrl.weights import make_weight_sync
-
-    return make_weight_sync(
-        config.weights,
-        layout,
-        colocate=config.layout.colocate,
-        rollout_gpus=engine_gpus(config.rollout.engine),
-        lora=config.model.lora,
-        mapped=config.maps_weights,
-        in_place=config.trains_in_window,
-    )
 
 
 def set_threads(config: Config, layout: Layout, only_if_loaded: bool = False) -> None:

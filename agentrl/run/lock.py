@@ -28,7 +28,7 @@ from pathlib import Path
 from agentrl.errors import UserError
 
 LOCK_FILE = ".lock"
-# Set by `agentrl supervise` for the jobs it starts (agentrl.supervise names them; imported there).
+# Set by `agentrl supervise` for the jobs it starts (agentrl.run.supervise names them; imported there).
 SUPERVISOR_VARIABLE = "AGENTRL_SUPERVISOR"
 RESTART_COUNT_VARIABLE = "AGENTRL_RESTART_COUNT"
 
@@ -101,7 +101,7 @@ def why_stale(holder: dict) -> str | None:
     return None
 
 
-def describe(holder: dict) -> str:
+def describe_holder(holder: dict) -> str:
     return (
         f"pid {holder.get('pid')} on host {holder.get('host')}, started {holder.get('started')}"
         + (f", SLURM job {holder['slurm_job']}" if holder.get("slurm_job") else "")
@@ -147,7 +147,7 @@ class RunLock:
                 continue
             if stale is None:
                 raise RunDirInUse(
-                    f"run_dir {self.path.parent} is in use by another agentrl run ({describe(holder)}). "
+                    f"run_dir {self.path.parent} is in use by another agentrl run ({describe_holder(holder)}). "
                     f"Wait for it to end or stop it, or choose another run_dir=...; if that run is gone "
                     f"(e.g. its node was lost), delete {self.path}"
                 )

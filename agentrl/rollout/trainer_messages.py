@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentrl.failures import FailureTally
+from agentrl.rollout.failures import FailureTally
 from agentrl.trajectory import Episode, pack
 
 

@@ -12,8 +12,8 @@ import signal
 import sys
 from dataclasses import dataclass
 
-from agentrl import startup
 from agentrl.errors import UserError
+from agentrl.run import startup_gc
 
 DEFAULT_ENGINE = {"backend": "torch", "scheduler": "continuous"}
 GRACEFUL_SHUTDOWN_S = 10.0
@@ -45,9 +45,9 @@ def engine_section(options: list[str]):
     """The engine's config section from `key=value` options (rollout.engine's fields), checked."""
     from pydantic import TypeAdapter, ValidationError
 
-    from agentrl.config.base import ConfigError, format_validation_error
     from agentrl.config.load import parse_override
     from agentrl.config.schema import EngineConfig
+    from agentrl.sections import ConfigError, format_validation_error
 
     values = dict(DEFAULT_ENGINE)
     for option in options:
@@ -67,8 +67,8 @@ def chat_family(path: str, chat_format: str | None) -> str:
     """The chat format family the model is served with (`chat_format`, else detected from the folder), checked
     before serving: a UserError in one line naming the fix for an unknown name, a folder without a chat template,
     a template that raises, or a model no family recognises."""
+    from agentrl.models.loading import load_tokenizer
     from agentrl.serve.render import ChatRenderer
-    from agentrl.trainer.model import load_tokenizer
 
     try:
         return ChatRenderer(load_tokenizer(path), chat_format).family.name
@@ -131,9 +131,9 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
 
     from agentrl import transport
     from agentrl.layout import job_nodes
-    from agentrl.liveness import Liveness
+    from agentrl.models.loading import load_tokenizer
+    from agentrl.run.liveness import Liveness
     from agentrl.serve.generation import LocalBackend
-    from agentrl.trainer.model import load_tokenizer
 
     hf_logging.disable_progress_bar()
     rank, size = world.Get_rank(), world.Get_size()
@@ -149,7 +149,7 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
     local = LocalBackend(engine, tokenizer)
     loop = engine.event_loop or asyncio.new_event_loop()
     liveness = Liveness(world, *job_nodes(world), args.peer_timeout_s)
-    startup.settle()
+    startup_gc.settle()
     try:
         if rank == 0:
             loop.run_until_complete(_front(args, world, local, tokenizer, served, max_model_len, stops))
@@ -176,17 +176,15 @@ def _engine(args, section, served: Served, rank: int):
         device = f"cuda:{rank % max(torch.cuda.device_count(), 1)}"
         engine = SGLangEngine(
             served.path,
+            section,
             base_gpu_id=int(device.partition(":")[2]),
-            tp_size=section.tp_size,
-            mem_fraction_static=section.mem_fraction_static,
             colocate=False,
             seed=args.seed + rank,
             dtype=args.dtype,
-            sglang_kwargs=section.kwargs,
         )
         return engine, getattr(AutoConfig.from_pretrained(served.path), "max_position_embeddings", None)
     from agentrl.engine import build_torch_engine
-    from agentrl.trainer.model import load_causal_lm, load_tokenizer
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_causal_lm(served.path, args.dtype, device)

@@ -11,14 +11,14 @@ tool list appended to the system message instead, so small models still see them
 
 Every message's content (the system prompt and tools text, a dataset's context, each observation) is tokenized as
 text: a control string such as `<|im_end|>` inside it is its characters' tokens, never a turn marker
-(agentrl/rollout/content_tokens.py).
+(agentrl/models/content_tokens.py).
 """
 
 from __future__ import annotations
 
 import json
 
-from agentrl.rollout.content_tokens import content_tokenizer
+from agentrl.models.content_tokens import content_tokenizer
 
 PLACEHOLDER = "\u2591agentrl\u2591"
 PROBE_TOOL = {

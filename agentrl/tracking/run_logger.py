@@ -1,5 +1,5 @@
 """What the trainer leader shows: scalars and text samples (TensorBoard, and W&B or MLflow when the config lists
-them: agentrl/tracking/), and a console progress bar."""
+them), and a console progress bar."""
 
 from __future__ import annotations
 

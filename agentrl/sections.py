@@ -1,5 +1,5 @@
-"""What every config section is built from, and the error a config that cannot run raises: the leaf of the config
-package, which any component may import."""
+"""What every typed section is built from (the config's, an algorithm's options, a sweep spec's), and the error a
+config that cannot run raises: a leaf any module may import, below agentrl/config/ and agentrl/algorithms/."""
 
 from __future__ import annotations
 

@@ -22,8 +22,8 @@ import sys
 import time
 
 from agentrl.errors import EXIT_USER_ERROR, UserError
-from agentrl.preempt import EXIT_STOPPED
-from agentrl.run_lock import RESTART_COUNT_VARIABLE, SUPERVISOR_VARIABLE, owner_record
+from agentrl.run.lock import RESTART_COUNT_VARIABLE, SUPERVISOR_VARIABLE, owner_record
+from agentrl.run.preempt import EXIT_STOPPED
 from agentrl.transport import EXIT_INTERRUPTED
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)

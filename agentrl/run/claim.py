@@ -7,8 +7,8 @@ from pathlib import Path
 from agentrl import transport
 from agentrl.config import Config
 from agentrl.errors import UserError
-from agentrl.run_lock import RunLock
-from agentrl.supervise import restart_count
+from agentrl.run.lock import RunLock
+from agentrl.run.supervise import restart_count
 
 RESTART_LOCK_WAIT_S = 30.0  # a restarted job waits this long for its previous start's rank 0 to be gone
 

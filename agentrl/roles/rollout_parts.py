@@ -1,0 +1,78 @@
+"""What a rollout rank is built from, each part given the config sections it reads, in the order they are made:
+its env client, the weight sync, its tasks, the rollout worker, the step's task queue (rollout.dispatch=dynamic)
+and the evaluator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agentrl.algorithms import algorithm_of
+from agentrl.config import Config
+from agentrl.data.loading import load_rows
+from agentrl.data.tasks import DatasetTasks, SeededTasks, TaskSource
+from agentrl.env.client import LocalEnvClient, MPIEnvClient
+from agentrl.evaluation.runner import Evaluator
+from agentrl.layout import Layout
+from agentrl.roles.env import env_host
+from agentrl.roles.trainer_parts import weight_sync
+from agentrl.rollout.dispatch import DispatchClient, DispatchServer
+from agentrl.rollout.worker import RolloutWorker, WorkerSections
+from agentrl.run.start import RunStart
+
+
+@dataclass
+class RolloutParts:
+    """A rollout rank's parts: `env_client` (None where agent programs play the env's part), `sync` (None in a
+    single process, which copies weights in-process), `tasks`, `worker` and `evaluator` (None without `eval:`)."""
+
+    env_client: object | None
+    sync: object | None
+    tasks: TaskSource
+    worker: RolloutWorker
+    evaluator: Evaluator | None
+
+
+def rollout_parts(config: Config, layout: Layout, start: RunStart) -> RolloutParts:
+    """This rollout rank's parts (world size 1: the one process's, with envs of its own and no weight sync)."""
+    single = layout.single_process
+    index, count = (0, 1) if single else (layout.rollout_ranks.index(layout.rank), len(layout.rollout_ranks))
+    env_rank = None if single else layout.env_rank_for(layout.rank)
+    if config.agent.enabled:
+        env_client = None  # agent programs play the env's part, through this rank's gateway
+    elif env_rank is None:
+        env_client = LocalEnvClient(env_host(config, check=not single))
+    else:
+        env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
+    sync = None if single else weight_sync(config, layout)  # a process-group sync connects at its first receive
+    tasks = task_source(config, index if start.shards > 1 else 0, start.shards, start.data_start)
+    worker = rollout_worker(config, env_client, index, count, layout.device, tasks)
+    if config.rollout.dispatch == "dynamic" and count > 1:
+        worker.dispatch = task_queue(config, layout, worker)
+    evaluator = None
+    if config.eval.enabled:
+        evaluator = Evaluator(worker, index, count, eval_config=config.eval, data_val=config.data.val)
+    return RolloutParts(env_client, sync, tasks, worker, evaluator)
+
+
+def rollout_worker(config: Config, env_client, index: int, count: int, device: str = "cpu", tasks=None):
+    """Rollout rank `index` of `count`: its engine on `device`, talking to `env_client`, drawing from `tasks`
+    (None: the env's seeds)."""
+    return RolloutWorker(env_client, index, count, device, tasks, WorkerSections.of(config), algorithm_of(config))
+
+
+def task_source(config: Config, shard: int, shards: int, data_start: list[int] | None) -> TaskSource:
+    """This rollout rank's tasks: its share of data.train's rows from its saved position, or the env's seeds."""
+    if not config.data.train:
+        return SeededTasks(config.seed)
+    rows = load_rows(config.data.train)
+    return DatasetTasks(rows, config.data.train, config.seed, shard, shards, data_start[shard], config.data.shuffle)
+
+
+def task_queue(config: Config, layout: Layout, worker: RolloutWorker) -> DispatchServer | DispatchClient:
+    """rollout.dispatch=dynamic over several ranks: the first rollout rank serves the step's queue, the others
+    claim from it."""
+    if layout.rank == layout.rollout_ranks[0]:
+        peers = layout.rollout_ranks[1:]
+        extra = worker.algorithm.max_extra_rounds
+        return DispatchServer(layout.world, peers, config.rollout.tasks_per_step, extra, worker.task_source)
+    return DispatchClient(layout.world, layout.rollout_ranks[0])
