@@ -15,24 +15,19 @@ COMMANDS = {  # subcommand: (its module in agentrl/commands/, what `agentrl --he
     "train": ("train", "train (run under mpirun/srun, or alone for single-process mode)"),
     "sft": ("sft", "supervised fine-tuning on chat transcripts (mpirun for several ranks, or alone)"),
     "episodes-to-sft": ("episodes_to_sft", "turn dumped RL episodes into SFT transcripts (successful ones by default)"),
-    "eval": (
-        "eval",
-        "evaluate a checkpoint or model folder on the eval split (mpirun for several ranks, or alone)",
-    ),
+    "eval": ("eval", "evaluate a checkpoint or model folder on the eval split (mpirun for several ranks, or alone)"),
     "serve": ("serve", None),  # its options: `serve_parser` below
     "export-merged": (
         "export_merged",
         "write a LoRA checkpoint (adapter folder) merged into its base as a plain Hugging Face model folder",
     ),
     "supervise": ("supervise", "run a training launch and relaunch it with resume=true when it crashes"),
-    "sweep": (
-        "sweep",
-        "hyperparameter sweep: trials as run folders, Optuna grid/random/TPE, pruning, local or SLURM",
-    ),
+    "sweep": ("sweep", "hyperparameter sweep: trials as run folders, Optuna grid/random/TPE, pruning, local or SLURM"),
     "layout": ("layout", "print which rank does what, without training"),
     "envs": ("envs", "list registered environment ids"),
     "algorithms": ("algorithms", "list registered RL algorithms (algorithm.name) with what each is"),
     "check-env": ("check_env", "validate an environment"),
+    "check-model": ("check_model", "a model folder's chat format: family, template, markers, append-only, parse-back"),
     "config-doc": ("config_doc", "print the config reference as markdown"),
 }
 
