@@ -1,10 +1,10 @@
 """Messages and tools -> the exact prompt token ids (the chat template); generated ids -> a reply with tool calls.
 
-The prompt is rendered the way the rollout side renders one (agentrl/models/chat_format.py): the template's text,
+The prompt is rendered the way the rollout side renders one (agentrl/rollout/chat.py): the template's text,
 tokenized without special tokens added; tools go to the template's `tools=`, or, for a template that does not
 render them, into the system message as text (`tools_as_text`). The ids returned are the ids the engine gets.
 Message content is tokenized as text: a control string inside it never becomes a turn marker
-(agentrl/models/content_tokens.py).
+(agentrl/rollout/content_tokens.py).
 """
 
 from __future__ import annotations
