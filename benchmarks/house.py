@@ -288,7 +288,7 @@ class Walk:
                         return module, item
                 return None
             source = self.imported[module].get(owner)
-            if source is not None and source[1] is None and func.attr in self.defs[source[0]]:
+            if source is not None and source[1] is None:  # `module.name`, re-exports followed
                 return self.resolve_name(source[0], func.attr)
             found = self.resolve_name(module, owner)  # `Class.method(...)`: a classmethod of an agentrl class
             if found is not None and isinstance(found[1], ast.ClassDef):
