@@ -19,7 +19,7 @@ A measurement of the code (no import of it; `ast` only), so it runs on any check
 - long parameter lists: functions and constructors (`__init__`) with more than 8 parameters, `self`/`cls`,
   `*args` and `**kwargs` excluded (keyword-only ones included);
 - helper names defined more than once: a module-level function name defined in two or more modules
-  (INTERFACE_NAMES, which commands and plug-ins define by contract, excepted);
+  (INTERFACE_NAMES, which commands and the plug-in registries define by contract, excepted);
 - the walk of `config`: from WALK_START (`train()` of `agentrl train`), follow every call that passes `config` or
   a section of it (an attribute chain of section names, e.g. `config.rollout.engine`; harvested from the classes
   of agentrl/config/) as an argument, to the function or constructor it resolves to: a name defined in the same
@@ -50,10 +50,10 @@ LAYERS = [
     # functions; then the strict-model base of every typed section
     {"errors", "file_lock", "plugins", "trajectory", "metrics", "failures", "transport", "node_wakeup", "rewards"},
     {"sections"},
-    {"models"},  # model files: loading, adapters, the chat template, the tiny and value models
+    {"models", "chat"},  # model files: loading, adapters, the chat template, tiny and value models; chat formats
     {"algorithms"},  # RL algorithms: their options are config sections, PPO's critic is a model
     {"config"},  # the typed config: validates `algorithm:` by the options class of the algorithm it names
-    {"layout", "tracking", "chat"},  # ranks, roles and GPUs; experiment trackers; chat format families
+    {"layout", "tracking"},  # ranks, roles and GPUs; experiment trackers
     {"engine", "env", "weights", "data"},  # the parts: inference engines, envs, weight transports, task data
     {"serve", "sft"},  # an OpenAI-compatible server over engines; SFT transcripts and data
     {"rollout", "trainer", "gateway"},  # the agent loop and worker, the policy step, the training gateway (on serve)
@@ -66,7 +66,17 @@ LAYERS = [
 FORMER = {"doorbell": 0, "logging": 5, "train": 11}
 FORMER.update({name: 9 for name in ("startup", "liveness", "preempt", "supervise", "run_dir", "run_lock")})
 FORMER.update({name: 9 for name in ("run_start", "run_summary")})
-INTERFACE_NAMES = {"main", "add_arguments", "add_parser", "__getattr__", "__dir__"}
+# Names modules define by contract: a command's entry points, and the plug-in registries' API (env, algorithm, chat)
+INTERFACE_NAMES = {
+    "main",
+    "add_arguments",
+    "add_parser",
+    "__getattr__",
+    "__dir__",
+    "register",
+    "resolve",
+    "registered_names",
+}
 WALK_START = ("agentrl.commands.train", "train")  # before the reshaping: ("agentrl.train", "train")
 LONG = 8
 
@@ -278,7 +288,7 @@ class Walk:
                         return module, item
                 return None
             source = self.imported[module].get(owner)
-            if source is not None and source[1] is None and func.attr in self.defs[source[0]]:
+            if source is not None and source[1] is None:  # `module.name`, re-exports followed
                 return self.resolve_name(source[0], func.attr)
             found = self.resolve_name(module, owner)  # `Class.method(...)`: a classmethod of an agentrl class
             if found is not None and isinstance(found[1], ast.ClassDef):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentrl.chat.errors import ChatTemplateError, NotAppendOnly
 from agentrl.chat.family import ChatFamily, ModelSignals
 from agentrl.chat.scan import Scanner
 from agentrl.chat.turn import ParsedTurn, TurnDelta
@@ -23,15 +24,6 @@ except ImportError:  # tokenizers < 0.21: TokenStream decodes a sliding window i
     DecodeStream = None
 
 PLACEHOLDER = "\u2591agentrl\u2591"
-
-
-class ChatTemplateError(ValueError):
-    """The chat template cannot do what agentrl needs; the message names the problem and the fix."""
-
-
-class NotAppendOnly(ChatTemplateError):
-    """The template renders the history differently once more messages follow (reasoning dropped, an end token
-    replaced): the ids generated so far are not a prefix of the whole conversation's ids."""
 
 
 class ChatCodec:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from agentrl.chat.codec import ChatTemplateError, NotAppendOnly
+from agentrl.chat.errors import ChatTemplateError, NotAppendOnly
 from agentrl.chat.turn import ParsedTurn, ToolCall
 
 PROBE_TOOL = {

@@ -30,25 +30,19 @@ def main(args) -> int:
         for name in registered_names():
             print(name)
         return 0
-    folder = model_folder(args.path)
+    from agentrl.trainer.folders import model_folder
+
+    folder = Path(model_folder(args.path, f"agentrl check-model {args.path}")[0])
     try:
         codec = load_codec(folder, args.chat_format)
     except (UnknownChatFormat, ChatTemplateError, KeyError) as error:
         raise UserError(f"{folder}: {_message(error)}") from None
     except OSError as error:
         raise UserError(f"{folder}: cannot load its tokenizer ({error}); pass a Hugging Face model folder") from None
-    return report(codec, folder, detected=args.chat_format is None)
+    return print_report(codec, folder, detected=args.chat_format is None)
 
 
-def model_folder(given: str) -> Path:
-    """A model folder as given, or a run's newest checkpoint, as `agentrl serve` takes them."""
-    from agentrl.trainer.folders import model_folder as resolve_folder
-
-    path, _ = resolve_folder(given, f"agentrl check-model {given}")
-    return Path(path)
-
-
-def report(codec, folder: Path, detected: bool) -> int:
+def print_report(codec, folder: Path, detected: bool) -> int:
     from agentrl.chat import ChatTemplateError
     from agentrl.chat.probe import same_turn, sample_conversation
 

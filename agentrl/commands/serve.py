@@ -7,7 +7,9 @@ stops the server, lets the calls in flight end, and stops every rank; an error o
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import os
 import signal
 import sys
 from dataclasses import dataclass
@@ -18,6 +20,68 @@ from agentrl.run import startup_gc
 DEFAULT_ENGINE = {"backend": "torch", "scheduler": "continuous"}
 GRACEFUL_SHUTDOWN_S = 10.0
 LOOPBACK_HOSTS = ("127.0.0.1", "localhost", "::1")
+
+
+def add_arguments(p) -> None:
+    p.description = (
+        "agentrl serve MODEL [--port 8000] [--model-name NAME] [engine key=value ...], e.g. "
+        "agentrl serve runs/quickstart scheduler=continuous max_batch_size=64"
+    )
+    p.add_argument("model", help="RUN_DIR/checkpoints/step_N, a run folder (its newest) or a Hugging Face model folder")
+    p.add_argument(
+        "overrides",
+        nargs="*",
+        help="engine options as key=value, rollout.engine's fields: scheduler=continuous|batch max_batch_size=256 "
+        "kv_cache_mb=256 cuda_graphs=auto; backend=sglang tp_size=1 mem_fraction_static=0.8 (GPU)",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument("--model-name", help="the model id clients send (default: the folder's name, or RUN-stepN)")
+    p.add_argument("--max-model-len", type=int, help="longest prompt + completion (default: the model's positions)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="parameter dtype")
+    p.add_argument("--device", help="torch device for the torch engine (default cuda if available, else cpu)")
+    p.add_argument("--seed", type=int, default=0, help="the engines' sampling seed (rank r uses seed + r)")
+    p.add_argument("--log-level", default="warning", help="uvicorn's log level (info prints every request)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("AGENTRL_API_KEY") or None,
+        help="clients must send 'Authorization: Bearer KEY' (the openai client's api_key) on every route but /health; "
+        "default: the AGENTRL_API_KEY environment variable (better than this option: a command line is visible to "
+        "every user of the machine); neither: no key",
+    )
+    p.add_argument(
+        "--list-tools",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="put a request's `tools` in the prompt (default); --no-list-tools for a model that learnt the call "
+        "format in training (as the gateway's agent.list_tools: false): replies are parsed for tool calls either way",
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        help="the largest request body read (default 4 MiB); a larger one gets 413 before it is read",
+    )
+    p.add_argument(
+        "--chat-format",
+        help="the model's chat format family (the config's chat.format): hermes, qwen3, llama3, mistral, harmony, "
+        "deepseek_v3, deepseek_r1, glm45, a registered one or module:Class; default: detected from the model folder",
+    )
+    p.add_argument(
+        "--peer-timeout-s",
+        type=seconds_or_null,
+        default=60.0,
+        help="over several nodes: stop the job when a node is silent this long (a cut link); null: never",
+    )
+
+
+def seconds_or_null(text: str) -> float | None:
+    """An argparse type: positive seconds, or `null` for none (argparse names the function in its error)."""
+    if text == "null":
+        return None
+    seconds = float(text)
+    if seconds <= 0:
+        raise ValueError(text)
+    return seconds
 
 
 @dataclass(frozen=True)

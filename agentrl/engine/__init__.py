@@ -1,6 +1,6 @@
 """Inference engines: token ids in, token ids, logprobs and a finish reason out (`base.Engine`).
 
-- `batch.TorchEngine`: the torch engine's batch scheduler; `continuous.ContinuousTorchEngine`: its
+- `torch_engine.TorchEngine`: the torch engine's batch scheduler; `continuous.ContinuousTorchEngine`: its
   continuous scheduler, with KV reuse across turns (`kv_sessions`), the lean decoder's steps and, on
   CUDA, decode steps replayed as CUDA graphs over a slot KV cache (`slot_batch`, `decode_graphs`);
 - `sglang.SGLangEngine`: an in-process `sglang.Engine` (GPU);

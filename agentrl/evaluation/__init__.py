@@ -3,5 +3,5 @@
 metrics.py   pass@k and the aggregate of per-task results (pure)
 runner.py    the rollout side: the split's tasks, this rank's share, episodes with eval's own seeds
 report.py    the leader side: gather every rollout rank's results, log `eval/` scalars, write the JSON report
-command.py   `agentrl eval CONFIG [--checkpoint PATH]`
+(`agentrl eval CONFIG [--checkpoint PATH]` is agentrl/commands/eval.py)
 """

@@ -1,6 +1,7 @@
 """Prompts that reuse a session's own tokens: nothing the model generated is re-tokenized.
 
 An agent sends its whole history with every call. When a request repeats an earlier call's messages
+<<<<<<< HEAD
 and that call's reply (its content and tool calls; the reasoning a client sends back or drops aside), then adds
 messages (tool results, the user's next turn), its prompt is that call's prompt ids, the ids the engine
 generated (closed with the template's end of turn where a length limit cut them), then the template's tokens for
@@ -11,6 +12,16 @@ the next role, is not repeated). The call then extends the last one token for to
 history, a sub-agent's), the prompt is rendered from scratch and starts a sample of its own. The new messages'
 content is tokenized as text (agentrl/models/content_tokens.py): a control string in a tool result is never a
 turn marker.
+=======
+and that call's reply, then adds messages (tool results, the user's next turn), its prompt is that
+call's prompt ids, the ids the engine generated (closed with the end-of-turn token where a length
+limit cut them), then the template's tokens for the new messages alone, found by rendering the
+template with and without them (as the env route's chat format does). The call then extends the last
+one token for token and both train as one sample (agentrl/gateway/trace.py). Any other request (a
+rewritten history, a sub-agent's) is rendered from scratch and starts a sample of its own. The new
+messages' content is tokenized as text (agentrl/rollout/content_tokens.py): a control string in a
+tool result is never a turn marker.
+>>>>>>> reshape
 """
 
 from __future__ import annotations
