@@ -132,11 +132,11 @@ def step_seconds(batch: int, tokens: int = 128) -> float:
 
     from agentrl.engine.base import SamplingParams
     from agentrl.engine.continuous import ContinuousTorchEngine
-    from agentrl.models.tiny import build_tiny_model
+    from agentrl.models.tiny import TinyShape, build_tiny_model
 
     with tempfile.TemporaryDirectory() as folder:
         texts = ["guess the number between 1 and 100"]
-        path = build_tiny_model(Path(folder) / "m", texts, hidden_size=64, vocab_size=128)
+        path = build_tiny_model(Path(folder) / "m", texts, TinyShape(hidden_size=64, vocab_size=128))
         model = AutoModelForCausalLM.from_pretrained(path).eval()
     engine = ContinuousTorchEngine(model, pad_token_id=0, seed=0)
     sampling = SamplingParams(max_new_tokens=tokens, temperature=0.0)

@@ -19,7 +19,7 @@ limit cut them), then the template's tokens for the new messages alone, found by
 template with and without them (as the env route's chat format does). The call then extends the last
 one token for token and both train as one sample (agentrl/gateway/trace.py). Any other request (a
 rewritten history, a sub-agent's) is rendered from scratch and starts a sample of its own. The new
-messages' content is tokenized as text (agentrl/rollout/content_tokens.py): a control string in a
+messages' content is tokenized as text (agentrl/models/content_tokens.py): a control string in a
 tool result is never a turn marker.
 >>>>>>> reshape
 """
