@@ -16,12 +16,12 @@ import json
 import re
 from typing import ClassVar
 
-from agentrl.chat.family import ChatFamily, ModelSignals, decide_content
+from agentrl.chat.family import ChatFamily, ModelSignals
+from agentrl.chat.hermes import OPEN
+from agentrl.chat.qwen3 import END_THINK, THINK, THINK_THEN_CALLS
 from agentrl.chat.scan import Mode, Scanner
 from agentrl.chat.turn import ToolCall
 
-THINK, END_THINK = "<think>", "</think>"
-OPEN, CLOSE = "<tool_call>", "</tool_call>"
 ARGUMENT = re.compile(r"<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.DOTALL)
 
 
@@ -34,12 +34,7 @@ class GLM45Family(ChatFamily):
     reasoning_open, reasoning_close = THINK, END_THINK
     start = "start"
     reasoning_start = "reasoning"
-    modes: ClassVar[dict[str, Mode]] = {
-        "start": Mode("content", {THINK: "reasoning", OPEN: "call"}, decide=decide_content),
-        "reasoning": Mode("reasoning", {END_THINK: "content"}),
-        "content": Mode("content", {OPEN: "call"}),
-        "call": Mode(None, {CLOSE: "content"}),
-    }
+    modes: ClassVar[dict[str, Mode]] = THINK_THEN_CALLS
 
     @classmethod
     def detect(cls, signals: ModelSignals) -> int:

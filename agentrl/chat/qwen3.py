@@ -10,6 +10,14 @@ from agentrl.chat.hermes import CLOSE, OPEN, HermesFamily
 from agentrl.chat.scan import Mode
 
 THINK, END_THINK = "<think>", "</think>"
+# A turn that may open with <think>reasoning</think>, then content and <tool_call>...</tool_call> blocks (Qwen3's and
+# GLM-4.5's shape; what is inside a call differs, and each family's `call` reads it).
+THINK_THEN_CALLS: dict[str, Mode] = {
+    "start": Mode("content", {THINK: "reasoning", OPEN: "call"}, decide=decide_content),
+    "reasoning": Mode("reasoning", {END_THINK: "content"}),
+    "content": Mode("content", {OPEN: "call"}),
+    "call": Mode(None, {CLOSE: "content"}),
+}
 
 
 class Qwen3Family(HermesFamily):
@@ -19,12 +27,7 @@ class Qwen3Family(HermesFamily):
     reasoning_open, reasoning_close = THINK, END_THINK
     start = "start"
     reasoning_start = "reasoning"
-    modes: ClassVar[dict[str, Mode]] = {
-        "start": Mode("content", {THINK: "reasoning", OPEN: "call"}, decide=decide_content),
-        "reasoning": Mode("reasoning", {END_THINK: "content"}),
-        "content": Mode("content", {OPEN: "call"}),
-        "call": Mode(None, {CLOSE: "content"}),
-    }
+    modes: ClassVar[dict[str, Mode]] = THINK_THEN_CALLS
 
     @classmethod
     def detect(cls, signals: ModelSignals) -> int:
