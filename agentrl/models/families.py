@@ -8,12 +8,11 @@ architecture. No hub, no downloads: the tokenizer is trained locally as agentrl/
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from agentrl.models.tiny import QWEN2_PRETOKENIZE_REGEX
+from agentrl.models.tiny import QWEN2_PRETOKENIZE_REGEX, save_model_folder
 
 TEMPLATES = Path(__file__).with_name("chat_templates")
 # Words every format writes (roles, call fields, channel names), so each is a token or two, not a dozen bytes.
@@ -142,17 +141,6 @@ FIXTURES: dict[str, Fixture] = {
         config=DEEPSEEK_CONFIG,
         every_head_has_keys=True,
     ),
-    "deepseek_r1": Fixture(
-        "deepseek_r1",
-        DEEPSEEK_SPECIAL,
-        "<｜end▁of▁sentence｜>",
-        "<｜▁pad▁｜>",
-        "deepseek_v3",
-        bos="<｜begin▁of▁sentence｜>",
-        added=("<think>", "</think>"),
-        config=DEEPSEEK_CONFIG,
-        every_head_has_keys=True,
-    ),
     "glm45": Fixture(
         "glm45",
         ("<|endoftext|>", "[gMASK]", "<sop>", "<|system|>", "<|user|>", "<|assistant|>", "<|observation|>"),
@@ -174,6 +162,7 @@ FIXTURES: dict[str, Fixture] = {
         config={**MOE, "n_group": 1, "topk_group": 1},
     ),
 }
+FIXTURES["deepseek_r1"] = replace(FIXTURES["deepseek_v3"], template="deepseek_r1")  # the same model, R1's template
 
 
 def chat_template(family: str) -> str:
@@ -263,14 +252,4 @@ def build_family_model(
     config.pad_token_id = tokenizer.pad_token_id
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config)
-    tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    try:
-        os.replace(tmp, out_dir)
-    except OSError:
-        if not (out_dir / "config.json").is_file():
-            raise
-        shutil.rmtree(tmp, ignore_errors=True)  # another process built it first
-    return out_dir
+    return save_model_folder(model, tokenizer, out_dir)

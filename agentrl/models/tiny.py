@@ -110,6 +110,12 @@ def build_tiny_model(out_dir: str | os.PathLike, texts: Iterable[str], shape: Ti
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
         model.model.norm.weight.fill_(output_scale)
+    return save_model_folder(model, tokenizer, out_dir)
+
+
+def save_model_folder(model, tokenizer, out_dir: Path) -> Path:
+    """Write the model and tokenizer under a temporary name, then rename it to `out_dir` at once: a reader never sees
+    half a folder, and a concurrent builder (a sweep's other trial) that finished first wins."""
     tmp = out_dir.with_name(out_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp)
@@ -119,5 +125,5 @@ def build_tiny_model(out_dir: str | os.PathLike, texts: Iterable[str], shape: Ti
     except OSError:
         if not (out_dir / "config.json").is_file():
             raise
-        shutil.rmtree(tmp, ignore_errors=True)  # a concurrent run (a sweep's other trial) built it first
+        shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
