@@ -48,13 +48,18 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.tasks import digit  # noqa: E402
 
-SIDES = ("trl", "agentrl-1", "agentrl-4", "agentrl-2")
-RANKS = {"agentrl-1": 1, "agentrl-4": 4, "agentrl-2": 2}
-LAYOUTS = {  # side -> the layout overrides
-    "agentrl-1": [],
-    "agentrl-4": ["layout.trainer=1", "layout.rollout=2", "layout.env=1"],
-    "agentrl-2": ["layout.trainer=1", "layout.rollout=1", "layout.env=0"],
+AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one process
+    "agentrl-1": (1, []),
+    "agentrl-4": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1"]),
+    "agentrl-2": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]),
+    # lockstep ranks take turns, so each may have both cores' threads
+    "agentrl-2t": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0", "runtime.torch_threads=2"]),
+    # generation of step n+1 beside the training of step n (one step off-policy)
+    "agentrl-2a": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0", "rollout.max_staleness=1"]),
+    "agentrl-3a": (3, ["layout.trainer=1", "layout.rollout=2", "layout.env=0", "rollout.max_staleness=1"]),
 }
+SIDES = ("trl", *AGENTRL)
+DEFAULT_SIDES = ("trl", "agentrl-1", "agentrl-4", "agentrl-2")
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128, "init_std": 0.1}  # the quickstart's
 GAME = {"low": 1, "high": 7, "max_guesses": 4, "progress_reward": 0.5, "name_the_last": True}  # the quickstart's
 TASKS = {  # task -> rollout settings both sides share
@@ -188,8 +193,10 @@ def run_agentrl(side: str, config: Path, seed: int, steps: int, out: Path, name:
     shutil.rmtree(run_dir, ignore_errors=True)
     binary = Path(sys.executable).parent
     command = [str(binary / "agentrl"), "train", str(config), f"steps={steps}", f"seed={seed}", f"run_dir={run_dir}"]
-    if RANKS[side] > 1:
-        command = [str(binary / "mpirun"), "-n", str(RANKS[side]), *command, *LAYOUTS[side]]
+    ranks, overrides = AGENTRL[side]
+    command += overrides
+    if ranks > 1:
+        command = [str(binary / "mpirun"), "-n", str(ranks), *command]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     started = time.time()
     wall, rss, pss = launch(command, env, out / "logs" / f"{name}.log")
@@ -334,7 +341,7 @@ def per_run(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=["digit", "guess"])
-    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES))
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(DEFAULT_SIDES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=30, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
