@@ -48,6 +48,8 @@ PHASES = [  # (phase, "module:Attribute.path"): each call of the function counts
     ("checkpoint", "agentrl.trainer.checkpoint:save_step"),
     ("rollout", "agentrl.rollout.worker:RolloutWorker.collect"),
     ("generate", "agentrl.engine.batch:TorchEngine._run_batch"),
+    ("generate", "agentrl.engine.continuous:ContinuousTorchEngine._step"),
+    ("generate", "agentrl.engine.continuous:ContinuousTorchEngine._step_on_slots"),
     ("env", "agentrl.env.host:EnvHost.handle_batch"),
     ("chat tokens", "agentrl.rollout.chat:ChatFormat.prompt_ids"),
     ("chat tokens", "agentrl.rollout.chat:ChatFormat.observation_ids"),

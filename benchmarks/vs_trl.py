@@ -10,10 +10,13 @@ Tasks (both GRPO, 8 prompts x 8 completions a step, lr 5e-3, no KL, float32, the
 - `guess`: the quickstart's guess-the-number game (1..7, 4 guesses, one token a turn), the env's reward.
   Success: the number found. TRL plays it through `rollout_func` (benchmarks/vs_trl_side.py says why).
 
-Sides: `trl` (GRPOTrainer, one process, 2 torch threads, its own venv: `--trl-venv`, made here on first use with
-the torch and transformers versions of this venv); `agentrl-1` (`agentrl train`, one process); `agentrl-4`
-(`mpirun -n 4`: 1 trainer, 2 rollout, 1 env, the quickstart's ranks); `agentrl-2` (`mpirun -n 2`: 1 trainer,
-1 rollout with its envs in-process).
+Sides (`--sides`; the default five are marked *): `trl`* (GRPOTrainer, one process, 2 torch threads, its own venv:
+`--trl-venv`, made here on first use with the torch and transformers versions of this venv), and `agentrl train`:
+- `agentrl-1`*: one process, the config as it is; `agentrl-1c`*: one process, `rollout.engine.scheduler=continuous`;
+- `agentrl-4`*: `mpirun -n 4`, 1 trainer, 2 rollout, 1 env (the quickstart's ranks); `agentrl-4c`: the same, continuous;
+- `agentrl-2`: `mpirun -n 2`, 1 trainer, 1 rollout with its envs in-process; `agentrl-2t`: the same, 2 torch threads
+  a rank; `agentrl-2a`: the same, `rollout.max_staleness=1` (step n+1 generated while step n trains: one step
+  off-policy); `agentrl-2ac`*: `2a` with the continuous scheduler; `agentrl-3a`: 1 trainer, 2 rollout, staleness 1.
 
 Both sides load the same model folder (built by agentrl from `model.tiny`, saved with save_pretrained). A warm-up
 run of each side per task (2 steps, not counted) builds it and fills the disk cache. Then the runs interleave
@@ -48,18 +51,23 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.tasks import digit  # noqa: E402
 
+TWO = ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]
 AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one process
     "agentrl-1": (1, []),
+    # the continuous scheduler keeps an episode's KV cache between its turns
+    "agentrl-1c": (1, ["rollout.engine.scheduler=continuous"]),
     "agentrl-4": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1"]),
     "agentrl-2": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]),
-    # lockstep ranks take turns, so each may have both cores' threads
+    # lockstep ranks take turns, so each might use both cores' threads
     "agentrl-2t": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0", "runtime.torch_threads=2"]),
-    # generation of step n+1 beside the training of step n (one step off-policy)
+    # step n+1 generated while step n trains (one step off-policy)
     "agentrl-2a": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0", "rollout.max_staleness=1"]),
+    "agentrl-2ac": (2, [*TWO, "rollout.max_staleness=1", "rollout.engine.scheduler=continuous"]),
+    "agentrl-4c": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1", "rollout.engine.scheduler=continuous"]),
     "agentrl-3a": (3, ["layout.trainer=1", "layout.rollout=2", "layout.env=0", "rollout.max_staleness=1"]),
 }
 SIDES = ("trl", *AGENTRL)
-DEFAULT_SIDES = ("trl", "agentrl-1", "agentrl-4", "agentrl-2")
+DEFAULT_SIDES = ("trl", "agentrl-1", "agentrl-1c", "agentrl-4", "agentrl-2ac")
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128, "init_std": 0.1}  # the quickstart's
 GAME = {"low": 1, "high": 7, "max_guesses": 4, "progress_reward": 0.5, "name_the_last": True}  # the quickstart's
 TASKS = {  # task -> rollout settings both sides share
