@@ -10,9 +10,12 @@ Tasks (both GRPO, 8 prompts x 8 completions a step, lr 5e-3, no KL, float32, the
 - `guess`: the quickstart's guess-the-number game (1..7, 4 guesses, one token a turn), the env's reward.
   Success: the number found. TRL plays it through `rollout_func` (benchmarks/vs_trl_side.py says why).
 
-Sides (`--sides`; the default five are marked *): `trl`* (GRPOTrainer, one process, 2 torch threads, its own venv:
-`--trl-venv`, made here on first use with the torch and transformers versions of this venv), and `agentrl train`:
-- `agentrl-1`*: one process, the config as it is; `agentrl-1c`*: one process, `rollout.engine.scheduler=continuous`;
+Sides (`--sides`; the default ones are marked *): `trl`* and `trl-1t`* (GRPOTrainer, one process, 2 and 1 torch
+threads: on a machine others load, 2 threads can be several times slower than 1; `x TRL` divides by the faster of the
+two, seed by seed), in their own venv (`--trl-venv`, made here on first use with the torch and transformers versions
+of this venv); and `agentrl train`:
+- `agentrl-1`*: one process, the config as it is (2 torch threads); `agentrl-1t`*: the same, runtime.torch_threads=1;
+  `agentrl-1c`*: one process, `rollout.engine.scheduler=continuous`;
 - `agentrl-4`*: `mpirun -n 4`, 1 trainer, 2 rollout, 1 env (the quickstart's ranks); `agentrl-4c`: the same, continuous;
 - `agentrl-2`: `mpirun -n 2`, 1 trainer, 1 rollout with its envs in-process; `agentrl-2t`: the same, 2 torch threads
   a rank; `agentrl-2a`: the same, `rollout.max_staleness=1` (step n+1 generated while step n trains: one step
@@ -54,6 +57,7 @@ from benchmarks.tasks import digit  # noqa: E402
 TWO = ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]
 AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one process
     "agentrl-1": (1, []),
+    "agentrl-1t": (1, ["runtime.torch_threads=1"]),
     # the continuous scheduler keeps an episode's KV cache between its turns
     "agentrl-1c": (1, ["rollout.engine.scheduler=continuous"]),
     "agentrl-4": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1"]),
@@ -66,8 +70,9 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
     "agentrl-4c": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1", "rollout.engine.scheduler=continuous"]),
     "agentrl-3a": (3, ["layout.trainer=1", "layout.rollout=2", "layout.env=0", "rollout.max_staleness=1"]),
 }
-SIDES = ("trl", *AGENTRL)
-DEFAULT_SIDES = ("trl", "agentrl-1", "agentrl-1c", "agentrl-4", "agentrl-2ac")
+TRL = {"trl": 2, "trl-1t": 1}  # side -> torch threads
+SIDES = (*TRL, *AGENTRL)
+DEFAULT_SIDES = ("trl", "trl-1t", "agentrl-1", "agentrl-1t", "agentrl-1c", "agentrl-4", "agentrl-2ac")
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128, "init_std": 0.1}  # the quickstart's
 GAME = {"low": 1, "high": 7, "max_guesses": 4, "progress_reward": 0.5, "name_the_last": True}  # the quickstart's
 TASKS = {  # task -> rollout settings both sides share
@@ -174,16 +179,16 @@ def launch(command: list[str], env: dict, log: Path) -> tuple[float, float, floa
     return time.time() - started, rss, pss
 
 
-def run_trl(python: Path, task: str, seed: int, steps: int, out: Path, name: str) -> dict:
+def run_trl(python: Path, threads: int, task: str, seed: int, steps: int, out: Path, name: str) -> dict:
     result = out / "results" / f"{name}.json"
     command = [
         str(python), "benchmarks/vs_trl_side.py", "--task", task, "--model", str(out / f"model-{task}"),
-        "--steps", str(steps), "--seed", str(seed), "--threads", "2", "--work", str(out / "trl-work"),
+        "--steps", str(steps), "--seed", str(seed), "--threads", str(threads), "--work", str(out / "trl-work"),
         "--out", str(result), "--max-turns", str(TASKS[task]["max_turns"]),
         "--max-new-tokens", str(TASKS[task]["max_new_tokens"]),
     ]  # fmt: skip
     command += ["--rows", str(out / "digit.jsonl")] if task == "digit" else ["--game", json.dumps(GAME)]
-    env = {**os.environ, "OMP_NUM_THREADS": "2", "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
     wall, rss, pss = launch(command, env, out / "logs" / f"{name}.log")
     data = json.loads(result.read_text())
     steps_out = [
@@ -292,14 +297,18 @@ def check_same_tokens(task: str, out: Path) -> None:
 
 
 def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
-    """Medians over seeds per task and side; `x TRL`: the median over seeds of samples/s over TRL's in that seed."""
+    """Medians over seeds per task and side; `x TRL`: the median over seeds of samples/s over the faster TRL side's
+    (1 or 2 threads) in that seed."""
     lines = [
         "| task | side | s/step | samples/s | x TRL | tokens/s | sampled tok/s | peak RSS MiB | peak PSS MiB "
         "| start-up s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task in tasks:
-        trl = {r["seed"]: r["summary"]["samples_s"] for r in rows if r["task"] == task and r["side"] == "trl"}
+        trl: dict[int, float] = {}  # seed -> the faster TRL side's samples/s
+        for r in rows:
+            if r["task"] == task and r["side"] in TRL:
+                trl[r["seed"]] = max(trl.get(r["seed"], 0.0), r["summary"]["samples_s"])
         for side in sides:
             found = [r for r in rows if r["task"] == task and r["side"] == side]
             if not found:
@@ -364,23 +373,24 @@ def main() -> None:
     for folder in ("results", "logs", "runs"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     digit.write(out / "digit.jsonl", 512)
-    python = trl_python(args.trl_venv.resolve()) if "trl" in args.sides else None
+    python = trl_python(args.trl_venv.resolve()) if set(args.sides) & set(TRL) else None
     if python is not None:
-        changes = subprocess.run([str(python), "benchmarks/vs_trl_side.py", "--task", "guess", "--max-new-tokens", "1",
-                                  "--print-changes"],
-                                 cwd=REPO, capture_output=True, text=True, check=True)  # fmt: skip
         print("TRL: GRPOConfig changed from its defaults (and why):")
-        for field, (value, why) in json.loads(changes.stdout).items():
-            print(f"  {field} = {value}: {why}")
+        for task in args.tasks:
+            command = [str(python), "benchmarks/vs_trl_side.py", "--task", task, "--print-changes"]
+            command += ["--max-new-tokens", str(TASKS[task]["max_new_tokens"])]
+            changes = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
+            for field, (value, why) in json.loads(changes.stdout).items():
+                print(f"  {task}: {field} = {'(per run)' if value is None else value}: {why}")
     configs = {task: agentrl_config(task, out) for task in args.tasks}
 
     def one(task: str, side: str, seed: int, steps: int, name: str) -> dict:
-        if side == "trl":
-            return run_trl(python, task, seed, steps, out, name)
+        if side in TRL:
+            return run_trl(python, TRL[side], task, seed, steps, out, name)
         return run_agentrl(side, configs[task], seed, steps, out, name)
 
     for task in args.tasks:  # warm-up: builds the model folder (agentrl), fills the disk cache; not counted
-        for side in sorted(args.sides, key=lambda side: side == "trl"):  # agentrl's first: it builds the model
+        for side in sorted(args.sides, key=lambda side: side in TRL):  # agentrl's first: it builds the model
             one(task, side, 0, 2, f"warmup-{task}-{side}")
         check_same_tokens(task, out)
     rows = []
