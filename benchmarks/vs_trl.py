@@ -25,6 +25,9 @@ Both sides load the same model folder (built by agentrl from `model.tiny`, saved
 run of each side per task (2 steps, not counted) builds it and fills the disk cache. Then the runs interleave
 (seed 0: every task and side, then seed 1, ...) so the machine's load falls on all of them alike. Per run:
 - s/step: the median interval between two steps' ends, over the steps after `--warmup`;
+- CPU s/step: the CPU seconds (user + system) of all the run's processes between the end of step `--warmup` and the
+  last step's end, per step (sampled every 0.1 s, interpolated): what the work costs, which the machine's other
+  load moves less than wall time (a thread waiting for a core spends no CPU; one spinning for its partner does);
 - samples/s: episodes (completions) per second at that median; tokens/s: the trained sequences' tokens (prompt,
   completion, env replies), and the sampled tokens alone;
 - peak memory: RSS summed over the run's processes (sampled every 0.2 s), and PSS (shared pages split);
@@ -128,12 +131,14 @@ def trl_python(venv: Path) -> Path:
     return python
 
 
-class Memory:
-    """Peak RSS (and PSS) summed over a process and its descendants, sampled on a thread."""
+class Watch:
+    """Peak RSS (and PSS) summed over a process and its descendants, and their CPU seconds over time, sampled on a
+    thread."""
 
-    def __init__(self, pid: int, every_s: float = 0.2):
+    def __init__(self, pid: int, every_s: float = 0.1):
         self.root = psutil.Process(pid)
         self.rss = self.pss = 0
+        self.cpu: list[tuple[float, float]] = []  # (time, CPU seconds of the live processes)
         self.every_s = every_s
         self.stopped = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
@@ -149,34 +154,39 @@ class Memory:
         tick = 0
         while not self.stopped.wait(self.every_s):
             rss = pss = 0
+            cpu = 0.0
             for process in self._tree():
                 try:
                     rss += process.memory_info().rss
-                    if tick % 5 == 0:
+                    times = process.cpu_times()
+                    cpu += times.user + times.system
+                    if tick % 10 == 0:
                         pss += process.memory_full_info().pss
                 except (psutil.NoSuchProcess, psutil.AccessDenied):
                     continue
             self.rss = max(self.rss, rss)
             self.pss = max(self.pss, pss)
+            self.cpu.append((time.time(), cpu))
             tick += 1
 
-    def stop(self) -> tuple[float, float]:
+    def stop(self) -> dict:
         self.stopped.set()
         self.thread.join()
-        return self.rss / 2**20, self.pss / 2**20
+        return {"rss": self.rss / 2**20, "pss": self.pss / 2**20, "cpu": self.cpu}
 
 
-def launch(command: list[str], env: dict, log: Path) -> tuple[float, float, float]:
-    """Run `command` from the repository root, its output in `log`; (wall s, peak RSS MiB, peak PSS MiB)."""
+def launch(command: list[str], env: dict, log: Path) -> dict:
+    """Run `command` from the repository root, its output in `log`; its wall seconds, peak RSS and PSS (MiB), and
+    CPU samples."""
     started = time.time()
     with log.open("wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        memory = Memory(process.pid)
+        watch = Watch(process.pid)
         code = process.wait()
-    rss, pss = memory.stop()
+    watched = watch.stop()
     if code:
         raise SystemExit(f"vs_trl: {' '.join(command[:6])} ... failed (exit {code}); see {log}")
-    return time.time() - started, rss, pss
+    return {"wall": time.time() - started, **watched}
 
 
 def run_trl(python: Path, threads: int, task: str, seed: int, steps: int, out: Path, name: str) -> dict:
@@ -189,14 +199,14 @@ def run_trl(python: Path, threads: int, task: str, seed: int, steps: int, out: P
     ]  # fmt: skip
     command += ["--rows", str(out / "digit.jsonl")] if task == "digit" else ["--game", json.dumps(GAME)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
-    wall, rss, pss = launch(command, env, out / "logs" / f"{name}.log")
+    watched = launch(command, env, out / "logs" / f"{name}.log")
     data = json.loads(result.read_text())
     steps_out = [
         {"end": s["end"], "reward": _mean(s["rewards"]), "success": _mean(s["success"]), "episodes": len(s["rewards"]),
          "tokens": s["tokens"], "sampled_tokens": s["sampled_tokens"]}
         for s in data["steps"]
     ]  # fmt: skip
-    return {"started": data["started"], "wall": wall, "rss": rss, "pss": pss, "steps": steps_out}
+    return {"started": data["started"], **watched, "steps": steps_out}
 
 
 def run_agentrl(side: str, config: Path, seed: int, steps: int, out: Path, name: str) -> dict:
@@ -212,7 +222,7 @@ def run_agentrl(side: str, config: Path, seed: int, steps: int, out: Path, name:
         command = [str(binary / "mpirun"), "-n", str(ranks), *command]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     started = time.time()
-    wall, rss, pss = launch(command, env, out / "logs" / f"{name}.log")
+    watched = launch(command, env, out / "logs" / f"{name}.log")
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={SCALARS: 0})
     events.Reload()
 
@@ -230,11 +240,19 @@ def run_agentrl(side: str, config: Path, seed: int, steps: int, out: Path, name:
          "tokens": tokens[s][1] * counts[s][1], "sampled_tokens": sampled[s][1] * counts[s][1]}
         for s in sorted(ends)
     ]  # fmt: skip
-    return {"started": started, "wall": wall, "rss": rss, "pss": pss, "steps": steps_out}
+    return {"started": started, **watched, "steps": steps_out}
 
 
 def _mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
+
+
+def cpu_at(samples: list[tuple[float, float]], moment: float) -> float:
+    """The CPU seconds at `moment`, linear between the samples around it."""
+    for (t0, c0), (t1, c1) in itertools.pairwise(samples):
+        if t0 <= moment <= t1:
+            return c0 + (c1 - c0) * (moment - t0) / (t1 - t0) if t1 > t0 else c1
+    raise ValueError(f"no CPU sample around {moment}: the run was shorter than the watch's period")
 
 
 def summary(run: dict, warmup: int) -> dict:
@@ -245,8 +263,10 @@ def summary(run: dict, warmup: int) -> dict:
     step_s = statistics.median(intervals)
     later = steps[warmup:]
     episodes = _mean([s["episodes"] for s in later])
+    first = ends[warmup - 1] if warmup else ends[0]
     return {
         "step_s": step_s,
+        "cpu_s": (cpu_at(run["cpu"], ends[-1]) - cpu_at(run["cpu"], first)) / len(intervals),
         "samples_s": episodes / step_s,
         "tokens_s": _mean([s["tokens"] for s in later]) / step_s,
         "sampled_s": _mean([s["sampled_tokens"] for s in later]) / step_s,
@@ -297,28 +317,34 @@ def check_same_tokens(task: str, out: Path) -> None:
 
 
 def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
-    """Medians over seeds per task and side; `x TRL`: the median over seeds of samples/s over the faster TRL side's
-    (1 or 2 threads) in that seed."""
+    """Medians over seeds per task and side. `x TRL`: the median over seeds of samples/s over the faster TRL side's
+    (1 or 2 threads) in that seed; `x TRL by CPU`: the TRL side's least CPU seconds a step over this side's (every
+    side trains 64 episodes a step), which the machine's other load moves less than wall time."""
     lines = [
-        "| task | side | s/step | samples/s | x TRL | tokens/s | sampled tok/s | peak RSS MiB | peak PSS MiB "
-        "| start-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| task | side | s/step | samples/s | x TRL | CPU s/step | x TRL by CPU | tokens/s | sampled tok/s "
+        "| peak RSS MiB | peak PSS MiB | start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for task in tasks:
         trl: dict[int, float] = {}  # seed -> the faster TRL side's samples/s
+        trl_cpu: dict[int, float] = {}  # seed -> the TRL side's least CPU seconds a step
         for r in rows:
             if r["task"] == task and r["side"] in TRL:
                 trl[r["seed"]] = max(trl.get(r["seed"], 0.0), r["summary"]["samples_s"])
+                trl_cpu[r["seed"]] = min(trl_cpu.get(r["seed"], float("inf")), r["summary"]["cpu_s"])
         for side in sides:
             found = [r for r in rows if r["task"] == task and r["side"] == side]
             if not found:
                 continue
             med = {key: statistics.median(r["summary"][key] for r in found) for key in found[0]["summary"]}
             ratios = [r["summary"]["samples_s"] / trl[r["seed"]] for r in found if r["seed"] in trl]
+            by_cpu = [trl_cpu[r["seed"]] / r["summary"]["cpu_s"] for r in found if r["seed"] in trl_cpu]
             ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
+            cpu_ratio = f"{statistics.median(by_cpu):.2f}" if by_cpu else "-"
             lines.append(
-                f"| {task} | {side} | {med['step_s']:.4f} | {med['samples_s']:.0f} | {ratio} | {med['tokens_s']:.0f} | "
-                f"{med['sampled_s']:.0f} | {med['rss']:.0f} | {med['pss']:.0f} | {med['startup']:.1f} |"
+                f"| {task} | {side} | {med['step_s']:.4f} | {med['samples_s']:.0f} | {ratio} | {med['cpu_s']:.4f} | "
+                f"{cpu_ratio} | {med['tokens_s']:.0f} | {med['sampled_s']:.0f} | {med['rss']:.0f} | "
+                f"{med['pss']:.0f} | {med['startup']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -343,13 +369,14 @@ def curves(rows: list[dict], tasks: list[str], sides: list[str], window: int, st
 
 
 def per_run(rows: list[dict]) -> str:
-    lines = ["| task | side | seed | s/step | samples/s | peak RSS MiB | wall s | reward first 5 -> last 5 |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines = ["| task | side | seed | load | s/step | CPU s/step | samples/s | peak RSS MiB | wall s "
+             "| reward first 5 -> last 5 |", "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         s, steps = r["summary"], r["run"]["steps"]
         first, last = _mean([x["reward"] for x in steps[:5]]), _mean([x["reward"] for x in steps[-5:]])
         lines.append(
-            f"| {r['task']} | {r['side']} | {r['seed']} | {s['step_s']:.4f} | {s['samples_s']:.0f} | "
+            f"| {r['task']} | {r['side']} | {r['seed']} | {r['load']:.1f} | {s['step_s']:.4f} | {s['cpu_s']:.4f} | "
+            f"{s['samples_s']:.0f} | "
             f"{s['rss']:.0f} | {s['wall']:.1f} | {first:.3f} -> {last:.3f} |"
         )
     return "\n".join(lines)
@@ -403,7 +430,8 @@ def main() -> None:
                 row = {"task": task, "side": side, "seed": seed, "load": load, "run": run,
                        "summary": summary(run, args.warmup), "curve": curve(run, args.window)}  # fmt: skip
                 rows.append(row)
-                print(f"{name}: {row['summary']['step_s']:.4f} s/step, {row['summary']['samples_s']:.0f} samples/s, "
+                print(f"{name}: {row['summary']['step_s']:.4f} s/step, {row['summary']['cpu_s']:.4f} CPU s/step, "
+                      f"{row['summary']['samples_s']:.0f} samples/s, "
                       f"peak RSS {row['summary']['rss']:.0f} MiB (load {load:.1f})", flush=True)  # fmt: skip
     (out / "rows.json").write_text(json.dumps(rows) + "\n")
     text = "\n\n".join([
