@@ -55,10 +55,10 @@ PHASES = [  # (phase, "module:Attribute.path"): each call of the function counts
     ("chat tokens", "agentrl.rollout.chat:ChatFormat.observation_ids"),
     ("chat tokens", "agentrl.rollout.chat:ChatFormat.decode"),
     ("pack", "agentrl.trajectory:pack"),
-    ("ship", "agentrl.rollout.shipping:batch_messages"),
-    ("ship", "agentrl.roles.rollout:batch_messages"),
     ("ship", "agentrl.roles.rollout:Lockstep.ship"),
+    ("ship", "agentrl.roles.rollout:RunningAhead.ship"),
     ("next weights", "agentrl.roles.rollout:Lockstep.next_weights"),
+    ("next weights", "agentrl.roles.rollout:RunningAhead.next_weights"),
 ]
 STEP_PHASE = "train"  # the trainer's step: the window is cut at its calls' ends
 
