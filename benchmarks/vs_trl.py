@@ -417,7 +417,8 @@ def main() -> None:
         return run_agentrl(side, configs[task], seed, steps, out, name)
 
     for task in args.tasks:  # warm-up: builds the model folder (agentrl), fills the disk cache; not counted
-        for side in sorted(args.sides, key=lambda side: side in TRL):  # agentrl's first: it builds the model
+        warm = set(args.sides) | (set() if (out / f"model-{task}").is_dir() else {"agentrl-1"})
+        for side in sorted(warm, key=lambda side: side in TRL):  # agentrl's first: it builds the model
             one(task, side, 0, 2, f"warmup-{task}-{side}")
         check_same_tokens(task, out)
     rows = []
