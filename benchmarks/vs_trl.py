@@ -289,7 +289,7 @@ def check_same_tokens(task: str, out: Path) -> None:
     """TRL's side renders the prompt and the env's replies to the token ids agentrl's chat format does."""
     from transformers import AutoTokenizer
 
-    from agentrl.rollout.chat import ChatFormat
+    from agentrl.models.chat_format import ChatFormat
     from benchmarks import vs_trl_side
 
     tokenizer = AutoTokenizer.from_pretrained(out / f"model-{task}")

@@ -7,9 +7,9 @@ import string
 
 import pytest
 
+from agentrl.models import chat_format as chat_module
+from agentrl.models.chat_format import ChatFormat
 from agentrl.models.tiny import build_tokenizer
-from agentrl.rollout import chat as chat_module
-from agentrl.rollout.chat import ChatFormat
 
 TOOLS = [{"type": "function", "function": {"name": "calculator", "description": "adds", "parameters": {}}}]
 CONTEXT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello"}]
