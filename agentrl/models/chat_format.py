@@ -17,10 +17,15 @@ text: a control string such as `<|im_end|>` inside it is its characters' tokens,
 from __future__ import annotations
 
 import json
+from array import array
 
 from agentrl.models.content_tokens import content_tokenizer
 
 PLACEHOLDER = "\u2591agentrl\u2591"
+# Prompts and observations kept by their text (their ids as int32 arrays: 8 MB for 1024 prompts of 2,000 tokens): a
+# group's episodes share one prompt, a dataset repeats rows, a game repeats its replies, and rendering one through the
+# template costs ~100 us. A full cache is emptied and fills again.
+CACHED_TEXTS = 1024
 PROBE_TOOL = {
     "type": "function",
     "function": {"name": "agentrl_probe_tool", "description": "", "parameters": {"type": "object", "properties": {}}},
@@ -39,6 +44,8 @@ class ChatFormat:
         self.eos_id = tokenizer.convert_tokens_to_ids(tokenizer.eos_token)
         self.stop_ids = (self.eos_id,)
         self._observation_template = self._split_observation_template()
+        self._prompts: dict[tuple, array] = {}
+        self._observations: dict[str, array] = {}
         probe = [{"role": "user", "content": "u"}]
         self.template_renders_tools = PROBE_TOOL["function"]["name"] in self._render(probe, True, [PROBE_TOOL])
 
@@ -63,6 +70,15 @@ class ChatFormat:
     ) -> list[int]:
         """The first prompt: system message, tools, `context` and the env's first observation, with the generation
         prompt."""
+        key = _prompt_key(first_observation, tools, context)
+        ids = self._prompts.get(key) if key is not None else None
+        if ids is None:
+            ids = array("i", self._render_prompt(first_observation, tools, context))
+            if key is not None:
+                _remember(self._prompts, key, ids)
+        return list(ids)
+
+    def _render_prompt(self, first_observation: str, tools: list[dict] | None, context: list[dict]) -> list[int]:
         messages = self.prompt_messages(first_observation, context)
         if tools and not self.template_renders_tools:
             system = messages[0]["content"] if messages[0]["role"] == "system" else None
@@ -94,11 +110,33 @@ class ChatFormat:
     def observation_ids(self, observation: str) -> list[int]:
         """The template's tokens between an assistant turn's end-of-turn token and the next generation prompt, the
         observation (an env's text, a tool result) tokenized as text."""
-        before, after = self._observation_template
-        return self.content.wrapped_ids(before, observation, after)
+        ids = self._observations.get(observation)
+        if ids is None:
+            before, after = self._observation_template
+            ids = array("i", self.content.wrapped_ids(before, observation, after))
+            _remember(self._observations, observation, ids)
+        return list(ids)
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _prompt_key(first_observation: str, tools: list[dict] | None, context: list[dict]) -> tuple | None:
+    """What a prompt's ids depend on, as a dict key; None (not cached) when tools or context are not JSON."""
+    try:
+        return (
+            first_observation,
+            json.dumps(tools, sort_keys=True) if tools else "",
+            json.dumps(list(context), sort_keys=True) if context else "",
+        )
+    except (TypeError, ValueError):
+        return None
+
+
+def _remember(cache: dict, key, ids: array) -> None:
+    if len(cache) >= CACHED_TEXTS:
+        cache.clear()
+    cache[key] = ids
 
 
 def tools_as_text(tools: list[dict]) -> str:

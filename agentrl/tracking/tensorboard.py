@@ -17,8 +17,12 @@ class TensorBoardTracker:
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step)
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:
-        for key, value in scalars.items():
-            self.writer.add_scalar(key, value, step)
+        """One event holding every scalar (what add_scalar writes, one event each, at 0.1 ms apiece)."""
+        from tensorboard.compat.proto.summary_pb2 import Summary
+        from torch.utils.tensorboard.summary import scalar
+
+        values = [value for key, number in scalars.items() for value in scalar(key, number).value]
+        self.writer._get_file_writer().add_summary(Summary(value=values), step)
 
     def log_text(self, step: int, tag: str, texts: list[str]) -> None:
         self.writer.add_text(tag, samples_markdown(texts), step)

@@ -464,17 +464,24 @@ def _rows(batch, episodes, key: str, dtype) -> tuple[torch.Tensor, torch.Tensor,
     offsets = batch["offsets"]
     lengths = [int(offsets[i + 1] - offsets[i]) for i in episodes]
     values = _gather_rows(batch[key], offsets, episodes, lengths, dtype)
-    attention = torch.zeros(len(episodes), max(lengths), dtype=torch.long)
-    for row, length in enumerate(lengths):
-        attention[row, :length] = 1
+    attention = torch.from_numpy(_inside(lengths).astype(np.int64))
     return values, attention, lengths
 
 
 def _gather_rows(flat: np.ndarray, offsets, episodes, lengths: list[int], dtype) -> torch.Tensor:
-    out = torch.zeros(len(episodes), max(lengths), dtype=dtype)
-    for row, (i, length) in enumerate(zip(episodes, lengths, strict=True)):
-        out[row, :length] = torch.from_numpy(np.asarray(flat[int(offsets[i]) : int(offsets[i + 1])])).to(dtype)
-    return out
+    """Each episode's slice of `flat` as a right-padded row (zeros after it), cast to `dtype`: one numpy gather."""
+    flat = np.asarray(flat)
+    inside = _inside(lengths)
+    starts = np.asarray(offsets, dtype=np.int64)[np.asarray(episodes, dtype=np.int64)]
+    rows = np.zeros(inside.shape, dtype=flat.dtype)
+    rows[inside] = flat[(starts[:, None] + np.arange(inside.shape[1]))[inside]]
+    return torch.from_numpy(rows).to(dtype)
+
+
+def _inside(lengths: list[int]) -> np.ndarray:
+    """(rows, longest) bool: True on the first `length` columns of each row."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return np.arange(lengths.max()) < lengths[:, None]
 
 
 def _trained_tokens(batch, episode: int) -> int:

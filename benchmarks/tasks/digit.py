@@ -3,7 +3,8 @@
     python -m benchmarks.tasks.digit OUT.jsonl [ROWS]     # rows {"id", "prompt", "answer"} for the qa env
 
 Reward (`digit_reward`, used as the qa env's `reward_fn: benchmarks.tasks.digit:digit_reward`): 1 for the named
-digit, 0.1 for any other digit, 0 for anything else.
+digit, 0.1 for any other digit, 0 for anything else. `digit_score` is the same reward with a success only for the
+named digit (with `digit_reward` alone the qa env counts any reward above 0, any digit, a success).
 """
 
 from __future__ import annotations
@@ -30,6 +31,10 @@ def digit_reward(completion: str, answer: str | None, **_) -> float:
     if text == answer:
         return 1.0
     return 0.1 if len(text) == 1 and text.isdigit() else 0.0
+
+
+def digit_score(completion: str, answer: str | None, **_) -> dict:
+    return {"reward": digit_reward(completion, answer), "success": completion.strip() == answer}
 
 
 def write(path: Path, count: int, seed: int = 0) -> None:
