@@ -1,5 +1,5 @@
 from agentrl.env.api import FreeText, TextEnv
-from agentrl.env.registry import make, register, registered_ids
+from agentrl.env.registry import make, register, register_adapter, registered_ids
 from agentrl.env.tools import Tool, ToolEnv, tool
 
-__all__ = ["FreeText", "TextEnv", "Tool", "ToolEnv", "make", "register", "registered_ids", "tool"]
+__all__ = ["FreeText", "TextEnv", "Tool", "ToolEnv", "make", "register", "register_adapter", "registered_ids", "tool"]

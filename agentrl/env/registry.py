@@ -1,13 +1,18 @@
-"""Find environments by id: in-process registrations, `module:Class`, or the `agentrl.envs` entry points."""
+"""Find environments by id: in-process registrations, `module:Class`, the `agentrl.envs` entry points, or
+`ADAPTER:NAME` for an environment of another ecosystem's package (`reasoning_gym:countdown`), made by an adapter
+registered with `register_adapter` or the `agentrl.env_adapters` entry point group."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from agentrl.plugins import Registry
 
 ENTRY_POINT_GROUP = "agentrl.envs"
+ADAPTER_ENTRY_POINT_GROUP = "agentrl.env_adapters"
 _envs = Registry("env id", ENTRY_POINT_GROUP, "agentrl.env.register", overwrite=True)
+_adapters = Registry("env adapter", ADAPTER_ENTRY_POINT_GROUP, "agentrl.env.register_adapter", overwrite=True)
 
 
 def register(env_id: str, entry_point: str | Callable) -> None:
@@ -15,12 +20,25 @@ def register(env_id: str, entry_point: str | Callable) -> None:
     _envs.register(env_id, entry_point)
 
 
+def register_adapter(prefix: str, entry_point: str | Callable) -> None:
+    """Register `prefix` -> `"module:function"` or a function `make(name, **kwargs)` returning an env: the env id
+    `prefix:name` is then made by that function (an adapter to another package's environments)."""
+    _adapters.register(prefix, entry_point)
+
+
 def registered_ids() -> list[str]:
     return _envs.names()
 
 
+def registered_adapters() -> list[str]:
+    return _adapters.names()
+
+
 def resolve(env_id: str) -> Callable:
     """The constructor behind `env_id`, imported lazily."""
+    prefix, sep, name = env_id.partition(":")
+    if sep and prefix in _adapters.names():
+        return functools.partial(_adapters.resolve(prefix), name)
     try:
         return _envs.resolve(env_id)
     except KeyError as error:
