@@ -261,3 +261,65 @@ def test_a_real_tiny_model_of_the_family_plays_a_tool_episode(model_dirs, family
     assert [i for i, m in enumerate(episode.loss_mask) if m] == [
         i for start, end in episode.turn_spans for i in range(start, end)
     ]
+
+
+def test_eval_reports_reasoning_length_where_turns_reason():
+    from agentrl.evaluation.metrics import TaskResult, aggregate
+
+    def task(reasoning):
+        return TaskResult(
+            0,
+            "t",
+            rewards=[1.0, 0.0],
+            successes=[True, False],
+            turns=[2, 1],
+            tokens=[9, 9],
+            response_tokens=[4, 4],
+            reasoning_tokens=reasoning,
+            finish=["terminated"] * 2,
+        )
+
+    metrics = aggregate([task([6.0, 3.0])], 2)
+    assert metrics["reasoning_tokens_mean"] == 4.5 and metrics["reasoning_tokens_per_turn"] == 3.0
+    assert "reasoning_tokens_mean" not in aggregate([task([0.0, 0.0])], 2)
+
+
+def chat_config(path, **chat):
+    from agentrl.config import load_config
+
+    return load_config(None, [f"model.path={path}", *(f"chat.{k}={v}" for k, v in chat.items())])
+
+
+def test_start_up_names_the_family_and_refuses_a_bad_chat_format_in_one_line(model_dirs, tmp_path):
+    from agentrl.run.preflight import ChatFormatUnusable, check_chat_format
+
+    said = []
+    name = check_chat_format(chat_config(model_dirs["qwen3"]), say=lambda line, **_: said.append(line))
+    assert name == "qwen3" and "chat format qwen3 (detected" in said[0] and "rewrites the history" in said[0]
+    assert check_chat_format(chat_config(model_dirs["hermes"], format="hermes"), say=lambda *a, **k: None) == "hermes"
+    bare = tmp_path / "bare"
+    tokenizer = build_family_tokenizer_without_template(bare)
+    cases = [
+        (chat_config(model_dirs["llama3"], format="mistral"), "chat.format=mistral", "end-of-turn"),
+        (chat_config(bare), f"model.path={bare}", "chat template"),
+        (chat_config(model_dirs["hermes"], format="nowhere.module:Family"), "chat.format=nowhere", "nowhere"),
+    ]
+    for config, where, words in cases:
+        with pytest.raises(ChatFormatUnusable) as refused:
+            check_chat_format(config, say=lambda *a, **k: None)
+        message = str(refused.value)
+        assert "\n" not in message and message.startswith(where) and words in message, message
+    assert tokenizer.chat_template is None
+
+
+def build_family_tokenizer_without_template(folder):
+    tok = tokenizer("hermes")
+    saved = tok.chat_template
+    tok.chat_template = None
+    try:
+        tok.save_pretrained(folder)
+    finally:
+        tok.chat_template = saved
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
