@@ -232,8 +232,13 @@ class ChatFormat:
         _, tools = self.tools_placed([], tools)
         shape = self._shape(new, ended_with)
         split = self._splits.get(shape) if shape is not None else None
-        if split is not None:
-            return self._split_ids(split, [m["content"] for m in new])
+        if split is not None:  # a game repeats its replies, a tool its results: their ids are kept by their text
+            key = (shape, *(m["content"] for m in new))
+            ids = self._observations.get(key)
+            if ids is None:
+                ids = array("i", self._split_ids(split, [m["content"] for m in new]))
+                _remember(self._observations, key, ids)
+            return list(ids)
         ids = self._rendered_continuation(history, new, tools, ended_with)
         if shape is not None and shape not in self._splits and self._append_only(new):
             if len(self._splits) >= CACHED_TEXTS:
