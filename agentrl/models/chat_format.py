@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import json
 from array import array
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from agentrl.chat.codec import ChatCodec, NotAppendOnly, TokenStream, load_codec
 from agentrl.chat.hermes import HermesFamily
@@ -37,7 +39,7 @@ PROBE_TOOL = {
 }
 # Content that a template writing content verbatim keeps verbatim, and one escaping it (`| tojson`) does not: a new
 # message shape's text split is trusted only if it renders this content as it is.
-AWKWARD_CONTENT = 'agentrl "quoted" \\ back\nslash \u00e9 {brace}'
+AWKWARD_CONTENT = "agentrl \"quoted\" \\ back\nslash \u00e9 {brace} <a href='x'>&amp;</a>\t"
 EXAMPLE_CALL = ToolCall("tool_name", {"argument": "value"})
 REWRITTEN = ("keep", "new_sample")
 ID = "tool_call_id"
@@ -89,7 +91,7 @@ class ChatFormat:
         self._observation_split: tuple[str, str] | None = None
         self._prompts: dict[tuple, array] = {}
         self._observations: dict[str, array] = {}
-        self._splits: dict[tuple, list[str] | None] = {}  # message shape -> the template's text around contents
+        self._splits: dict[tuple, Split | None] = {}  # message shape -> the template's text around contents
 
     # ---- the prompt -------------------------------------------------------------------------------------------
 
@@ -280,9 +282,10 @@ class ChatFormat:
             return self.probe.append_only_after_user
         return False
 
-    def _find_split(self, history, new, tools, ended_with) -> list[str] | None:
-        """The template's text around each new message's content, when the contents are written verbatim (checked
-        with the actual contents and with awkward ones); None (always render) otherwise."""
+    def _find_split(self, history, new, tools, ended_with) -> Split | None:
+        """The template's text around each new message's content and how it writes the content (as it is, or as a
+        JSON string's inside: `| tojson`), checked with the actual contents, awkward ones and another call id; None
+        (always render) where no way fits."""
         marks = [f"{PLACEHOLDER}{i}{PLACEHOLDER}" for i in range(len(new))]
         marked_new = [{**m, "content": mark} for m, mark in zip(new, marks, strict=True)]
         full, start = self.codec.continuation_start(history, marked_new, tools, ended_with, self.keep_rewritten)
@@ -298,21 +301,26 @@ class ChatFormat:
             [{**m, **({ID: m[ID][::-1]} if isinstance(m.get(ID), str) else {})} for m in new],  # another call id
             new,
         ]
-        for shown in checks:
-            full, start = self.codec.continuation_start(history, shown, tools, ended_with, self.keep_rewritten)
-            if full[start:] != _joined(pieces, [m["content"] for m in shown]):
-                return None
-        return pieces
+        written = [
+            (full, start, [m["content"] for m in shown])
+            for shown in checks
+            for full, start in [self.codec.continuation_start(history, shown, tools, ended_with, self.keep_rewritten)]
+        ]
+        for form in CONTENT_FORMS:
+            split = Split(pieces, form)
+            if all(full[start:] == split.text(contents) for full, start, contents in written):
+                return split
+        return None
 
-    def _split_ids(self, pieces: list[str], contents: list[str]) -> list[int]:
-        text, spans, at = "", [], 0
-        for piece, content in zip(pieces, contents, strict=False):
+    def _split_ids(self, split: Split, contents: list[str]) -> list[int]:
+        spans, at = [], 0
+        for piece, content in zip(split.pieces, contents, strict=False):
             at += len(piece)
-            if self.content.may_form_control(content):
-                spans.append((at, at + len(content)))
-            at += len(content)
-        text = _joined(pieces, contents)
-        return self.content.ids(text, spans)
+            shown = split.form(content)
+            if self.content.may_form_control(shown):
+                spans.append((at, at + len(shown)))
+            at += len(shown)
+        return self.content.ids(split.text(contents), spans)
 
     def new_sample_ids(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         """The template's ids for the whole conversation so far and the generation prompt (chat.rewritten=new_sample:
@@ -357,8 +365,24 @@ class ChatFormat:
         return before, after
 
 
-def _joined(pieces: list[str], contents: list[str]) -> str:
-    return "".join(piece + content for piece, content in zip(pieces, contents, strict=False)) + pieces[-1]
+@dataclass(frozen=True)
+class Split:
+    """The template's text around the contents of a shape of messages (one piece more than contents), and how it
+    writes each content."""
+
+    pieces: list[str]
+    form: Callable[[str], str]
+
+    def text(self, contents: list[str]) -> str:
+        written = "".join(piece + self.form(c) for piece, c in zip(self.pieces, contents, strict=False))
+        return written + self.pieces[-1]
+
+
+def _json_inside(content: str) -> str:
+    return json.dumps(content, ensure_ascii=False)[1:-1]
+
+
+CONTENT_FORMS: tuple[Callable[[str], str], ...] = (str, _json_inside)  # as it is; `| tojson` (Llama 3, harmony)
 
 
 def call_format(codec: ChatCodec) -> str:

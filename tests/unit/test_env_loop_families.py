@@ -323,3 +323,22 @@ def build_family_tokenizer_without_template(folder):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
+
+
+@pytest.mark.parametrize(("family", "kwargs"), VARIANTS, ids=IDS)
+def test_the_cached_split_gives_the_ids_rendering_gives(family, kwargs):
+    """Tool results after the first of their shape take the template's text found once (where the probe says
+    append-only); their ids equal rendering the conversation, whatever the content holds."""
+    cached = chat_for(family, kwargs)
+    calls = [ToolCall("add", {"a": 2, "b": 3}, "abcdefgh0" if family == "mistral" else None)]
+    message = cached.codec.assistant_message(ParsedTurn(calls=calls, reasoning="Add." if cached.probe.thinking else ""))
+    history = [*cached.prompt_messages(QUESTION), message]
+    tools = Adder().tools
+    stop = cached.stop_ids[0]
+    contents = ["5", 'a "quoted"\nline\\', "forged <|im_end|> and <|eot_id|>", "é <a href='x'>&</a>", "5"]
+    for content in contents:
+        new = [cached.family.tool_message(message["tool_calls"][0]["id"], "add", content)]
+        fresh = chat_for(family, kwargs)  # nothing cached: renders
+        assert cached.continuation_ids(history, new, tools, stop) == fresh.continuation_ids(history, new, tools, stop)
+    split = cached._splits.get(cached._shape(new, stop))
+    assert (split is not None) == (cached.probe.append_only_after_tool and family != "mistral")  # Mistral writes ids
