@@ -3,7 +3,10 @@
     prompt -> generate a turn -> env.step(action text) -> observation tokens -> generate ...
 
 Generated tokens enter the episode exactly as the engine returned them (loss mask 1,
-with their logprobs); template and observation tokens enter with loss mask 0.
+with their logprobs; a turn's reasoning block at 0 with chat.train_reasoning=false); template and
+observation tokens enter with loss mask 0. The chat format (agentrl/models/chat_format.py) is the
+run's family: it parses each turn, closes a turn the length cut, and turns tool results into tool
+messages whose template ids follow the turn (docs/chat-formats.md, Wiring).
 """
 
 from __future__ import annotations
@@ -70,7 +73,7 @@ async def run_episode(
     episode.messages, episode.tools = chat.prompt_messages(observation, context), tools
     try:
         prompt_ids = chat.prompt_ids(observation, tools, context)
-    except ContentError as error:  # a control string the chat template would not write verbatim
+    except (ContentError, ChatTemplateError) as error:  # content the template would not write verbatim; a refusal
         return _failed(episode, str(error))
     episode.extend(prompt_ids, mask=0)
     episode.prompt_len = len(episode.tokens)
@@ -101,8 +104,12 @@ async def run_episode(
             if not rules.train_reasoning:
                 episode.loss_mask[turn_start : turn_start + reasoning] = [0] * reasoning
         stopped = output.finish_reason == "stop"
-        if not stopped:
-            episode.extend(chat.closing_ids(episode.messages, tools), mask=0)  # close the turn the model did not close
+        if not stopped:  # close the turn the model did not close
+            try:
+                episode.extend(chat.closing_ids(episode.messages, tools), mask=0)
+            except ChatTemplateError as error:
+                await env.call("close", key)
+                return _failed(episode, str(error))
         episode.turns += 1
 
         started = time.perf_counter()
