@@ -342,3 +342,21 @@ def test_the_cached_split_gives_the_ids_rendering_gives(family, kwargs):
         assert cached.continuation_ids(history, new, tools, stop) == fresh.continuation_ids(history, new, tools, stop)
     split = cached._splits.get(cached._shape(new, stop))
     assert (split is not None) == (cached.probe.append_only_after_tool and family != "mistral")  # Mistral writes ids
+
+
+@pytest.mark.parametrize("family", ["hermes", "qwen3", "harmony", "glm45"])
+def test_streamed_ids_that_split_characters_give_the_whole_turn(family):
+    """Ids whose bytes are whole characters come from the codec's table, runs that split a character (emoji, CJK
+    in a byte-level vocabulary that never saw them) from DecodeStream: the deltas join to the whole parse."""
+    chat = chat_for(family, {})
+    prefix = {"harmony": "<|channel|>final<|message|>", "qwen3": "<think>\n思考 🤔\n</think>\n\n"}.get(family, "")
+    ids = chat.codec.encode(f"{prefix}Résumé: 5 📐 数学 ok")
+    table = chat.codec.pieces()
+    assert table is not None and any(table[i] is None for i in ids) and any(table[i] is not None for i in ids)
+    stream = chat.codec.stream(tools=Adder().tools)
+    deltas = [stream.feed([i]) for i in ids]
+    last, turn = stream.finish()
+    whole = chat.codec.parse_ids(ids, tools=Adder().tools)
+    assert turn == whole and "".join(d.content for d in [*deltas, last]) == whole.content
+    assert "".join(d.reasoning for d in [*deltas, last]) == whole.reasoning
+    assert "数学" in whole.content
