@@ -188,9 +188,10 @@ def check_chat_format(config, say=print) -> str:
         if not rewrites
         else f"rewrites the history after {' and '.join(rewrites)} (chat.rewritten={config.chat.rewritten})"
     )
+    tools = "to the template" if probe.renders_tools else "in the system message (the template ignores tools=)"
     say(
         f"agentrl: chat format {name} ({'chat.format' if named else 'detected'}; {codec.family.summary}); the template "
-        f"{kept}; tools {'in the template' if probe.renders_tools else 'listed in the system message'}",
+        f"{kept}; an env's tools go {tools}",
         flush=True,
     )
     return name
