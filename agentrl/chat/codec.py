@@ -50,6 +50,7 @@ class ChatCodec:
         # the end tokens a turn's text drops before parsing (a family may need some as markup)
         self._dropped = frozenset(i for i, text in self._stop_text.items() if text not in family.markup_ends)
         self._probe = None
+        self._pieces: list[str | None] | bool | None = None
 
     # ---- rendering ------------------------------------------------------------------------------
 
@@ -234,6 +235,18 @@ class ChatCodec:
     def assistant_message(self, turn: ParsedTurn, call_ids: list[str] | None = None) -> dict:
         return self.family.assistant_message(turn, call_ids)
 
+    def pieces(self) -> list[str | None] | None:
+        """Each id's text where it is whole characters on its own, else None; None where the tokenizer's decoding is
+        not byte-level (an id's text then depends on its neighbours: SentencePiece's leading spaces). Built once."""
+        if self._pieces is None:
+            backend = getattr(self.tokenizer, "backend_tokenizer", None)
+            if backend is None or type(backend.decoder).__name__ != "ByteLevel":
+                self._pieces = False
+            else:
+                texts = backend.decode_batch([[i] for i in range(backend.get_vocab_size())], skip_special_tokens=False)
+                self._pieces = [None if "\ufffd" in text else text for text in texts]
+        return self._pieces or None
+
     def probe(self):
         """What the template does with multi-turn tool conversations (agentrl.chat.probe.TemplateProbe), once."""
         if self._probe is None:
@@ -245,38 +258,67 @@ class ChatCodec:
 
 class TokenStream:
     """Generated ids in, TurnDeltas out: ids are decoded incrementally (a character whose bytes are still arriving
-    waits for them; the Rust `DecodeStream` of a fast tokenizer, one call per id), end-of-turn ids are dropped, and
-    the text goes to the family's scanner. `finish` decodes the whole turn once, so the turn is what `parse_ids`
-    gives even where the last bytes never completed a character."""
+    waits for them), end-of-turn ids are dropped, and the text goes to the family's scanner. With a byte-level
+    tokenizer (Qwen, Llama 3, gpt-oss, DeepSeek, GLM) an id whose bytes are whole characters is its text from a table
+    (`ChatCodec.pieces`); the Rust `DecodeStream` decodes only the runs of ids that split a character (and every id
+    of other tokenizers). `finish` decodes the whole turn once, so the turn is what `parse_ids` gives even where the
+    last bytes never completed a character."""
 
     def __init__(self, codec: ChatCodec, scanner: Scanner):
-        self.codec, self.scanner = codec, scanner
+        self.codec, self.scanner, self.dropped = codec, scanner, codec._dropped
         self.ids: list[int] = []
         self.sent: list[str] = []
         self.backend = getattr(codec.tokenizer, "backend_tokenizer", None)
-        self.decoder = DecodeStream(skip_special_tokens=False) if DecodeStream and self.backend is not None else None
+        self.streams = DecodeStream is not None and self.backend is not None
+        self.pieces = codec.pieces() if self.streams else None
+        self.decoder = None if self.pieces is not None or not self.streams else DecodeStream(skip_special_tokens=False)
         self.prefix_offset = self.read_offset = 0  # the decode window of tokenizers without DecodeStream
+        self.whole_pieces = self.pieces is not None  # every id so far was whole characters: the text sent is the turn
 
     def feed(self, ids) -> TurnDelta:
-        dropped, new = self.codec._dropped, []
+        pieces, dropped = self.pieces, self.dropped
+        if len(ids) == 1 and pieces is not None and self.decoder is None:  # one id a feed: the streamed token
+            token = ids[0]
+            if type(token) is not int:
+                token = int(token)
+            if token < len(pieces) and token not in dropped:
+                piece = pieces[token]
+                if piece is not None:
+                    self.ids.append(token)
+                    self.sent.append(piece)
+                    return self.scanner.feed(piece)
+        new = []
         for token in ids:
             token = int(token)
             if token in dropped:
                 continue
             self.ids.append(token)
-            if self.decoder is not None:
-                piece = self.decoder.step(self.backend, token)
-                if piece:
+            if not self.streams:
+                continue
+            if pieces is not None and self.decoder is None and token < len(pieces):
+                piece = pieces[token]
+                if piece is not None:
                     new.append(piece)
-        text = "".join(new) if self.decoder is not None else self._window_text()
+                    continue
+            if self.decoder is None:  # a character split across ids starts: decode the run until it completes
+                self.decoder = DecodeStream(skip_special_tokens=False)
+            self.whole_pieces = False
+            piece = self.decoder.step(self.backend, token)
+            if piece:
+                new.append(piece)
+                if pieces is not None:
+                    self.decoder = None
+        text = ("".join(new) if len(new) != 1 else new[0]) if self.streams else self._window_text()
         if not text:
             return TurnDelta()
         self.sent.append(text)
         return self.scanner.feed(text)
 
     def finish(self) -> tuple[TurnDelta, ParsedTurn]:
-        whole, sent = self.codec.decode(self.ids), "".join(self.sent)
-        rest = whole[len(sent) :] if whole.startswith(sent) else ""  # bytes that never completed a character
+        rest = ""
+        if not self.whole_pieces:  # bytes that never completed a character come last
+            whole, sent = self.codec.decode(self.ids), "".join(self.sent)
+            rest = whole[len(sent) :] if whole.startswith(sent) else ""
         first = self.scanner.feed(rest) if rest else TurnDelta()
         last, turn = self.scanner.finish()
         return first + last, turn

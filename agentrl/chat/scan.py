@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 from agentrl.chat.turn import ParsedTurn, ToolCall, TurnDelta
 
+PLAIN_KEPT = 65536  # pieces whose markers each mode remembers (a vocabulary's common ones), shared by every stream
+
 
 @dataclass(frozen=True)
 class Mode:
@@ -33,12 +35,15 @@ class Mode:
     # in it (`marker_start(text, pos)` finds one), and a held tail is at most `reach` characters long
     marker_start: Callable = field(init=False, repr=False, compare=False)
     reach: int = field(init=False, repr=False, compare=False)
+    # text -> whether no marker starts in it (a vocabulary's pieces recur: looked up instead of searched)
+    plain: dict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         firsts = sorted({marker[0] for marker in self.exits})
         pattern = re.compile("[" + "".join(re.escape(first) for first in firsts) + "]") if firsts else None
         object.__setattr__(self, "marker_start", pattern.search if pattern else lambda *_: None)
         object.__setattr__(self, "reach", max((len(marker) for marker in self.exits), default=1) - 1)
+        object.__setattr__(self, "plain", {})
 
 
 class TextSink:
@@ -129,14 +134,33 @@ class Scanner:
         if self.done:
             raise RuntimeError("feed() after finish(); start a new stream for the next turn")
         mode = self.modes[self.mode]
-        if not self.buffer and mode.decide is None and not mode.marker_start(text):
-            if mode.channel is None:  # no marker starts in it: a capture mode keeps it, searched
-                self.buffer, self.searched = text, len(text)
-                return TurnDelta()
-            self.text(mode.channel, text)  # the common case of a streamed token: plain text
-            return self._take()
+        if mode.decide is None and (not self.buffer or (mode.channel is None and self.searched == len(self.buffer))):
+            plain = mode.plain.get(text)  # a streamed token's text recurs: whether a marker may start in it, kept
+            if plain is None:
+                plain = not mode.marker_start(text)
+                if len(mode.plain) < PLAIN_KEPT:
+                    mode.plain[text] = plain
+            if plain:
+                channel = mode.channel
+                if channel is None:  # a capture mode's body goes on (nothing held that may grow into a marker)
+                    self.buffer += text
+                    self.searched = len(self.buffer)
+                    return TurnDelta()
+                sink = self.sinks.get(channel)
+                # the common case of a streamed token: text going on where its channel's text left off (nothing is
+                # pending between feeds: each ends by taking what it completed)
+                if sink is not None and sink.started and not sink.held and self.last_channel == channel:  # noqa: SIM102
+                    if not text[-1:].isspace() and not (self.new_calls or self.new_errors):
+                        sink.parts.append(text)
+                        return TurnDelta(text) if channel == "content" else TurnDelta("", text)
+                return self._plain(channel, text)
         self.buffer += text
         self._run(final=False)
+        return self._take()
+
+    def _plain(self, channel: str, text: str) -> TurnDelta:
+        """`text`, in which no exit marker of the current text mode starts, with nothing held before it."""
+        self.text(channel, text)
         return self._take()
 
     def finish(self) -> tuple[TurnDelta, ParsedTurn]:
