@@ -22,8 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.runs import REPO, window_means
 from agentrl.sweep.objective import read_run_scalars
+from benchmarks.runs import REPO, window_means
 
 CONFIG = "launch/configs/quickstart.yaml"
 TAGS = ("rollout/success_rate", "time/step", "rollout/reward_mean", "episode/turns_mean")
@@ -53,11 +53,11 @@ def run_pair(algorithms: list[str], seed: int, args, root: Path) -> dict[str, fl
     started, procs = {}, {}
     for algorithm in algorithms:
         run_dir = root / f"{algorithm}-seed{seed}"
-        log = open(run_dir.with_suffix(".log"), "wb")
         cmd = command(algorithm, seed, args.steps, args.tasks, run_dir)
         print("$", " ".join(cmd[2:]), flush=True)
         started[algorithm] = time.perf_counter()
-        procs[algorithm] = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
+        with open(run_dir.with_suffix(".log"), "wb") as log:  # the child keeps its own copy of the descriptor
+            procs[algorithm] = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     walls = {}
     for algorithm, proc in procs.items():
         if proc.wait():
@@ -79,6 +79,7 @@ def summarise(run_dir: Path, wall: float | None, points: list[int]) -> dict:
     success = np.array([v for _, v in scalars.get("rollout/success_rate", [])])
     start, end = window_means(scalars.get("rollout/success_rate", []))
     step_time = np.array([v for _, v in scalars.get("time/step", [])])
+    turns = np.array([v for _, v in scalars.get("episode/turns_mean", [])])
     return {
         "steps": len(success),
         "success_start": start,
@@ -86,9 +87,7 @@ def summarise(run_dir: Path, wall: float | None, points: list[int]) -> dict:
         "success_at": {p: float(success[max(0, p - 10) : p].mean()) for p in points if p <= len(success)},
         "step_to_0.5": first_reaching(success, 0.5),
         "step_to_0.8": first_reaching(success, 0.8),
-        "turns_end": float(np.mean([v for _, v in scalars.get("episode/turns_mean", [])][-max(1, len(success) // 10) :]))
-        if scalars.get("episode/turns_mean")
-        else None,
+        "turns_start_end": window_means(list(enumerate(turns))) if len(turns) else None,
         "step_s_median": float(np.median(step_time)) if len(step_time) else None,
         "wall_s": wall,
         "success_curve": success.round(4).tolist(),
@@ -98,17 +97,19 @@ def summarise(run_dir: Path, wall: float | None, points: list[int]) -> dict:
 def table(results: dict, points: list[int]) -> str:
     head = " | ".join(f"step {p}" for p in points)
     lines = [
-        f"| algorithm | seed | success start -> end | {head} | step to 0.5 | step to 0.8 | step s (median) | wall min |",
-        "|---|---|---|" + "---|" * len(points) + "---|---|---|---|",
+        f"| algorithm | seed | success start -> end | {head} | step to 0.5 | step to 0.8 | turns start -> end "
+        "| step s (median) | wall min |",
+        "|---|---|---|" + "---|" * len(points) + "---|---|---|---|---|",
     ]
     for name, row in sorted(results.items()):
         algorithm, seed = name.rsplit("-seed", 1)
         at = " | ".join(f"{row['success_at'].get(str(p), row['success_at'].get(p, float('nan'))):.2f}" for p in points)
         wall = f"{row['wall_s'] / 60:.1f}" if row["wall_s"] else "-"
         step_s = f"{row['step_s_median']:.2f}" if row["step_s_median"] else "-"
+        turns = "{:.2f} -> {:.2f}".format(*row["turns_start_end"]) if row["turns_start_end"] else "-"
         lines.append(
             f"| {algorithm} | {seed} | {row['success_start']:.2f} -> {row['success_end']:.2f} | {at} | "
-            f"{row['step_to_0.5']} | {row['step_to_0.8']} | {step_s} | {wall} |"
+            f"{row['step_to_0.5']} | {row['step_to_0.8']} | {turns} | {step_s} | {wall} |"
         )
     return "\n".join(lines)
 
