@@ -51,15 +51,22 @@ def turn_loo_advantages(
     turn_position: np.ndarray,
     turn_reward: np.ndarray,
     gamma: float = 1.0,
+    baseline: str = "reached",
 ) -> np.ndarray:
     """Per-turn advantages (M,) float32: A = G - (mean G of the group's other valid episodes at the same position).
 
     Episodes: `groups` (N,) task ids, `valid` (N,) bool (False: a failed episode; its turns get 0 and enter no
     baseline). Turns, flat (M,): `turn_episode` the episode index, `turn_position` the turn's place in its episode
     (0 first; positions of one episode distinct, not necessarily contiguous), `turn_reward` the reward paid for
-    that turn (an episode's outcome on its last turn). A turn whose position no other valid episode of its group
-    reached has baseline 0: its advantage is its return.
+    that turn (an episode's outcome on its last turn).
+
+    `baseline`: "reached" averages the other episodes that have a turn at that position; a turn whose position no
+    other valid episode of its group reached has baseline 0 (its advantage is its return). "padded" averages all
+    the other valid episodes of the group, an episode that ended before that position counting a return of 0 (what
+    it earns from there on); a group of one valid episode has baseline 0.
     """
+    if baseline not in ("reached", "padded"):
+        raise ValueError(f"baseline must be 'reached' or 'padded', got {baseline!r}")
     groups = np.asarray(groups)
     valid = np.ones(len(groups), dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
     turn_episode = np.asarray(turn_episode, dtype=np.int64)
@@ -82,11 +89,13 @@ def turn_loo_advantages(
     _, cell = np.unique(keys, axis=0, return_inverse=True)
     cell = cell.reshape(-1)
     turn_valid = valid[turn_episode]
-    count = np.bincount(cell, weights=turn_valid.astype(np.float64))
-    total = np.bincount(cell, weights=np.where(turn_valid, returns, 0.0))
-    others = count[cell] - 1.0
-    baseline = np.where(others >= 1.0, (total[cell] - returns) / np.maximum(others, 1.0), 0.0)
-    return np.where(turn_valid, returns - baseline, 0.0).astype(np.float32)
+    count = np.bincount(cell, weights=turn_valid.astype(np.float64))[cell]
+    total = np.bincount(cell, weights=np.where(turn_valid, returns, 0.0))[cell]
+    if baseline == "padded":  # every valid episode of the group counts, those without this turn with a return of 0
+        count = np.bincount(task.reshape(-1), weights=valid.astype(np.float64))[task.reshape(-1)][turn_episode]
+    others = count - 1.0
+    mean_of_others = np.where(others >= 1.0, (total - returns) / np.maximum(others, 1.0), 0.0)
+    return np.where(turn_valid, returns - mean_of_others, 0.0).astype(np.float32)
 
 
 def episode_turns(batch: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -124,6 +133,12 @@ class TurnRLOOOptions(PolicyGradientOptions):
         description="Discount of later turns' rewards in a turn's return. 1: the plain reward-to-go, the gradient of "
         "the undiscounted episode reward; below 1 the estimator follows the discounted objective instead.",
     )
+    baseline: Literal["reached", "padded"] = Field(
+        "reached",
+        description="Whose returns at a turn's position make its baseline: `reached`, the other episodes of the group "
+        "that have a turn there (none: 0); `padded`, all other episodes of the group, one that already ended "
+        "counting 0. Both are unbiased (docs/algorithms.md#per-turn-returns-turn_rloo).",
+    )
 
 
 class TurnRLOO(PolicyGradient):
@@ -141,6 +156,12 @@ class TurnRLOO(PolicyGradient):
     def advantages(self, batch, valid):
         first, turn_episode, turn_reward = episode_turns(batch)
         per_turn = turn_loo_advantages(
-            batch["group"][first], valid[first], turn_episode, batch["turn_call"], turn_reward, self.options.gamma
+            batch["group"][first],
+            valid[first],
+            turn_episode,
+            batch["turn_call"],
+            turn_reward,
+            self.options.gamma,
+            self.options.baseline,
         )
         return per_turn_tokens(per_turn, batch["turn_start"], batch["turn_end"], len(batch["tokens"]))

@@ -203,8 +203,9 @@ def gigpo_reference(options, batch, rows):
 
 def turn_rloo_reference(options, rows):
     """Per turn: its reward-to-go (the rest of the episode reward on the last turn) minus the mean reward-to-go of
-    the other episodes of its group at the same turn position that have such a turn (no such episode: minus 0)."""
-    gamma = options.get("gamma", 1.0)
+    the other episodes of its group at the same turn position that have such a turn (no such episode: minus 0); with
+    baseline padded, of all the other episodes of its group, one without such a turn counting 0."""
+    gamma, padded = options.get("gamma", 1.0), options.get("baseline") == "padded"
     returns = []
     for _, turn_rewards, _, reward in EPISODES:
         paid = list(turn_rewards)
@@ -214,9 +215,9 @@ def turn_rloo_reference(options, rows):
     for i, (turns, _, _, _) in enumerate(EPISODES):
         for k in range(len(turns)):
             others = [
-                returns[j][k]
+                returns[j][k] if len(returns[j]) > k else 0.0
                 for j in range(len(EPISODES))
-                if j != i and GROUP_OF[j] == GROUP_OF[i] and len(returns[j]) > k
+                if j != i and GROUP_OF[j] == GROUP_OF[i] and (len(returns[j]) > k or padded)
             ]
             baseline = np.mean(others) if others else 0.0
             start = 3 + sum(n + 3 for n in turns[:k])
@@ -396,6 +397,7 @@ CASES = [(name, {}) for name in SHIPPED] + [
     ("dapo", {"overlong_buffer": 3, "overlong_max_tokens": 4}),
     ("gigpo", {"std_norm": False, "gamma": 0.5, "step_weight": 0.7}),
     ("turn_rloo", {"gamma": 0.6, "loss_agg": "seq-mean-token-sum-norm", "loss_norm_length": 5}),
+    ("turn_rloo", {"baseline": "padded"}),
     ("rloo", {"loss_agg": "seq-mean-token-mean", "entropy_coef": 0.02}),
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6}),  # the random logits' entropies lie on both sides
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_schedule": "lr"}),
