@@ -4,7 +4,7 @@ A packed batch holds per-token arrays (tokens, loss_mask, logprobs; `offsets` ma
 episodes), per-episode arrays, one `metric/NAME` array per episode metric, and per-turn
 arrays (`turn_episode`, `turn_start`, `turn_end`: the turn's generated tokens in the flat
 token array, `turn_reward`: the env's reward for that turn, `turn_state`: a key of the
-state the turn acted in).
+state the turn acted in, `turn_call`: the turn's place among its episode's turns, 0 first).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 
 FINISH_REASONS = ("terminated", "truncated", "max_turns", "max_tokens", "error")
 METRIC_PREFIX = "metric/"
-TURN_KEYS = ("turn_episode", "turn_start", "turn_end", "turn_reward", "turn_state")
+TURN_KEYS = ("turn_episode", "turn_start", "turn_end", "turn_reward", "turn_state", "turn_call")
 LARGEST_REWARD = float(np.finfo(np.float32).max)  # rewards travel as float32 (`pack`): past this they become inf
 
 
@@ -45,6 +45,9 @@ class Episode:
     turn_spans: list[tuple[int, int]] = field(default_factory=list)  # [start, end) of each turn's generated tokens
     turn_rewards: list[float] = field(default_factory=list)
     turn_states: list[int] = field(default_factory=list)
+    # each turn's index among the episode's model calls (0 first), where its calls are spread over several samples
+    # (the gateway); empty: this row's turns are the episode's turns 0, 1, 2, ... in order (the env loop)
+    turn_calls: list[int] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list, repr=False)  # the conversation as chat messages (dumps)
     tools: list[dict] = field(default_factory=list, repr=False)  # the env's tool schemas
     # 0: the episode's own row; k > 0: its k-th further sample (an agent session that was not append-only),
@@ -121,6 +124,7 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "turn_end": turns[:, 2].copy(),
         "turn_reward": np.array([r for e in episodes for r in e.turn_rewards], dtype=np.float32),
         "turn_state": np.array([k for e in episodes for k in e.turn_states], dtype=np.int64),
+        "turn_call": np.array([k for e in episodes for k in _turn_calls(e)], dtype=np.int64),
         "tokens": _flat([e.tokens for e in episodes], np.int64),
         "loss_mask": _flat([e.loss_mask for e in episodes], np.uint8),
         "logprobs": _flat([e.logprobs for e in episodes], np.float32),
@@ -135,6 +139,17 @@ def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray
         "weight_version": np.array([e.weight_version for e in episodes], dtype=np.int64),
         "finish": np.array([FINISH_REASONS.index(e.finish) for e in episodes], dtype=np.int8),
     }
+
+
+def _turn_calls(episode: Episode) -> list[int]:
+    if not episode.turn_calls:
+        return list(range(len(episode.turn_spans)))
+    if len(episode.turn_calls) != len(episode.turn_spans):
+        raise ValueError(
+            f"episode has {len(episode.turn_spans)} turn spans and {len(episode.turn_calls)} turn_calls: "
+            "give one call index per turn, or none"
+        )
+    return list(episode.turn_calls)
 
 
 def _flat(per_episode: list, dtype) -> np.ndarray:

@@ -743,7 +743,8 @@ class Config(Section):
         if self.agent.enabled and self.algorithm.name in TURN_LEVEL_ALGORITHMS:
             raise ValueError(
                 f"algorithm.name={self.algorithm.name} needs env episodes turn by turn; agent programs (agent:) train "
-                "with the episode-level algorithms (grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo, cispo)"
+                "with the episode-level algorithms (grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo, cispo), or with "
+                "turn_rloo on the per-turn rewards they post to /reward"
             )
         if self.agent.enabled and self.layout.env:
             raise ValueError(

@@ -8,7 +8,7 @@ import time
 
 from agentrl.gateway.agent_process import run_agent
 from agentrl.gateway.trace import samples_from_calls
-from agentrl.trajectory import Episode, RewardError
+from agentrl.trajectory import Episode, RewardError, finite_reward
 
 
 async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_fn=None, timers=None) -> Episode:
@@ -40,7 +40,10 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
     if error is not None:
         return failed(episode, error)
     samples = samples_from_calls(calls)
-    reward, success = _reward(session, printed)
+    try:
+        reward, success = _reward(session, printed)
+    except RewardError as refused:
+        return failed(episode, f"{refused} (the episode failed and does not train)")
     transcript = _transcript(calls)
     if reward_fn is not None:
         try:
@@ -67,7 +70,7 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
             "last stdout line, or set env.reward_fn to score the transcript",
         )
     first, *more = samples
-    _fill(episode, first)
+    _fill(episode, first, session.turn_rewards)
     episode.reward, episode.success = float(reward), bool(success) if success is not None else reward > 0
     episode.finish = "terminated"
     episode.turns = len(calls)
@@ -78,7 +81,7 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
     episode.more_samples = []
     for index, sample in enumerate(more, start=1):
         extra = Episode(group=episode.group, task_seed=episode.task_seed, task_id=episode.task_id, sample=index)
-        _fill(extra, sample)
+        _fill(extra, sample, session.turn_rewards)
         extra.reward, extra.success, extra.finish = episode.reward, episode.success, episode.finish
         extra.turns, extra.weight_version = sample.calls, episode.weight_version
         episode.more_samples.append(extra)
@@ -117,19 +120,24 @@ def failed(episode: Episode, error: str) -> Episode:
     return episode
 
 
-def _fill(episode: Episode, sample) -> None:
+def _fill(episode: Episode, sample, turn_rewards: dict) -> None:
+    """`sample`'s tokens and turns into `episode`; each turn's reward is the one posted for its call (0 if none)."""
     episode.tokens, episode.loss_mask = sample.tokens, sample.loss_mask
     episode.logprobs, episode.token_versions = sample.logprobs, sample.token_versions
     episode.prompt_len, episode.turn_spans = sample.prompt_len, sample.turn_spans
-    episode.turn_rewards = [0.0] * len(sample.turn_spans)
+    episode.turn_calls = list(sample.call_indices)
+    episode.turn_rewards = [turn_rewards.get(call, 0.0) for call in sample.call_indices]
     episode.turn_states = [0] * len(sample.turn_spans)
 
 
 def _reward(session, printed: tuple) -> tuple[float | None, bool | None]:
-    """The session's posted reward, else the last stdout line's."""
-    if session.reward is not None:
-        return session.reward, session.success
-    return printed
+    """The episode's reward and success: the session's posted reward, else the last stdout line's (the outcome),
+    plus the rewards posted for its calls' turns. None without either."""
+    outcome, success = (session.reward, session.success) if session.reward is not None else printed
+    if not session.turn_rewards:
+        return outcome, success
+    total = sum(session.turn_rewards.values()) + (outcome or 0.0)
+    return finite_reward(total, "the episode's reward (its turns' rewards and its outcome, summed)"), success
 
 
 def _transcript(calls) -> list[tuple[str, str]]:

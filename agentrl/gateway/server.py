@@ -1,7 +1,8 @@
 """The gateway on a rollout rank: the policy under training over HTTP, one session per episode.
 
     POST /sessions/{id}/v1/chat/completions, /completions; GET /sessions/{id}/v1/models
-    POST /sessions/{id}/reward   {"reward": float, "success": bool?}  (the agent's own score)
+    POST /sessions/{id}/reward   {"reward": float, "success": bool?, "call": int?}  (the agent's own score; with
+                                 "call", the reward of that model call's turn, 0 first, -1 the latest)
     POST /sessions/{id}/end      {"reward"?, "success"?}  (a service's agent is done)
     POST /sessions/claim         (a long-lived agent service, with the gateway's service key: the next session)
     GET  /health
@@ -149,7 +150,7 @@ class Gateway:
         @app.post("/sessions/{session_id}/reward")
         async def reward(session_id: str, request: Request) -> Response:
             session = session_of(request)
-            session.reward, session.success = _reward_body(await request.body(), session)
+            _take_reward(await request.body(), session)
             return JSONResponse({"ok": True})
 
         @app.post("/sessions/{session_id}/end")
@@ -228,20 +229,49 @@ class _SessionCalls:
         )
 
 
+def _take_reward(raw: bytes, session: Session) -> None:
+    """Apply a /reward body to the session: the episode's reward (and success), or with "call" a reward added to
+    that call's turn. A body it refuses fails the session's episode, as `_reward_body`."""
+    from agentrl.serve.protocol import APIError
+    from agentrl.trajectory import RewardError, finite_reward
+
+    with _failing_the_session(session):
+        reward, success, call = _parse_reward_body(raw, True, len(session.calls))
+        if call is None:
+            session.reward, session.success = reward, success
+            return
+        summed = session.turn_rewards.get(call, 0.0) + reward
+        try:
+            session.turn_rewards[call] = finite_reward(summed, f"the rewards posted for call {call}, summed,")
+        except RewardError as error:
+            raise APIError(str(error), param="reward", code="invalid_reward") from None
+        session.success = session.success if success is None else success
+
+
 def _reward_body(raw: bytes, session: Session, required: bool = True) -> tuple[float | None, bool | None]:
-    """(reward, success) of a /reward or /end body. A body it refuses (400, naming the field and the value) also
-    fails the session's episode, so that episode never trains, even if the agent then ends normally."""
+    """(reward, success) of an /end body. A body it refuses (400, naming the field and the value) also fails the
+    session's episode, so that episode never trains, even if the agent then ends normally."""
+    with _failing_the_session(session):
+        reward, success, _ = _parse_reward_body(raw, required, None)
+        return reward, success
+
+
+@contextlib.contextmanager
+def _failing_the_session(session: Session):
+    """A refused reward (an APIError raised inside) fails the session's episode and says so in its message."""
     from agentrl.serve.protocol import APIError
 
     try:
-        return _parse_reward_body(raw, required)
+        yield
     except APIError as refused:
         session.refused = f"the gateway refused the agent's reward: {refused.message}"
         refused.message += "; this session's episode has failed and will not train"
         raise
 
 
-def _parse_reward_body(raw: bytes, required: bool) -> tuple[float | None, bool | None]:
+def _parse_reward_body(raw: bytes, required: bool, calls: int | None) -> tuple[float | None, bool | None, int | None]:
+    """(reward, success, call) of a body; `calls`: how many model calls the session has made (None: the body may
+    name no call, as /end's)."""
     from agentrl.serve.protocol import APIError
     from agentrl.trajectory import RewardError, finite_reward
 
@@ -251,6 +281,7 @@ def _parse_reward_body(raw: bytes, required: bool) -> tuple[float | None, bool |
         raise APIError(
             'the body is not JSON; send {"reward": 1.0, "success": true}', param="reward", code="invalid_reward"
         ) from None
+    call = _call_index(body.get("call") if isinstance(body, dict) else None, calls)
     reward = body.get("reward") if isinstance(body, dict) else None
     reward_value = None
     if reward is not None or required:
@@ -261,7 +292,42 @@ def _parse_reward_body(raw: bytes, required: bool) -> tuple[float | None, bool |
     success = body.get("success") if isinstance(body, dict) else None
     if success is not None and not isinstance(success, bool):
         raise APIError(f'"success" must be true or false, got {success!r:.80}', param="success", code="invalid_reward")
-    return reward_value, success
+    return reward_value, success, call
+
+
+def _call_index(call, calls: int | None) -> int | None:
+    """The session's call a per-turn reward is for, 0 first (a negative index counts back from the latest), or
+    None; an index of no call made so far is refused, naming the range."""
+    from agentrl.serve.protocol import APIError
+
+    if call is None:
+        return None
+    if calls is None:
+        raise APIError(
+            '"call" is for /reward: post each turn\'s reward there ({"reward": 0.5, "call": 0}), then end the session',
+            param="call",
+            code="invalid_reward",
+        )
+    if isinstance(call, bool) or not isinstance(call, int):
+        raise APIError(
+            f'"call" must be an integer, the index of the model call the reward is for, got {call!r:.80}',
+            param="call",
+            code="invalid_reward",
+        )
+    if not calls:
+        raise APIError(
+            f'"call" is {call} but this session has made no model call yet: post a turn\'s reward after its call',
+            param="call",
+            code="invalid_reward",
+        )
+    if not -calls <= call < calls:
+        raise APIError(
+            f'"call" must be the index of one of this session\'s {calls} model calls so far (0..{calls - 1}, or '
+            f"-1 for the latest), got {call}",
+            param="call",
+            code="invalid_reward",
+        )
+    return call % calls
 
 
 class _QuietServer(uvicorn.Server):

@@ -30,6 +30,7 @@ class Session:
     calls: list = field(default_factory=list)  # CallRecords, in the order their choices finished
     reward: float | None = None  # posted by the agent to /sessions/{id}/reward
     success: bool | None = None
+    turn_rewards: dict = field(default_factory=dict)  # call index (0 first) -> the rewards posted for it, summed
     refused: str | None = None  # why its episode fails whatever the agent does next: a reward the gateway refused
     claimed: asyncio.Event = field(default_factory=asyncio.Event)  # a service took it (POST /sessions/claim)
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # the agent (service) said it is done

@@ -40,6 +40,7 @@ class Sample:
     token_versions: list[int] = field(default_factory=list)
     prompt_len: int = 0
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    call_indices: list[int] = field(default_factory=list)  # each turn's index among the session's calls
     calls: int = 0
 
     def extend(self, ids, mask: int, logprobs=None, version: int = -1) -> None:
@@ -49,14 +50,15 @@ class Sample:
         self.logprobs.extend(np.zeros(len(ids)).tolist() if logprobs is None else [float(x) for x in logprobs])
         self.token_versions.extend([version] * len(ids))
 
-    def add_call(self, call: SessionCall, context_ids) -> None:
-        """`context_ids` (mask 0) then the call's completion (mask 1)."""
+    def add_call(self, call: SessionCall, context_ids, index: int) -> None:
+        """`context_ids` (mask 0) then the call's completion (mask 1); `index`: the call's among the session's."""
         if not self.tokens:
             self.prompt_len = len(context_ids)
         self.extend(context_ids, mask=0)
         start = len(self.tokens)
         self.extend(call.output_ids, mask=1, logprobs=call.logprobs, version=call.weight_version)
         self.turn_spans.append((start, len(self.tokens)))
+        self.call_indices.append(index)
         self.calls += 1
 
 
@@ -64,13 +66,13 @@ def samples_from_calls(calls: list[SessionCall]) -> list[Sample]:
     """The session's samples in call order: a call extends the open sample whose tokens its prompt starts with
     (the newest such sample, so interleaved sub-agents each keep theirs), else it opens a new one."""
     samples: list[Sample] = []
-    for call in calls:
+    for index, call in enumerate(calls):
         prompt = [int(i) for i in call.prompt_ids]
         target = next((s for s in reversed(samples) if _extends(prompt, s.tokens)), None)
         if target is None:
             target = Sample()
             samples.append(target)
-        target.add_call(call, prompt[len(target.tokens) :])
+        target.add_call(call, prompt[len(target.tokens) :], index)
     return samples
 
 

@@ -44,6 +44,7 @@ SHIPPED = [
     "ppo",
     "dapo",
     "gigpo",
+    "turn_rloo",
 ]
 
 # (generated tokens per turn, turn rewards, turn states, episode reward) per episode; groups of three
@@ -160,6 +161,8 @@ def reference_advantages(name: str, options: dict, batch, rows, old_values=None)
         episode = group_normalised(shaped, groups, options.get("adv_std_norm", True))
     elif name == "gigpo":
         return gigpo_reference(options, batch, rows), None
+    elif name == "turn_rloo":
+        return turn_rloo_reference(options, rows), None
     elif name == "ppo":
         return ppo_reference(options, batch, rows, old_values)
     else:
@@ -195,6 +198,30 @@ def gigpo_reference(options, batch, rows):
         turns = EPISODES[i][0]
         start = 3 + sum(n + 3 for n in turns[:k])  # prompt 3; each earlier turn: n tokens + eos + 2 observed
         out[i][start - 1 : start - 1 + turns[k]] = episode[i] + weight * value  # target t sits at row t - 1
+    return out
+
+
+def turn_rloo_reference(options, rows):
+    """Per turn: its reward-to-go (the rest of the episode reward on the last turn) minus the mean reward-to-go of
+    the other episodes of its group at the same turn position that have such a turn (no such episode: minus 0); with
+    baseline padded, of all the other episodes of its group, one without such a turn counting 0."""
+    gamma, padded = options.get("gamma", 1.0), options.get("baseline") == "padded"
+    returns = []
+    for _, turn_rewards, _, reward in EPISODES:
+        paid = list(turn_rewards)
+        paid[-1] += reward - sum(turn_rewards)
+        returns.append([sum(gamma ** (j - k) * paid[j] for j in range(k, len(paid))) for k in range(len(paid))])
+    out = [np.zeros(len(targets)) for targets, _ in rows]
+    for i, (turns, _, _, _) in enumerate(EPISODES):
+        for k in range(len(turns)):
+            others = [
+                returns[j][k] if len(returns[j]) > k else 0.0
+                for j in range(len(EPISODES))
+                if j != i and GROUP_OF[j] == GROUP_OF[i] and (len(returns[j]) > k or padded)
+            ]
+            baseline = np.mean(others) if others else 0.0
+            start = 3 + sum(n + 3 for n in turns[:k])
+            out[i][start - 1 : start - 1 + turns[k]] = returns[i][k] - baseline
     return out
 
 
@@ -369,6 +396,8 @@ CASES = [(name, {}) for name in SHIPPED] + [
     ("ppo", {"whiten_advantages": False, "value_clip": 0.05}),
     ("dapo", {"overlong_buffer": 3, "overlong_max_tokens": 4}),
     ("gigpo", {"std_norm": False, "gamma": 0.5, "step_weight": 0.7}),
+    ("turn_rloo", {"gamma": 0.6, "loss_agg": "seq-mean-token-sum-norm", "loss_norm_length": 5}),
+    ("turn_rloo", {"baseline": "padded"}),
     ("rloo", {"loss_agg": "seq-mean-token-mean", "entropy_coef": 0.02}),
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6}),  # the random logits' entropies lie on both sides
     ("rloo", {"entropy_coef": 0.05, "entropy_floor": 2.6, "entropy_schedule": "lr"}),

@@ -367,3 +367,102 @@ def test_one_call_after_another_waits_for_no_delayed_ack(gateway):
             assert client.get(f"{gateway.url}/health").status_code == 200
             latencies.append(time.perf_counter() - started)
     assert sorted(latencies)[len(latencies) // 2] < 0.02, latencies
+
+
+# Three calls in one sample; per-turn rewards posted by call index (the second by -1, the latest; two for the third,
+# which add up), then the outcome without a call.
+PER_TURN = """
+import json, os, sys, httpx
+from openai import OpenAI
+client = OpenAI(max_retries=0)
+base = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+def reward(**body):
+    httpx.post(base + "/reward", json=body, headers=headers).raise_for_status()
+messages = [{"role": "user", "content": "hi"}]
+for turn in range(3):
+    reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
+    messages += [reply.model_dump(exclude_none=True), {"role": "user", "content": "again"}]
+    if turn == 0:
+        reward(reward=0.5, call=0)
+    if turn == 1:
+        reward(reward=0.25, call=-1)
+reward(reward=0.1, call=2)
+reward(reward=0.2, call=2)
+reward(reward=1.0, success=False)
+"""
+
+# Two samples (the second call rewrites the history), a reward for each call and none for the episode.
+PER_TURN_TWO_SAMPLES = """
+import os, httpx
+from openai import OpenAI
+client = OpenAI(max_retries=0)
+base = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
+headers = {"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}
+client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "first 1"}])
+client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "summary 2"}])
+httpx.post(base + "/reward", json={"reward": 0.75, "call": 1}, headers=headers).raise_for_status()
+httpx.post(base + "/reward", json={"reward": -0.25, "call": 0}, headers=headers).raise_for_status()
+"""
+
+
+def test_per_turn_rewards_posted_by_call_index_reach_the_turns_and_add_to_the_episode_reward(gateway):
+    done = run(gateway, agent([sys.executable, "-c", PER_TURN]))
+    assert done.error is None, done.error
+    assert done.turns == 3 and len(done.turn_spans) == 3 and done.more_samples == []
+    assert done.turn_calls == [0, 1, 2]
+    assert done.turn_rewards == pytest.approx([0.5, 0.25, 0.3])
+    assert done.reward == pytest.approx(0.5 + 0.25 + 0.3 + 1.0) and done.success is False
+
+
+def test_per_turn_rewards_follow_their_calls_into_a_second_sample(gateway):
+    done = run(gateway, agent([sys.executable, "-c", PER_TURN_TWO_SAMPLES]))
+    assert done.error is None, done.error
+    (extra,) = done.more_samples
+    assert (done.turn_calls, done.turn_rewards) == ([0], [-0.25])
+    assert (extra.turn_calls, extra.turn_rewards) == ([1], [0.75])
+    assert done.reward == extra.reward == pytest.approx(0.5) and done.success  # no outcome: the turns' sum
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "body", "shown"),
+    [
+        ("reward", b'{"reward": 1.0, "call": 0}', "this session has made no model call yet"),
+        ("reward", b'{"reward": 1.0, "call": "0"}', '"call" must be an integer'),
+        ("reward", b'{"reward": 1.0, "call": true}', '"call" must be an integer'),
+        ("reward", b'{"reward": 1.0, "call": 0.0}', '"call" must be an integer'),
+        ("end", b'{"reward": 1.0, "call": 0}', '"call" is for /reward'),
+    ],
+)
+def test_a_per_turn_reward_with_a_bad_call_is_refused_naming_call(gateway, endpoint, body, shown):
+    refused, _, session = post_to_session(gateway, endpoint, body)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    assert error["param"] == "call" and error["code"] == "invalid_reward" and shown in error["message"]
+    assert session.refused is not None and session.turn_rewards == {}
+
+
+@pytest.mark.parametrize(
+    ("posts", "shown"),
+    [
+        ([b'{"reward": 1.0, "call": 1}'], "one of this session's 1 model calls so far (0..0, or -1 for the latest)"),
+        ([b'{"reward": 1.0, "call": -2}'], "got -2"),
+        ([b'{"reward": NaN, "call": 0}'], "got nan"),
+        ([b'{"reward": 3e38, "call": 0}', b'{"reward": 3e38, "call": -1}'], "call 0, summed, must be a finite"),
+    ],
+)
+def test_an_agent_posting_a_bad_per_turn_reward_fails_its_episode_saying_why(gateway, posts, shown):
+    code = f"""
+import os, httpx
+from openai import OpenAI
+OpenAI(max_retries=0).completions.create(model="policy", prompt="hi")
+base = os.environ["OPENAI_BASE_URL"].removesuffix("/v1")
+headers = {{"Authorization": "Bearer " + os.environ["OPENAI_API_KEY"]}}
+for body in {posts!r}:
+    last = httpx.post(base + "/reward", content=body, headers=headers)
+assert last.status_code == 400, last.text
+httpx.post(base + "/reward", json={{"reward": 1.0}}, headers=headers).raise_for_status()
+"""
+    done = run(gateway, agent([sys.executable, "-c", code]))
+    assert done.finish == "error" and done.reward == 0.0 and sum(done.loss_mask) == 0
+    assert "the gateway refused the agent's reward" in done.error and shown in done.error
