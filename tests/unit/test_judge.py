@@ -13,10 +13,9 @@ from agentrl.config.schema import JudgeConfig, RewardConfig
 from agentrl.scoring import ModelScorer, ScoreFailed
 from agentrl.scoring.parse import judge_reward
 from agentrl.scoring.transcript import fill
-from tests.unit.judge_servers import slow_judge
-from tests.unit.serve_server import ThreadServer, build_serve_model, free_port
+from tests.unit.judge_servers import MODEL, served_tiny_judge, slow_judge
+from tests.unit.serve_server import ThreadServer, free_port
 
-MODEL = "tiny-judge"
 RUBRIC = "Rate the reply to the task from 0 to 10.\nTask: {task}\nReply: {completion}\nWrite Score: N."
 # Constrained decoding (agentrl serve's response_format) makes even a random tiny judge write a parsable score.
 SCORE_SCHEMA = {
@@ -35,23 +34,8 @@ SCORE_SCHEMA = {
 
 @pytest.fixture(scope="module")
 def judge_server(tmp_path_factory):
-    """`agentrl serve`'s app over a tiny random model on the continuous engine; `records` holds every generated
-    choice with its request id."""
-    from agentrl.engine.continuous import ContinuousTorchEngine
-    from agentrl.models.loading import load_causal_lm, load_tokenizer
-    from agentrl.serve.app import build_app
-    from agentrl.serve.completions import Completions
-    from agentrl.serve.generation import LocalBackend
-
-    model_dir = build_serve_model(tmp_path_factory.mktemp("judge") / "tiny")
-    tokenizer = load_tokenizer(str(model_dir))
-    engine = ContinuousTorchEngine(load_causal_lm(str(model_dir)), pad_token_id=tokenizer.pad_token_id, seed=0)
-    records = []
-    completions = Completions(LocalBackend(engine, tokenizer), tokenizer, MODEL, 2048, on_call=records.append)
-    with ThreadServer(build_app(completions)) as server:
-        server.records = records
+    with served_tiny_judge(tmp_path_factory.mktemp("judge")) as server:
         yield server
-    engine.shutdown()
 
 
 def scorer(base_url: str, **judge) -> ModelScorer:

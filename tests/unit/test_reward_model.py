@@ -17,10 +17,13 @@ from tests.unit.serve_server import build_serve_model
 
 @pytest.fixture(scope="module")
 def reward_model_dir(tmp_path_factory):
-    """The serve tests' tiny Qwen2 with a random one-label score head in place of its LM head."""
+    return build_reward_model(tmp_path_factory.mktemp("reward_model"))
+
+
+def build_reward_model(folder):
+    """The serve tests' tiny Qwen2 with a random one-label score head in place of its LM head, in folder/rm."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    folder = tmp_path_factory.mktemp("reward_model")
     causal = build_serve_model(folder / "causal")
     model = AutoModelForSequenceClassification.from_pretrained(causal, num_labels=1)
     model.save_pretrained(folder / "rm")
