@@ -35,7 +35,10 @@ def build_app() -> FastAPI:
         prompts = body["prompt"] if isinstance(body["prompt"], list) else [body["prompt"]]
         app.state.requests += 1
         app.state.prompts += len(prompts)
-        choices = [{"index": i, "text": f" Score: {score_of(p)}", "finish_reason": "stop"} for i, p in enumerate(prompts)]
+        choices = [
+            {"index": index, "text": f" Score: {score_of(prompt)}", "finish_reason": "stop"}
+            for index, prompt in enumerate(prompts)
+        ]
         return {"object": "text_completion", "model": body.get("model"), "choices": choices}
 
     async def chat(request: Request) -> dict:
