@@ -14,7 +14,9 @@ from scripted_judge import score_of
 from transformers import AutoTokenizer
 
 RUBRIC = "Rate the reply from 0 to 9.\nReply: {completion}"  # as served_judge.yaml's reward.judge.rubric
-COPIES = 8  # of each reply: the epochs see every pair this many times more
+# Copies of each reply: a reply with a digit (9 of the policy's 97 tokens) 12 times as often as one without, so
+# about half the transcripts teach a score above 0. With 8 copies of each, the judge learnt to answer 0 always.
+COPIES, DIGIT_COPIES = 4, 48
 
 
 def transcripts(policy_path: str) -> list[dict]:
@@ -23,8 +25,9 @@ def transcripts(policy_path: str) -> list[dict]:
     rows = []
     for reply in replies:
         prompt = RUBRIC.replace("{completion}", reply)
-        answer = f"Score: {score_of(prompt)}"
-        rows += [{"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": answer}]}] * COPIES
+        score = score_of(prompt)
+        row = {"messages": [{"role": "user", "content": prompt}, {"role": "assistant", "content": f"Score: {score}"}]}
+        rows += [row] * (DIGIT_COPIES if score else COPIES)
     return rows
 
 
@@ -33,4 +36,4 @@ if __name__ == "__main__":
     rows = transcripts(policy)
     with open(out, "w") as file:
         file.writelines(json.dumps(row) + "\n" for row in rows)
-    print(f"{len(rows)} transcripts ({len(rows) // COPIES} replies) -> {out}")
+    print(f"{len(rows)} transcripts -> {out}")

@@ -42,13 +42,15 @@ def served_tiny_judge(folder: Path):
 
 def slow_judge(delay_s: float) -> FastAPI:
     """Answers `Score: 5` to every chat or completions request, `delay_s` seconds late (`app.state.calls`: how
-    many came)."""
+    many came; `app.state.authorization`: the last one's Authorization header)."""
     app = FastAPI()
     app.state.calls = 0
+    app.state.authorization = None
 
     async def answer(request: Request) -> dict:
         body = await request.json()
         app.state.calls += 1
+        app.state.authorization = request.headers.get("authorization")
         await asyncio.sleep(delay_s)
         prompts = body.get("prompt", [None])
         return {

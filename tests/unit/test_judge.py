@@ -116,6 +116,19 @@ def test_a_slow_judge_within_its_timeout_scores():
     assert score.reward == 0.5 and score.success is None
 
 
+def test_the_api_key_comes_from_the_variable_named_and_an_unset_one_is_refused(monkeypatch):
+    from agentrl.errors import UserError
+
+    monkeypatch.delenv("JUDGE_TEST_KEY", raising=False)
+    with pytest.raises(UserError, match="api_key_env=JUDGE_TEST_KEY names an environment variable that is not set"):
+        scorer("http://127.0.0.1:1", api_key_env="JUDGE_TEST_KEY")
+    monkeypatch.setenv("JUDGE_TEST_KEY", "sk-test")
+    app = slow_judge(delay_s=0)
+    with ThreadServer(app) as server:
+        (score,) = asyncio.run(score_all(scorer(server.base_url, api_key_env="JUDGE_TEST_KEY"), [episode("5")]))
+    assert score.reward == 0.5 and app.state.authorization == "Bearer sk-test"
+
+
 def test_scores_are_read_from_the_reply_as_the_rubric_asks():
     pattern = JudgeConfig.model_fields["score_pattern"].default
     assert judge_reward("Reasoning: 3 of 4 steps.\nScore: 7", "regex", pattern, (0, 10)) == 0.7
