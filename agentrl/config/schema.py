@@ -200,7 +200,7 @@ class JudgeConfig(Section):
         "constrain output, agentrl serve among them). A reply without a score fails its episode.",
     )
     score_pattern: str = Field(
-        r"(?i)score\s*[:=]\s*(-?\d+(?:\.\d+)?)",
+        r"(?i)score\s*[:=]\s*(-?\d+\.?\d*)",
         description="score_format=regex: a regular expression whose first group is the score (default: "
         "`Score: 7`, `score=7.5`, any case).",
     )

@@ -18,7 +18,7 @@ def judge_reward(reply: str, score_format: str, pattern: str, score_range: tuple
     if not math.isfinite(score) or not low <= score <= high:
         raise ScoreFailed(
             f"the judge scored {score:g}, outside reward.judge.score_range [{low:g}, {high:g}]; say the range in the "
-            f"rubric, or widen score_range.\nReply: {_shown(reply)}"
+            f"rubric, or widen score_range.\nReply: {_quoted(reply)}"
         )
     return (score - low) / (high - low)
 
@@ -28,14 +28,14 @@ def _regex_score(reply: str, pattern: str) -> float:
     if not matches:
         raise ScoreFailed(
             f"no score in the judge's reply (reward.judge.score_pattern {pattern!r} did not match); have the rubric "
-            f"ask for that format, or change score_pattern.\nReply: {_shown(reply)}"
+            f"ask for that format, or change score_pattern.\nReply: {_quoted(reply)}"
         )
     text = matches[-1][1]
     try:
         return float(text)
     except (TypeError, ValueError):
         raise ScoreFailed(
-            f"the judge's score {text!r} (score_pattern's first group) is not a number.\nReply: {_shown(reply)}"
+            f"the judge's score {text!r} (score_pattern's first group) is not a number.\nReply: {_quoted(reply)}"
         ) from None
 
 
@@ -48,10 +48,10 @@ def _json_score(reply: str) -> float:
     if isinstance(score, bool) or not isinstance(score, int | float):
         raise ScoreFailed(
             'the judge\'s reply is not a JSON object with a numeric "score" (reward.judge.score_format=json); ask '
-            f"for it in the rubric, or constrain it with request_extra.response_format.\nReply: {_shown(reply)}"
+            f"for it in the rubric, or constrain it with request_extra.response_format.\nReply: {_quoted(reply)}"
         )
     return float(score)
 
 
-def _shown(reply: str) -> str:
+def _quoted(reply: str) -> str:
     return repr(reply if len(reply) <= SHOWN_CHARS else reply[:SHOWN_CHARS] + "...")
