@@ -54,7 +54,8 @@ LAYERS = [
     {"algorithms"},  # RL algorithms: their options are config sections, PPO's critic is a model
     {"config"},  # the typed config: validates `algorithm:` by the options class of the algorithm it names
     {"layout", "tracking"},  # ranks, roles and GPUs; experiment trackers
-    {"engine", "env", "weights", "data"},  # the parts: inference engines, envs, weight transports, task data
+    # the parts: inference engines, envs, weight transports, task data, episode scores from judges and reward models
+    {"engine", "env", "weights", "data", "scoring"},
     {"serve", "sft"},  # an OpenAI-compatible server over engines; SFT transcripts and data
     {"rollout", "trainer", "gateway"},  # the agent loop and worker, the policy step, the training gateway (on serve)
     {"evaluation", "run"},  # held-out evaluation; a run's life (start-up, folder, stops, liveness, summary)

@@ -5,6 +5,8 @@
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -165,6 +167,201 @@ class EnvConfig(Section):
     reward_mode: Literal["replace", "add"] = Field(
         "replace", description="`replace` the env's summed reward with reward_fn's, or `add` reward_fn's to it."
     )
+
+
+# The placeholders a judge's rubric or a reward model's prompt may name (agentrl/scoring/transcript.py fills them).
+SCORING_PLACEHOLDERS = ("task", "completion", "transcript", "answer")
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _check_placeholders(template: str) -> str:
+    """`template` unless it names an unknown placeholder or none of the episode's text: the error names the fix."""
+    named = set(PLACEHOLDER.findall(template))
+    unknown = sorted(named - set(SCORING_PLACEHOLDERS))
+    if unknown:
+        raise ValueError(
+            f"names {', '.join('{' + name + '}' for name in unknown)}, which agentrl does not fill; use "
+            f"{', '.join('{' + name + '}' for name in SCORING_PLACEHOLDERS)} (other braces stay as written)"
+        )
+    if not named & {"completion", "transcript"}:
+        raise ValueError(
+            "shows the scorer nothing the policy wrote; put {completion} (the last turn) or {transcript} "
+            "(every turn) in it"
+        )
+    return template
+
+
+class JudgeConfig(Section):
+    """An LLM judge: a rubric prompt per finished episode, sent to an OpenAI-compatible endpoint (`agentrl serve` of
+    another checkpoint, vLLM, SGLang, a hosted API); the score is parsed from its reply (docs/rewards.md)."""
+
+    base_url: str = Field(
+        ..., min_length=1, description="The endpoint's OpenAI base URL, e.g. http://127.0.0.1:8000/v1."
+    )
+    model: str = Field(..., min_length=1, description="The `model` of every request (`agentrl serve`'s model name).")
+    api: Literal["chat", "completions"] = Field(
+        "chat",
+        description="`chat`: one /chat/completions request per episode (the endpoint applies the judge's chat "
+        "template), `judge.concurrency` at once. `completions`: one /completions request carries a whole batch of "
+        "rubric prompts as its `prompt` list (write any chat template into the rubric yourself).",
+    )
+    rubric: str = Field(
+        ...,
+        min_length=1,
+        description="The judge's prompt; {task}, {completion}, {transcript} and {answer} are replaced by the "
+        "episode's (other braces stay as written). It must name {completion} or {transcript}, and should say how "
+        "to write the score (`Score: N`, or JSON with score_format=json).",
+    )
+    system_prompt: str | None = Field(None, description="api=chat: a system message before the rubric.")
+    score_format: Literal["regex", "json"] = Field(
+        "regex",
+        description="`regex`: the last match of score_pattern in the reply is the score; `json`: the reply is a "
+        'JSON object whose "score" is a number (pair it with request_extra.response_format on servers that '
+        "constrain output, agentrl serve among them). A reply without a score fails its episode.",
+    )
+    score_pattern: str = Field(
+        r"(?i)score\s*[:=]\s*(-?\d+\.?\d*)",
+        description="score_format=regex: a regular expression whose first group is the score (default: "
+        "`Score: 7`, `score=7.5`, any case).",
+    )
+    score_range: tuple[float, float] = Field(
+        (0.0, 10.0),
+        description="[low, high] the rubric asks for; the reward is (score - low) / (high - low), in [0, 1]. A score "
+        "outside it fails its episode.",
+    )
+    max_tokens: int = Field(64, ge=1, le=32768, description="Tokens the judge may write per reply.")
+    temperature: float = Field(0.0, ge=0, le=2, description="The judge's sampling temperature (0: greedy).")
+    request_extra: dict[str, Any] = Field(
+        default_factory=dict,
+        description="More fields merged into every request body (e.g. response_format, seed, top_p).",
+    )
+    api_key_env: str | None = Field(
+        None,
+        min_length=1,
+        description="Name of the environment variable that holds the endpoint's API key (sent as the Bearer "
+        "token); None: no key. The key itself never goes in the config.",
+    )
+    timeout_s: float = Field(
+        60.0, gt=0, le=3600, description="A request not answered within this fails its episodes (after retries)."
+    )
+    retries: int = Field(
+        0, ge=0, le=5, description="Further tries of a request that failed to connect, timed out or got a 5xx."
+    )
+    batch_size: int = Field(
+        16,
+        ge=1,
+        le=128,
+        description="api=completions: rubric prompts per request; api=chat: episodes gathered before their requests "
+        "go out together.",
+    )
+    batch_wait_s: float = Field(
+        0.02,
+        ge=0,
+        le=10,
+        description="How long the first episode of a batch waits for more before its batch is sent anyway.",
+    )
+    concurrency: int = Field(8, ge=1, le=1024, description="Requests to the endpoint in flight at once, per rank.")
+    cache_size: int = Field(
+        4096,
+        ge=0,
+        description="Scores kept per rank, by the exact rubric prompt (an identical transcript is judged once); 0: "
+        "no cache. Failures are not kept.",
+    )
+
+    @field_validator("rubric")
+    @classmethod
+    def _rubric_placeholders(cls, rubric: str) -> str:
+        return _check_placeholders(rubric)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("must start with http:// or https://, e.g. http://127.0.0.1:8000/v1")
+        return url.rstrip("/")
+
+    @field_validator("score_pattern")
+    @classmethod
+    def _one_group(cls, pattern: str) -> str:
+        try:
+            groups = re.compile(pattern).groups
+        except re.error as error:
+            raise ValueError(f"is not a regular expression ({error}); e.g. (?i)score\\s*:\\s*(\\d+)") from error
+        if groups < 1:
+            raise ValueError("needs a group around the number, e.g. (?i)score\\s*:\\s*(\\d+)")
+        return pattern
+
+    @field_validator("score_range")
+    @classmethod
+    def _ordered(cls, bounds: tuple[float, float]) -> tuple[float, float]:
+        low, high = bounds
+        if not (math.isfinite(low) and math.isfinite(high)) or low >= high:
+            raise ValueError("must be two finite numbers [low, high] with low < high, e.g. [0, 10]")
+        return bounds
+
+
+class RewardModelConfig(Section):
+    """A reward model: a transformers sequence-classification model (`AutoModelForSequenceClassification`) scores
+    each finished episode, on the rollout ranks that ran it (one process: in it), batched (docs/rewards.md)."""
+
+    path: str = Field(..., min_length=1, description="Local folder or hub id of the reward model and its tokenizer.")
+    prompt: str | None = Field(
+        None,
+        description="The text scored, with {task}, {completion}, {transcript} and {answer} replaced; None: the "
+        "conversation (task, then every turn and observation) through the model's chat template.",
+    )
+    label: int = Field(0, ge=0, description="The logit read as the score (0 for a one-label reward model).")
+    transform: Literal["raw", "sigmoid"] = Field(
+        "raw", description="`raw`: the logit is the reward; `sigmoid`: squashed to (0, 1)."
+    )
+    max_length: int = Field(
+        2048, ge=8, description="Tokens scored per episode; a longer text fails its episode (never cut silently)."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype of the reward model.")
+    batch_size: int = Field(16, ge=1, le=4096, description="Episodes per forward pass.")
+    batch_wait_s: float = Field(
+        0.02,
+        ge=0,
+        le=10,
+        description="How long the first episode of a batch waits for more before its forward runs anyway.",
+    )
+    timeout_s: float = Field(300.0, gt=0, le=3600, description="A forward not done within this fails its episodes.")
+    cache_size: int = Field(4096, ge=0, description="Scores kept per rank, by the exact text scored; 0: no cache.")
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_placeholders(cls, prompt: str | None) -> str | None:
+        return None if prompt is None else _check_placeholders(prompt)
+
+
+class RewardConfig(Section):
+    """A model scores each finished episode instead of (or besides) the env: an LLM judge or a reward model
+    (docs/rewards.md). A judge that is down, slow or unparsable fails the episode with the reason (episode/failed),
+    never a silent 0; runtime.abort_on_failed_fraction decides whether the run goes on."""
+
+    judge: JudgeConfig | None = Field(None, description="An LLM judge over an OpenAI-compatible endpoint.")
+    model: RewardModelConfig | None = Field(None, description="A sequence-classification reward model.")
+    mode: Literal["replace", "add"] = Field(
+        "replace", description="`replace` the env's summed reward with the score, or `add` the score to it."
+    )
+    success_at: float | None = Field(
+        None,
+        description="An episode whose score (the judge's in [0, 1], the reward model's after `transform`) is at or "
+        "above this counts as a success; None: success stays the env's.",
+    )
+
+    @model_validator(mode="after")
+    def _one_scorer(self) -> RewardConfig:
+        if self.judge is not None and self.model is not None:
+            raise ValueError(
+                "reward.judge and reward.model both score the episode; set one of them (a reward_fn can combine "
+                "several scores)"
+            )
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.judge is not None or self.model is not None
 
 
 class TorchEngineConfig(Section):
@@ -666,6 +863,7 @@ class Config(Section):
     model: ModelConfig
     chat: ChatConfig = Field(default_factory=ChatConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -707,6 +905,12 @@ class Config(Section):
                 "rollout ranks needs each rank to take new weights in the middle of a step, and the sglang engine "
                 "takes them only between steps: a rank taking them would wait for one still serving a step, which "
                 "waits for it. Set rollout.dispatch=static, or rollout.max_staleness=0"
+            )
+        if self.reward.enabled and self.env.reward_fn:
+            scorer = "reward.judge" if self.reward.judge is not None else "reward.model"
+            raise ValueError(
+                f"env.reward_fn={self.env.reward_fn} and {scorer} both score the episode; set one of them (a "
+                "reward_fn may call a judge of its own)"
             )
         if self.rollout.max_new_tokens >= self.rollout.max_episode_tokens:
             raise ValueError(

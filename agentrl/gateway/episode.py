@@ -8,6 +8,7 @@ import time
 
 from agentrl.gateway.agent_process import run_agent
 from agentrl.gateway.trace import samples_from_calls
+from agentrl.scoring import ScoreFailed
 from agentrl.trajectory import Episode, RewardError, finite_reward
 
 
@@ -47,7 +48,7 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
     transcript = _transcript(calls)
     if reward_fn is not None:
         try:
-            score = reward_fn(
+            score = await reward_fn.score(
                 completion=transcript[-1][0] if transcript else "",
                 task=task.get("prompt") or task.get("question") or "",
                 answer=task.get("answer"),
@@ -60,6 +61,8 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
             reward = reward_fn.combine(reward or 0.0, score)
         except RewardError as refused:
             return failed(episode, f"{refused} (the episode failed and does not train)")
+        except ScoreFailed as failure:
+            return failed(episode, f"{reward_fn.path}: {failure}")
         except Exception as exception:  # user code: the episode fails, the run goes on
             return failed(episode, f"reward_fn {reward_fn.path} raised: {exception!r}")
         success = score.success if score.success is not None else success
@@ -67,10 +70,12 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
         return failed(
             episode,
             'the agent gave no reward: POST {"reward": x} to its session\'s /reward, print {"reward": x} as its '
-            "last stdout line, or set env.reward_fn to score the transcript",
+            "last stdout line, or set env.reward_fn (or reward.judge, reward.model) to score the transcript",
         )
     first, *more = samples
     _fill(episode, first, session.turn_rewards)
+    if reward_fn is not None:
+        episode.add_metrics(score.metrics)
     episode.reward, episode.success = float(reward), bool(success) if success is not None else reward > 0
     episode.finish = "terminated"
     episode.turns = len(calls)

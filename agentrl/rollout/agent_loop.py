@@ -23,6 +23,7 @@ from agentrl.engine.base import Engine, SamplingParams
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.content_tokens import ContentError
 from agentrl.rollout.reward_hook import RewardFunction
+from agentrl.scoring import ModelScorer, ScoreFailed
 from agentrl.trajectory import Episode, RewardError, finite_reward, state_key
 
 # Numbers an env's `info` may carry that are summed into `Episode.metrics` (besides `info["metrics"]`).
@@ -38,12 +39,12 @@ class EpisodeLimits:
 
 @dataclass(frozen=True)
 class EpisodeRules:
-    """How an episode is played and scored: each turn's sampling, the limits that end it, and the reward function
-    named in the config (None: the env's rewards alone)."""
+    """How an episode is played and scored: each turn's sampling, the limits that end it, and the reward function,
+    judge or reward model named in the config (None: the env's rewards alone)."""
 
     sampling: SamplingParams
     limits: EpisodeLimits
-    reward_fn: RewardFunction | None = None
+    reward_fn: RewardFunction | ModelScorer | None = None
     train_reasoning: bool = True  # chat.train_reasoning: False puts a turn's reasoning tokens at loss mask 0
 
 
@@ -161,7 +162,7 @@ async def run_episode(
     episode.weight_version = min(versions) if versions else -1
     if reward_fn is not None:
         try:
-            score = reward_fn(
+            score = await reward_fn.score(
                 completion=transcript[-1][0] if transcript else "",
                 task=task,
                 answer=reset_info.get("answer") if isinstance(reset_info, dict) else None,
@@ -174,9 +175,12 @@ async def run_episode(
             reward = reward_fn.combine(episode.reward, score)
         except RewardError as refused:
             return _failed(episode, f"{refused} (the episode failed and does not train)")
+        except ScoreFailed as failure:
+            return _failed(episode, f"{reward_fn.path}: {failure}")
         except Exception:  # user code: the episode fails, the run goes on (counted in episode/failed)
             return _failed(episode, f"reward_fn {reward_fn.path} raised:\n{traceback.format_exc(limit=-3)}")
         episode.reward = reward
+        episode.add_metrics(score.metrics)
         if score.success is not None:
             episode.success = score.success
     _finish_samples(episode)

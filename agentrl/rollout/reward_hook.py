@@ -19,24 +19,22 @@ It returns a finite number, or a dict {"reward": number, "success": bool (option
 `env.reward_mode: replace` its reward replaces the env's; with `add` it is added.
 An exception in it, or a reward that is not a finite number (NaN, inf, a string, None),
 ends that episode as an error (counted in episode/failed): it never reaches the loss.
+
+The episode loops await `scorer.score(**arguments)` and call `scorer.combine(env_reward, score)`: a
+RewardFunction offers both, and so does the `reward:` section's judge or reward model
+(agentrl/scoring/scorer.py), whose ScoreFailed fails the episode with its reason.
 """
 
 from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from agentrl.plugins import load_callable
+from agentrl.scoring.score import Score, combined_reward
 from agentrl.trajectory import finite_reward
 
 ARGUMENTS = ("completion", "task", "answer", "transcript", "env_reward", "info", "reset_info", "finish")
-
-
-@dataclass(frozen=True)
-class Score:
-    reward: float
-    success: bool | None = None
 
 
 class RewardFunction:
@@ -58,11 +56,13 @@ class RewardFunction:
             return Score(_number(result["reward"], self.path), None if success is None else bool(success))
         return Score(_number(result, self.path))
 
+    async def score(self, **arguments) -> Score:
+        """The episode loops' way in (a judge's `score` awaits its endpoint; a function runs at once)."""
+        return self(**arguments)
+
     def combine(self, env_reward: float, score: Score) -> float:
         """The episode's reward; RewardError when adding them leaves float32's range."""
-        if self.mode == "replace":
-            return score.reward
-        return finite_reward(env_reward + score.reward, f"the env's reward plus reward_fn {self.path}'s")
+        return combined_reward(self.mode, env_reward, score, f"reward_fn {self.path}")
 
 
 def _wanted_arguments(function: Callable, path: str) -> tuple[str, ...]:

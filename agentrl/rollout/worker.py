@@ -9,13 +9,13 @@ import math
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from agentrl.algorithms.base import Algorithm, Reduce
-from agentrl.config import AgentConfig, ChatConfig, EnvConfig, ModelConfig, RolloutConfig
+from agentrl.config import AgentConfig, ChatConfig, EnvConfig, ModelConfig, RewardConfig, RolloutConfig
 from agentrl.data.episode_dump import episode_record
 from agentrl.data.tasks import SeededTasks, TaskSource
 from agentrl.engine import make_engine
@@ -33,6 +33,7 @@ from agentrl.rollout.agent_loop import (
 from agentrl.rollout.dispatch import DispatchServer, default_groups_in_flight
 from agentrl.rollout.failures import error_kind
 from agentrl.rollout.reward_hook import RewardFunction
+from agentrl.scoring import make_scorer
 from agentrl.trajectory import Episode
 
 
@@ -66,8 +67,8 @@ def engine_seed(seed: int, rollout_index: int) -> int:
 @dataclass(frozen=True)
 class WorkerSections:
     """What a RolloutWorker reads of the config: the `rollout` (episodes, sampling, the engine), `model`, `env`
-    (system prompt, reward function), `agent` and `chat` sections; the run's `seed` and `run_dir`; and `colocate`
-    (`layout.colocate`: the engine shares a trainer's GPU)."""
+    (system prompt, reward function), `agent` and `chat` sections; the run's `seed` and `run_dir`; `colocate`
+    (`layout.colocate`: the engine shares a trainer's GPU); and `reward` (a judge or reward model)."""
 
     rollout: RolloutConfig
     model: ModelConfig
@@ -77,6 +78,7 @@ class WorkerSections:
     seed: int
     run_dir: str
     colocate: bool
+    reward: RewardConfig = field(default_factory=RewardConfig)
 
     @classmethod
     def of(cls, config) -> WorkerSections:
@@ -89,6 +91,7 @@ class WorkerSections:
             config.seed,
             config.run_dir,
             config.layout.colocate,
+            config.reward,
         )
 
 
@@ -126,7 +129,9 @@ class RolloutWorker:
             stop_token_ids=self.chat.stop_ids,
         )
         self.limits = EpisodeLimits(rollout.max_turns, rollout.max_new_tokens, rollout.max_episode_tokens)
+        # env.reward_fn, or the reward section's judge or reward model (on this rank's device), or None
         self.reward_fn = RewardFunction(env.reward_fn, env.reward_mode) if env.reward_fn else None
+        self.reward_fn = self.reward_fn or make_scorer(sections.reward, device)
         self.errors_seen: set[str] = set()
         self.tasks = rollout.tasks_per_step // rollout_count
         self.first_task = rollout_index * self.tasks
