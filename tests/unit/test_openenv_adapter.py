@@ -52,10 +52,17 @@ def dipg_kwargs(folder):
         ("conflict_reward", "abstain_reward", "correct_abstention_reward", "verifiable_trace_reward"), 1.0
     )
     rewards |= dict.fromkeys(("correct_synthesis_reward", "exact_format_reward", "no_hallucination_reward"), 1.0)
-    penalties = (
-        "hallucination_penalty missing_answer_penalty hallucinated_trace_penalty proof_inconsistency_penalty "
-        "incorrect_answer_penalty conflict_penalty abstain_penalty missing_trace_penalty format_mismatch_penalty"
-    ).split()
+    penalties = [
+        "hallucination_penalty",
+        "missing_answer_penalty",
+        "hallucinated_trace_penalty",
+        "proof_inconsistency_penalty",
+        "incorrect_answer_penalty",
+        "conflict_penalty",
+        "abstain_penalty",
+        "missing_trace_penalty",
+        "format_mismatch_penalty",
+    ]
     channels = {
         "analysis_channel_start": "<think>",
         "proof_channel_start": "<proof>",
