@@ -38,6 +38,16 @@ def test_a_verifiers_env_id_becomes_the_agent_program_and_bad_kwargs_are_named()
         from_dict({"model": {"path": "m"}, "env": {"id": "verifiers:agentrl_vf_addition", "kwargs": {"turns": 2}}})
 
 
+def test_check_env_builds_the_env_and_its_tasks_and_names_a_missing_taskset(capsys, monkeypatch):
+    from agentrl.cli import main
+
+    monkeypatch.syspath_prepend(str(TASKSETS))
+    assert main(["check-env", "verifiers:agentrl_vf_followup"]) == 0
+    assert "12 tasks, env FollowupEnv, harness null" in capsys.readouterr().out
+    assert main(["check-env", "verifiers:nosuch_taskset"]) == 1
+    assert "taskset 'nosuch_taskset' not found" in capsys.readouterr().out
+
+
 CONFIG = """
 run_dir: {run_dir}
 steps: {steps}

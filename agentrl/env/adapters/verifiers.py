@@ -38,7 +38,11 @@ def verifiers_module():
 def agent_command(env_id: str, kwargs: dict, model_name: str = "policy") -> list[str]:
     """The agent program that runs `verifiers:TASKSET` episodes, with env.kwargs `taskset` (the taskset config's
     fields), `harness` (a verifiers harness id, default null) and `success_reward` passed on."""
+    import importlib.util
+
     _, _, taskset = env_id.partition(":")
+    if importlib.util.find_spec("verifiers") is None:
+        raise ValueError(f"env.id={env_id} needs the verifiers package (0.4 or later): {INSTALL}")
     if not taskset:
         raise ValueError("env.id=verifiers: names no taskset; write env.id=verifiers:TASKSET (an installed taskset id)")
     unknown = sorted(set(kwargs) - {"taskset", "harness", "success_reward"})
@@ -107,6 +111,30 @@ def episode_outcome(episode, success_reward: float) -> tuple[float | None, bool,
     rewards = [trace.reward for trace in episode.traces]
     reward = sum(rewards) / len(rewards)
     return reward, reward >= success_reward, None
+
+
+def check_taskset(env_id: str, kwargs: dict) -> tuple[list[str], str]:
+    """`agentrl check-env verifiers:TASKSET`: (problems, summary). Builds the Env as training would (taskset, its
+    Env class, the harness) and its first tasks; the episodes themselves need the model, so `agentrl train` runs
+    them (each new kind of failure printed once in full)."""
+    from itertools import islice
+
+    taskset = env_id.partition(":")[2]
+    try:
+        agent_command(env_id, kwargs)
+        env = load_env(taskset, kwargs.get("taskset") or {}, str(kwargs.get("harness", DEFAULT_HARNESS)), "", "")
+        tasks = list(islice(iter(env.taskset), 3))
+    except Exception as error:  # report, do not crash: this is a checker
+        return [f"loading verifiers:{taskset}: {type(error).__name__}: {error}"], ""
+    if not tasks:
+        return [f"verifiers taskset {taskset!r} has no tasks"], ""
+    size = f"{len(list(env.taskset))} tasks" if env.taskset.bounded else "an infinite taskset"
+    harness = kwargs.get("harness", DEFAULT_HARNESS)
+    summary = (
+        f"{size}, env {type(env).__name__}, harness {harness}; its episodes run through the gateway as the agent "
+        "program `python -m agentrl.env.adapters.verifiers` (agentrl train, agentrl eval)"
+    )
+    return [], summary
 
 
 def main(argv: list[str] | None = None) -> int:
