@@ -113,6 +113,31 @@ def episode_outcome(episode, success_reward: float) -> tuple[float | None, bool,
     return reward, reward >= success_reward, None
 
 
+def taskset_texts(env_id: str, kwargs: dict, tasks: int = 64) -> list[str]:
+    """The text of the taskset's first tasks (prompts, system prompts, scripted turns): a tiny tokenizer's corpus
+    (model.tiny), as agentrl builds it from an env's observations."""
+    from itertools import islice
+
+    env = load_env(
+        env_id.partition(":")[2], kwargs.get("taskset") or {}, str(kwargs.get("harness", DEFAULT_HARNESS)), "", ""
+    )
+    texts: list[str] = []
+    for task in islice(iter(env.taskset), tasks):
+        _strings(task.data.model_dump(), texts)
+    return texts
+
+
+def _strings(value, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, out)
+    elif isinstance(value, list | tuple):
+        for item in value:
+            _strings(item, out)
+
+
 def check_taskset(env_id: str, kwargs: dict) -> tuple[list[str], str]:
     """`agentrl check-env verifiers:TASKSET`: (problems, summary). Builds the Env as training would (taskset, its
     Env class, the harness) and its first tasks; the episodes themselves need the model, so `agentrl train` runs
