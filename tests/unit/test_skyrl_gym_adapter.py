@@ -152,3 +152,26 @@ def test_two_training_steps_on_a_skyrl_env(name, tmp_path):
     assert [event.value for event in events.Scalars("episode/count")] == [8.0, 8.0]
     assert [event.value for event in events.Scalars("episode/failed")] == [0.0, 0.0]
     assert len(events.Scalars("train/loss")) == 2
+    if name == "gsm8k":  # and agentrl eval on held-out rows, with the trained checkpoint
+        evaluated = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentrl.cli",
+                "eval",
+                str(config),
+                "--checkpoint",
+                str(run_dir / "checkpoints" / "step_000002"),
+                f"data.val={data}",
+                "eval.split=val",
+                "eval.n=1",
+                f"--out={tmp_path / 'eval'}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=tmp_path,
+        )
+        assert evaluated.returncode == 0, evaluated.stdout[-2000:] + evaluated.stderr[-4000:]
+        report = json.loads((tmp_path / "eval" / "report.json").read_text())
+        assert report["metrics"]["episodes"] == len(rows)
