@@ -38,6 +38,13 @@ def test_a_verifiers_env_id_becomes_the_agent_program_and_bad_kwargs_are_named()
         from_dict({"model": {"path": "m"}, "env": {"id": "verifiers:agentrl_vf_addition", "kwargs": {"turns": 2}}})
 
 
+def test_making_it_as_a_text_env_says_it_runs_through_the_gateway():
+    from agentrl.env import make
+
+    with pytest.raises(ValueError, match=r"run through the training gateway\. Set env\.id: verifiers:agentrl_vf_addition"):
+        make("verifiers:agentrl_vf_addition")
+
+
 def test_check_env_builds_the_env_and_its_tasks_and_names_a_missing_taskset(capsys, monkeypatch):
     from agentrl.cli import main
 

@@ -27,6 +27,15 @@ INSTALL = "pip install 'agentrl[verifiers]'"
 DEFAULT_HARNESS = "null"  # verifiers' plain chat loop (no code execution)
 
 
+def make(name: str, **kwargs):
+    """The `verifiers` prefix of the env registry: there is no TextEnv to make, and this says where to go."""
+    raise ValueError(
+        f"verifiers:{name} is not an agentrl TextEnv: verifiers environments drive their own OpenAI client, so they "
+        f"run through the training gateway. Set env.id: verifiers:{name} in a config (agentrl train and agentrl eval "
+        f"run it as an agent program); `agentrl check-env verifiers:{name}` checks it"
+    )
+
+
 def verifiers_module():
     try:
         import verifiers.v1 as vf
