@@ -41,7 +41,7 @@ def test_a_verifiers_env_id_becomes_the_agent_program_and_bad_kwargs_are_named()
 def test_making_it_as_a_text_env_says_it_runs_through_the_gateway():
     from agentrl.env import make
 
-    with pytest.raises(ValueError, match=r"run through the training gateway\. Set env\.id: verifiers:agentrl_vf_addition"):
+    with pytest.raises(ValueError, match=r"training gateway\. Set env\.id: verifiers:agentrl_vf_addition"):
         make("verifiers:agentrl_vf_addition")
 
 
