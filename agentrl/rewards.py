@@ -2,7 +2,7 @@
 
     env:
       id: calculator
-      reward_fn: agentrl.rewards:number_match     # or exact_match, token_f1, contains
+      reward_fn: agentrl.rewards:number_match     # or exact_match, token_f1, contains, math_verify
 
 The reward functions read the episode's last turn (`completion`) and reset info's
 `"answer"` (see agentrl/rollout/reward_hook.py for every argument they may take); an env
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import string
+import threading
 from collections import Counter
 from decimal import Decimal
 
@@ -80,6 +81,47 @@ def token_f1(completion: str, answer) -> dict:
 def number_match(completion: str, answer) -> dict:
     success = number_match_score(completion, answer)
     return {"reward": float(success), "success": success}
+
+
+def math_verify_score(prediction: str, answer, timeout_s: int | None = 5) -> bool:
+    """Whether the prediction's final answer (its last \\boxed{}, LaTeX or plain expression) equals the answer
+    (a number, a LaTeX string, or several accepted ones) by Hugging Face's math-verify: fractions, percents,
+    sets, symbolic expressions. Its `timeout_s` uses SIGALRM, so it applies in the main thread only; elsewhere
+    the caller's own limit (the env host's runtime.env_step_timeout_s) bounds a slow comparison."""
+    math_verify = _math_verify()
+    timeout = timeout_s if threading.current_thread() is threading.main_thread() else None
+    guess = math_verify.parse(prediction, parsing_timeout=timeout)
+    if not guess:
+        return False
+    for accepted in _as_tuple(answer):
+        gold = math_verify.parse(_latex(accepted), parsing_timeout=timeout)
+        if gold and math_verify.verify(gold, guess, timeout_seconds=timeout):
+            return True
+    return False
+
+
+def math_verify(completion: str, answer) -> dict:
+    """Math answers by math-verify (`pip install 'agentrl[math]'`): \\frac{1}{2} = 0.5 = 1/2, 50% = 0.5, the
+    boxed answer even when numbers follow it. Slower than number_match (milliseconds against microseconds a call;
+    docs/ecosystems.md#math-verify has the table)."""
+    success = answer is not None and math_verify_score(completion, answer)
+    return {"reward": float(success), "success": success}
+
+
+def _math_verify():
+    try:
+        import math_verify
+    except ImportError:
+        raise ImportError(
+            "agentrl.rewards:math_verify needs the math-verify package: pip install 'agentrl[math]'"
+        ) from None
+    return math_verify
+
+
+def _latex(answer: str) -> str:
+    """A reference answer as math-verify reads a gold answer: inside $...$ unless it already has delimiters."""
+    text = answer.strip()
+    return text if text.startswith("$") or "\\boxed" in text else f"${text}$"
 
 
 def contains_score(prediction: str, answers) -> bool:

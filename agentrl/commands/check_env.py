@@ -18,6 +18,14 @@ def add_arguments(parser) -> None:
 
 def main(args) -> int:
     kwargs = yaml.safe_load(args.kwargs) or {}
+    if args.env_id.startswith("verifiers:"):  # an agent program through the gateway, not a TextEnv
+        from agentrl.env.adapters.verifiers import check_taskset
+
+        problems, summary = check_taskset(args.env_id, kwargs)
+        for problem in problems:
+            print(f"FAIL {problem}")
+        print(f"{args.env_id}: {summary if not problems else f'{len(problems)} problem(s)'}")
+        return 1 if problems else 0
     rows = None
     if args.data:
         from agentrl.data.loading import load_rows  # imports datasets: only when rows are given

@@ -889,6 +889,16 @@ class Config(Section):
         return algorithm_options(value)
 
     @model_validator(mode="after")
+    def _verifiers_through_the_gateway(self) -> Config:
+        """`env.id: verifiers:TASKSET`: verifiers environments drive an OpenAI client themselves, so they run as the
+        agent program agentrl.env.adapters.verifiers (agent.command) against the gateway, not as a TextEnv."""
+        if self.env.id.startswith("verifiers:") and not self.agent.enabled:
+            from agentrl.env.adapters.verifiers import agent_command
+
+            self.agent.command = agent_command(self.env.id, self.env.kwargs, self.agent.model_name)
+        return self
+
+    @model_validator(mode="after")
     def _check_cross_fields(self) -> Config:
         shards = self.layout.rollout * self.layout.trainer
         if self.rollout.tasks_per_step % shards and self.rollout.dispatch == "static":

@@ -74,7 +74,11 @@ def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: in
     for episode in range(episodes):
         reset_env(env, episode, rows)
         for _ in range(max_steps):
-            out = env.step(random_action(rng, tools if not problems else []))
+            try:
+                out = env.step(random_action(rng, tools if not problems else []))
+            except Exception as error:  # report, do not crash: this is a checker
+                problems.append(f"episode {episode}: step() raised {type(error).__name__}: {error}")
+                return
             if not (isinstance(out, tuple) and len(out) == 5):
                 problems.append(f"step() must return (obs, reward, terminated, truncated, info), got {out!r:.80}")
                 return

@@ -141,6 +141,10 @@ def data_positions(config: Config, start_step: int, shards: int) -> list[int]:
 def env_texts(config: Config, episodes: int = 64) -> list[str]:
     """Observations and random digit actions from a few env episodes (on data.train's first rows, if set): the
     tiny tokenizer's corpus."""
+    if config.env.id.startswith("verifiers:"):  # no TextEnv: the taskset's own text (agentrl/env/adapters/verifiers.py)
+        from agentrl.env.adapters.verifiers import taskset_texts
+
+        return taskset_texts(config.env.id, config.env.kwargs)
     rng = random.Random(0)
     texts = []
     env = make(config.env.id, **config.env.kwargs)

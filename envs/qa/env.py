@@ -5,7 +5,7 @@
     env:
       id: qa
       kwargs:
-        reward_fn: number_match                  # exact_match (default), number_match, token_f1, contains, module:fn
+        reward_fn: number_match      # exact_match (default), number_match, token_f1, contains, math_verify, module:fn
         reward_fns: {gsm8k: number_match}        # by the row's `data_source` column; others use reward_fn
         tools: [calculator]                      # calculator, python, search (envs/qa/tools.py)
 
@@ -26,7 +26,7 @@ class QAEnv(ToolEnv):
     """Answer a dataset row's prompt; graded against its answer.
 
     Args:
-        reward_fn: how answers are graded: exact_match, number_match, token_f1, contains or module:function
+        reward_fn: how answers are graded: exact_match, number_match, token_f1, contains, math_verify or module:function
         reward_fns: {data_source: reward function} for rows whose `data_source` column names one
         tools: tools the model may call: calculator, python, search
         tool_options: {tool name: {option: value}} (envs/qa/tools.py lists them)

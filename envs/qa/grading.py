@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from agentrl.rollout.reward_hook import RewardFunction
 
-NAMED = ("exact_match", "number_match", "token_f1", "contains")
+NAMED = ("exact_match", "number_match", "token_f1", "contains", "math_verify")
 
 
 def reward_by_name(name: str, field: str = "env.kwargs.reward_fn") -> RewardFunction:
-    """`exact_match`, `number_match`, `token_f1`, `contains` (agentrl/rewards.py) or a `module:function` path."""
+    """A grader of agentrl/rewards.py by name (NAMED) or a `module:function` path."""
     if ":" not in name and name not in NAMED:
         raise ValueError(f"{field}={name!r} names no reward function; use one of {', '.join(NAMED)} or module:function")
     return RewardFunction(name if ":" in name else f"agentrl.rewards:{name}")

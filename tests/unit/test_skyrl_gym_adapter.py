@@ -1,0 +1,177 @@
+"""env ids skyrl_gym:NAME: SkyRL-Gym's own environments (gsm8k, gsm8k_multi_turn, text2sql over a SQLite file made
+here) serve rows in SkyRL's format, pass check-env, train two steps of a tiny model, and fail bad episodes by name."""
+
+import json
+import sqlite3
+import subprocess
+import sys
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from agentrl.env import make
+from agentrl.env.check import check_env
+from agentrl.env.host import EnvHost
+
+pytest.importorskip("skyrl_gym", reason="skyrl-gym is in the dev extra (pip install -e '.[dev]')")
+
+
+def gsm8k_rows(count=8):
+    return [
+        {
+            "data_source": "arith",
+            "prompt": [{"role": "user", "content": f"What is {i} + {i + 1}? End with '#### ANSWER'."}],
+            "env_class": "gsm8k",
+            "reward_spec": {"method": "rule", "ground_truth": str(2 * i + 1)},
+            "extra_info": {"max_turns": 3},
+        }
+        for i in range(count)
+    ]
+
+
+def sql_rows(db_root, count=8):
+    """Rows of SkyRL's text2sql env (data: spider) over one SQLite database written under `db_root`."""
+    folder = db_root / "spider" / "database" / "shop"
+    folder.mkdir(parents=True, exist_ok=True)
+    with sqlite3.connect(folder / "shop.sqlite") as db:
+        db.execute("CREATE TABLE IF NOT EXISTS fruit (name TEXT, price INTEGER)")
+        db.execute("DELETE FROM fruit")
+        db.executemany("INSERT INTO fruit VALUES (?, ?)", [("apple", 3), ("pear", 5), ("plum", 2), ("fig", 7)])
+    rows = []
+    for i in range(count):
+        limit = 2 + i % 5
+        rows.append(
+            {
+                "prompt": [
+                    {"role": "system", "content": "Write SQL in <sql></sql>; answer in <solution></solution>."},
+                    {"role": "user", "content": f"Which fruit cost less than {limit}? Table fruit(name, price)."},
+                ],
+                "env_class": "text2sql",
+                "db_id": "shop",
+                "data": "spider",
+                "reward_spec": {"method": "rule", "ground_truth": f"SELECT name FROM fruit WHERE price < {limit}"},
+                "max_turns": 3,
+            }
+        )
+    return rows
+
+
+def test_gsm8k_grades_the_answer_line_and_multi_turn_pays_per_turn():
+    env = make("skyrl_gym:gsm8k")
+    row = gsm8k_rows()[2]
+    observation, info = env.reset(seed=0, options=row)
+    assert observation == row["prompt"][0]["content"] and info["answer"] == "5"
+    assert env.step("2 + 3 = 5\n#### 5")[1:5] == (1.0, True, False, {"skyrl_metadata": {}, "success": True})
+    with pytest.raises(RuntimeError, match="call reset"):
+        env.step("#### 5")
+    multi = make("skyrl_gym:gsm8k_multi_turn")
+    multi.reset(seed=0, options=row)
+    text, reward, done, _, _ = multi.step("#### 4")  # formatted but wrong: SkyRL's format score, and a next turn
+    assert (reward, done) == (pytest.approx(0.2 / 3), False) and "#### ANSWER" in text
+    assert multi.step("#### 5")[1:3] == (1.0, True)
+
+
+def test_text2sql_runs_queries_against_the_database_and_grades_the_solution(tmp_path):
+    env = make("skyrl_gym:text2sql", env_config={"db_path": str(tmp_path)})
+    observation, info = env.reset(seed=0, options=sql_rows(tmp_path)[1])
+    assert "less than 3" in observation and info["prompt_messages"][0]["role"] == "system"
+    text, reward, done, _, _ = env.step("<think>look</think><sql>SELECT name FROM fruit WHERE price < 3</sql>")
+    assert "plum" in text and "apple" not in text and (reward, done) == (0.0, False)
+    answer = "<think>done</think><solution>SELECT name FROM fruit WHERE price < 3</solution>"
+    assert env.step(answer)[1:3] == (1.0, True)
+
+
+def test_check_env_passes_on_three_skyrl_envs_and_names_missing_rows(tmp_path, capsys):
+    from agentrl.cli import main
+
+    assert check_env("skyrl_gym:gsm8k", {}, rows=gsm8k_rows()) == []
+    assert check_env("skyrl_gym:gsm8k_multi_turn", {}, rows=gsm8k_rows()) == []
+    assert check_env("skyrl_gym:text2sql", {"env_config": {"db_path": str(tmp_path)}}, rows=sql_rows(tmp_path)) == []
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in gsm8k_rows()))
+    assert main(["check-env", "skyrl_gym:gsm8k", "--data", str(data)]) == 0
+    assert main(["check-env", "skyrl_gym:gsm8k"]) == 1
+    assert "set data.train" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="not a SkyRL-Gym environment; the registered ones: aime"):
+        make("skyrl_gym:nosuch")
+
+
+def test_bad_rows_and_episodes_that_never_end_fail_their_episode_with_the_reason(tmp_path):
+    env = make("skyrl_gym:gsm8k")
+    assert "must end with a user message" in env.check_row({"prompt": [{"role": "assistant", "content": "x"}]})
+    host = EnvHost("skyrl_gym:gsm8k_multi_turn", {"max_steps": 2}, call_timeout_s=30)
+    never_ends = {**gsm8k_rows()[0], "extra_info": {"max_turns": 50}}  # SkyRL's env would go on for 50 turns
+    assert host.handle("reset", "a", 0, never_ends).ok
+    assert host.handle("step", "a", "#### 9").ok
+    result = host.handle("step", "a", "#### 9")
+    assert not result.ok and "did not end its episode within env.kwargs.max_steps=2" in result.error
+    broken = EnvHost("skyrl_gym:gsm8k", {})
+    result = broken.handle("reset", "b", 0, {"prompt": [{"role": "user", "content": "1 + 1?"}]})  # no reward_spec
+    assert not result.ok and "reward_spec" in result.error
+    assert broken.counts()["failed"] == 1 and host.counts()["failed"] == 1
+
+
+CONFIG = """
+run_dir: {run_dir}
+steps: 2
+seed: 0
+model:
+  path: {model}
+  tiny: {{hidden_size: 32, num_layers: 2, num_heads: 4, vocab_size: 256}}
+data: {{train: {data}}}
+env:
+  id: skyrl_gym:{name}
+  kwargs: {kwargs}
+rollout: {{tasks_per_step: 2, group_size: 4, max_turns: 3, max_new_tokens: 12, max_episode_tokens: 384}}
+trainer: {{micro_batch_size: 8}}
+checkpoint: {{every: 0}}
+logging: {{progress: false}}
+"""
+
+
+@pytest.mark.parametrize("name", ["gsm8k", "text2sql"])
+def test_two_training_steps_on_a_skyrl_env(name, tmp_path):
+    rows = gsm8k_rows() if name == "gsm8k" else sql_rows(tmp_path / "db")
+    kwargs = {} if name == "gsm8k" else {"env_config": {"db_path": str(tmp_path / "db")}}
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = tmp_path / "config.yaml"
+    run_dir = tmp_path / "run"
+    fields = {"run_dir": run_dir, "model": tmp_path / "model", "data": data, "name": name, "kwargs": json.dumps(kwargs)}
+    config.write_text(CONFIG.format(**fields))
+    trained = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-4000:]
+    events = EventAccumulator(str(run_dir / "tb"))
+    events.Reload()
+    assert [event.value for event in events.Scalars("episode/count")] == [8.0, 8.0]
+    assert [event.value for event in events.Scalars("episode/failed")] == [0.0, 0.0]
+    assert len(events.Scalars("train/loss")) == 2
+    if name == "gsm8k":  # and agentrl eval on held-out rows, with the trained checkpoint
+        evaluated = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "agentrl.cli",
+                "eval",
+                str(config),
+                "--checkpoint",
+                str(run_dir / "checkpoints" / "step_000002"),
+                f"data.val={data}",
+                "eval.split=val",
+                "eval.n=1",
+                f"--out={tmp_path / 'eval'}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=tmp_path,
+        )
+        assert evaluated.returncode == 0, evaluated.stdout[-2000:] + evaluated.stderr[-4000:]
+        report = json.loads((tmp_path / "eval" / "report.json").read_text())
+        assert report["metrics"]["episodes"] == len(rows)
