@@ -79,22 +79,21 @@ class OpponentPool:
         for old in sorted(self.snapshots)[: -self.size]:
             del self.snapshots[old]
 
-    def restore(self, up_to: int) -> list[int]:
-        """A resume at step `up_to`: the newest `size` snapshots of versions <= up_to from the folder; their versions.
-        UserError when a snapshot the pool needs is missing."""
+    def restore(self, start: int) -> list[int]:
+        """A resume at step `start`: the newest `size` snapshots of versions before `start` from the folder (the
+        version of `start` itself arrives with the run's first weights); their versions. UserError when one that the
+        pool needs is missing."""
         if self.folder is None or not self.folder.is_dir():
-            return []
-        found = sorted(
-            int(path.stem.removeprefix("step_"))
-            for path in self.folder.glob("step_*.pt")
-            if path.stem.removeprefix("step_").isdigit()
-        )
-        wanted = [version for version in found if version <= up_to][-self.size :]
-        expected = [v for v in range(0, up_to + 1, self.every)][-self.size :]
+            found = []
+        else:
+            names = (path.stem.removeprefix("step_") for path in self.folder.glob("step_*.pt"))
+            found = sorted(int(name) for name in names if name.isdigit())
+        wanted = [version for version in found if version < start][-self.size :]
+        expected = list(range(0, start, self.every))[-self.size :]
         missing = sorted(set(expected) - set(wanted))
         if missing:
             raise UserError(
-                f"resume at step {up_to}: the opponent pool's snapshot(s) {missing} are missing from {self.folder}; "
+                f"resume at step {start}: the opponent pool's snapshot(s) {missing} are missing from {self.folder}; "
                 "restore them, or start a new run_dir"
             )
         for version in wanted:

@@ -26,6 +26,8 @@ from agentrl.transport import Tag
 def run_policy_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | None, dict[int, float] | None]:
     """This rank's part; the steps done and (first policy's leader) its success rate by step."""
     comms = PolicyComms(config, layout)
+    if layout.rank == 0:
+        print(f"agentrl: policies: {placement_text(config, layout, comms)}", flush=True)
     if layout.single_process:
         return run_single(config, layout, start.step)
     if layout.role is Role.TRAINER:
@@ -34,28 +36,40 @@ def run_policy_role(config: Config, layout: Layout, start: RunStart) -> tuple[in
     return None, None
 
 
+def placement_text(config: Config, layout: Layout, comms: PolicyComms) -> str:
+    """Which ranks train which policy, and where its weights go."""
+    if layout.single_process:
+        return ", ".join(config.policies) + " in this process"
+    fixed = [name for name, policy in config.policies.items() if not policy.train]
+    parts = [
+        f"{name} trains on rank(s) {', '.join(map(str, ranks))} and syncs to rollout rank(s) "
+        f"{', '.join(map(str, layout.rollout_ranks))}"
+        for name, ranks in comms.ranks.items()
+    ]
+    parts += [f"{name} is fixed (never syncs)" for name in fixed]
+    return "; ".join(parts)
+
+
 class PolicyComms:
     """Built on every rank together: each trained policy's trainer ranks (`ranks`), this trainer rank's policy
     (`mine`) and its communicator (`trainer_comm`), and each policy's weight communicator with the rollout ranks
     (`weight_comms`, on its leader and the rollout ranks)."""
 
     def __init__(self, config: Config, layout: Layout):
-        from mpi4py import MPI
-
         self.ranks = policy_trainer_ranks(config, layout.trainer_ranks) if not layout.single_process else {}
         self.mine = next((name for name, ranks in self.ranks.items() if layout.rank in ranks), None)
         self.trainer_comm = None
         self.weight_comms = {}
         if layout.single_process:
             return
-        names = list(self.ranks)
-        color = names.index(self.mine) if self.mine is not None else MPI.UNDEFINED
-        self.trainer_comm = layout.world.Split(color=color, key=layout.rank)
-        for name, ranks in self.ranks.items():
-            member = layout.rank == ranks[0] or layout.role is Role.ROLLOUT
-            comm = layout.world.Split(color=0 if member else MPI.UNDEFINED, key=layout.rank)
-            if member:
-                self.weight_comms[name] = comm
+        # Create_group is collective over its members only: env ranks, which take no part, need not join
+        world = layout.world
+        if self.mine is not None:
+            self.trainer_comm = world.Create_group(world.Get_group().Incl(self.ranks[self.mine]), tag=1)
+        for number, (name, ranks) in enumerate(self.ranks.items()):
+            members = [ranks[0], *layout.rollout_ranks]  # the policy's leader first: root 0 of its syncs
+            if layout.rank in members:
+                self.weight_comms[name] = world.Create_group(world.Get_group().Incl(members), tag=2 + number)
 
 
 def policy_sync(config: Config, name: str, comm):

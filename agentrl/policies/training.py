@@ -57,8 +57,9 @@ def make_side(config: Config, name: str, device: str, comm, group, start_step: i
         checkpoint.load_state(
             resumed_from, trainer.optimizer, trainer.scheduler, trainer.model, extra_state=side.extra_state
         )
-    elif ratings is not None and config.game.pool and any(o.kind == "pool" for o in config.game.opponents):
-        ratings.add_snapshot(0)
+    pooled = any(o.kind == "pool" for o in config.game.opponents)
+    if ratings is not None and pooled and start_step % config.game.pool.every == 0:
+        ratings.add_snapshot(start_step)  # the rollout ranks snapshot the version they start on
     if leader:
         side.logger = leader_parts(view, start_step, None)[0]
     return side
@@ -103,7 +104,7 @@ def policy_train_loop(config: Config, sides: list[PolicySide], collect: Collect,
             if side.ratings is not None:
                 for opponent, outcome in games:
                     side.ratings.record(opponent, outcome)
-                if pool is not None and done % pool.every == 0:
+                if pool is not None and done % pool.every == 0 and done < config.steps and not stopping:
                     side.ratings.add_snapshot(done)
             if side.logger is not None:
                 metrics = metrics_of[side.name]

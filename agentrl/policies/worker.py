@@ -221,8 +221,9 @@ def _count_game(stats: dict, prefix: str, seats: dict, result: GameResult, label
     add(f"{prefix}/succeeded", result.success)
     for player, reward in result.rewards.items():
         add(f"{prefix}/reward_sum/{player}", reward)
-    for player in seats:
-        add(f"{prefix}/wins/{player}", result.winner == player)
+    if result.winner is not None:  # a game that names winners (a cooperative one names none)
+        for player in seats:
+            add(f"{prefix}/wins/{player}", result.winner == player)
     if label is not None:
         add(f"{prefix}/games_vs/{label}", 1)
         add(f"{prefix}/wins_vs/{label}", result.outcome(learner))

@@ -26,7 +26,7 @@ def parse_take(text: str) -> int | None:
 
 
 def pile_of(observation: str) -> int:
-    """The stones left, read from an observation ("... 7 left, take 1-3")."""
+    """The stones left, read from an observation ("... take 1-3, 7 left")."""
     return int(re.search(r"(\d+) left", observation).group(1))
 
 
@@ -55,7 +55,8 @@ class NimEnv(TextEnv):
         self.over = True
 
     def _ask(self, prefix: str) -> str:
-        return f"{prefix}{self.pile} left, take 1-{min(self.max_take, self.pile)}"
+        # the stones left come last, right before the answer: a tiny model finds them there (as guess_number's range)
+        return f"{prefix}take 1-{min(self.max_take, self.pile)}, {self.pile} left"
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

@@ -28,13 +28,14 @@ class RelayEnv(TextEnv):
         super().reset(seed=seed)
         self.secret = int(self.np_random.integers(1, self.numbers + 1))
         self.turn = "proposer"
-        return f"secret {self.secret}, hint:", {"player": "proposer", "state_key": self.secret}
+        # what a player acts on comes last, right before its answer, where a tiny model finds it
+        return f"hint at the secret, {self.secret}", {"player": "proposer", "state_key": self.secret}
 
     def step(self, action):
         if self.turn == "proposer":
             self.turn = "solver"
             hint = action.strip()[:16] or "none"
-            return f"hint {hint}, number 1-{self.numbers}:", 0.0, False, False, {"player": "solver"}
+            return f"name 1-{self.numbers}, hint {hint}", 0.0, False, False, {"player": "solver"}
         if self.turn != "solver":
             raise RuntimeError("step() after the game ended; call reset() to start a new one")
         self.turn = "done"
