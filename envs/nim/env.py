@@ -1,6 +1,8 @@
 """Nim for two players, "0" and "1" (the env names whose turn it is in info["player"], as PettingZoo's AEC API and
 TextArena do): one pile of `low..high` stones, each turn a player takes 1 to `max_take`; whoever takes the last
-stone wins. A move that is not a number from 1 to what is allowed loses the game at once.
+stone wins. A move that is not a number from 1 to what is allowed loses the game at once (`invalid="lose"`) or
+takes one stone (`invalid="take_one"`: every answer is then a move, so a policy that explores does not lose
+by it, which a tiny model learning from scratch needs).
 
 Leaving the other player a multiple of `max_take + 1` wins every game from a pile that is not one; a player that
 moves at random wins about half. `random_move` and `take_one` are fixed programs to measure a policy against.
@@ -43,8 +45,11 @@ def take_one(observation: str, rng: random.Random) -> str:
 
 
 class NimEnv(TextEnv):
-    def __init__(self, low: int = 5, high: int = 12, max_take: int = 3):
+    def __init__(self, low: int = 5, high: int = 12, max_take: int = 3, invalid: str = "lose"):
         super().__init__()
+        if invalid not in ("lose", "take_one"):
+            raise ValueError(f"nim's invalid is 'lose' or 'take_one', got {invalid!r}")
+        self.invalid = invalid
         if not 1 <= low <= high:
             raise ValueError(f"nim needs 1 <= low <= high, got low={low} high={high}")
         if max_take < 1:
@@ -70,7 +75,9 @@ class NimEnv(TextEnv):
         mover, other = PLAYERS[self.mover], PLAYERS[1 - self.mover]
         take = parse_take(action)
         if take is None or not 1 <= take <= min(self.max_take, self.pile):
-            return self._end(other, mover, "invalid move")
+            if self.invalid == "lose":
+                return self._end(other, mover, "invalid move")
+            take = 1
         self.pile -= take
         if self.pile == 0:
             return self._end(mover, other, "took the last")

@@ -1,4 +1,4 @@
-"""A cooperative two-policy game: a proposer hints at a secret, a solver names it from the hint alone."""
+"""A cooperative two-policy game: a proposer poses a problem whose answer is a target, a solver solves it."""
 
 from envs.relay.env import RelayEnv
 

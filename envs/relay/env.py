@@ -1,9 +1,10 @@
 """Relay: a cooperative game of two players, "proposer" and "solver" (info["player"] names whose turn it is).
-The proposer sees a secret number from 1 to `numbers` and writes a hint; the solver sees only the hint and names the
-number. Both earn 1 when the solver is right, so the two policies must agree on a code that neither is given.
-
-`answer_reward` pays the solver for answering with a number in range at all (its share of the signal before the
-two agree on anything); the proposer's reward is the team's success alone.
+The proposer is given a target from 2 to `numbers + 1` and poses a problem, a number x; the solver sees only the
+problem ("add one to x") and answers. The solver earns 1 for solving the problem as posed (x + 1); the proposer
+earns 1 when the solver's answer is the target, which takes a problem posed right (x = target - 1) and solved.
+So each policy has its own reward and its own skill, and the proposer's reward rises only with the solver's.
+A proposal that holds no number from 1 to `numbers` is replaced by a random problem (and earns the proposer
+nothing), so the solver has a problem to learn from while the proposer still writes nonsense.
 """
 
 from __future__ import annotations
@@ -15,34 +16,43 @@ from agentrl.env.api import TextEnv
 NUMBER = re.compile(r"\d+")
 
 
+def first_number(text: str) -> int | None:
+    match = NUMBER.search(text)
+    return int(match.group()) if match else None
+
+
 class RelayEnv(TextEnv):
-    def __init__(self, numbers: int = 3, answer_reward: float = 0.1):
+    def __init__(self, numbers: int = 3):
         super().__init__()
         if numbers < 2:
             raise ValueError(f"relay needs numbers >= 2, got {numbers}")
-        self.numbers, self.answer_reward = numbers, answer_reward
-        self.secret = 0
+        self.numbers = numbers
+        self.target = 0
+        self.problem = 0
+        self.posed = False
         self.turn = "done"
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
-        self.secret = int(self.np_random.integers(1, self.numbers + 1))
+        self.target = int(self.np_random.integers(2, self.numbers + 2))
         self.turn = "proposer"
         # what a player acts on comes last, right before its answer, where a tiny model finds it
-        return f"hint at the secret, {self.secret}", {"player": "proposer", "state_key": self.secret}
+        return f"pose a problem for {self.target}", {"player": "proposer", "state_key": self.target}
 
     def step(self, action):
         if self.turn == "proposer":
             self.turn = "solver"
-            hint = action.strip()[:16] or "none"
-            return f"name 1-{self.numbers}, hint {hint}", 0.0, False, False, {"player": "solver"}
+            posed = first_number(action)
+            self.posed = posed is not None and 1 <= posed <= self.numbers
+            self.problem = posed if self.posed else int(self.np_random.integers(1, self.numbers + 1))
+            info = {"player": "solver", "state_key": self.problem}
+            return f"add one to {self.problem}", 0.0, False, False, info
         if self.turn != "solver":
             raise RuntimeError("step() after the game ended; call reset() to start a new one")
         self.turn = "done"
-        match = NUMBER.search(action)
-        guess = int(match.group()) if match else None
-        solved = guess == self.secret
-        answered = guess is not None and 1 <= guess <= self.numbers
-        rewards = {"proposer": float(solved), "solver": float(solved) + self.answer_reward * answered}
-        info = {"player": None, "success": solved, "rewards": rewards}
-        return ("right" if solved else "wrong"), rewards["solver"], True, False, info
+        answer = first_number(action)
+        solved = answer == self.problem + 1
+        reached = self.posed and answer == self.target
+        rewards = {"proposer": float(reached), "solver": float(solved)}
+        info = {"player": None, "success": reached, "rewards": rewards}
+        return ("right" if reached else "wrong"), rewards["solver"], True, False, info

@@ -27,7 +27,7 @@ from agentrl.trajectory import Episode, pack
 def relay_config(model_dir, **extra):
     raw = {
         "model": {"path": str(model_dir)},
-        "env": {"id": "relay", "kwargs": {"numbers": 3, "answer_reward": 0.1}},
+        "env": {"id": "relay", "kwargs": {"numbers": 3}},
         "layout": {"trainer": 2, "rollout": 1},
         "policies": {"proposer": {}, "solver": {"optimizer": {"lr": 0.01}}},
         "game": {"players": {"proposer": "proposer", "solver": "solver"}},
