@@ -37,7 +37,9 @@ def weights(run, policy: str, step: int) -> dict[str, torch.Tensor]:
 
 
 def test_two_policies_train_on_their_own_ranks(tmp_path, tiny_model_dir):
-    assert_ok(job(3, RELAY, small(tmp_path, tiny_model_dir)))  # trainer ranks 0 (proposer), 1 (solver); rollout 2
+    # the entropy bonus without a floor moves every policy even in steps where no game was won
+    overrides = small(tmp_path, tiny_model_dir, **{"algorithm.name": "rloo", "algorithm.entropy_floor": "null"})
+    assert_ok(job(3, RELAY, overrides))  # trainer ranks 0 (proposer), 1 (solver); rollout rank 2
     run = tmp_path / "run"
     initial = load_file(tiny_model_dir / "model.safetensors")
     trained = {}
