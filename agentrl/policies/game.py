@@ -131,7 +131,7 @@ async def run_game(env, seats: dict[str, Seat], limits: EpisodeLimits, key, task
     reply = await env.call("reset", key, task_seed, None)
     timers.env += time.perf_counter() - started
     if not reply.ok:
-        return _failed(seats, rewards, reply.error)
+        return _failed_game(seats, rewards, reply.error)
     observation, info, tools = reply.value
     info = info if isinstance(info, dict) else {}
     player = player_of(info, seats, env_id, "reset")
@@ -145,19 +145,19 @@ async def run_game(env, seats: dict[str, Seat], limits: EpisodeLimits, key, task
             break
         except ContentError as error:
             await env.call("close", key)
-            return _failed(seats, rewards, str(error))
+            return _failed_game(seats, rewards, str(error))
         started = time.perf_counter()
         reply = await env.call("step", key, action)
         timers.env += time.perf_counter() - started
         if not reply.ok:
-            return _failed(seats, rewards, reply.error)
+            return _failed_game(seats, rewards, reply.error)
         observation, reward, terminated, truncated, info = reply.value
         info = info if isinstance(info, dict) else {}
         try:
             _add_rewards(seats, rewards, player, reward, info, env_id)
         except RewardError as refused:
             await env.call("close", key)
-            return _failed(seats, rewards, f"{refused}; fix the env's step() (the game failed and does not train)")
+            return _failed_game(seats, rewards, f"{refused}; fix the env's step() (the game failed and does not train)")
         if terminated or truncated:
             result.finish = "terminated" if terminated else "truncated"
             result.winner = None if info.get("winner") is None else str(info["winner"])
@@ -201,7 +201,7 @@ def _close_episodes(seats: dict[str, Seat], result: GameResult) -> None:
             episode.extend([seat.chat.eos_id, seat.chat.eos_id], mask=0)
 
 
-def _failed(seats: dict[str, Seat], rewards: dict[str, float], error: str) -> GameResult:
+def _failed_game(seats: dict[str, Seat], rewards: dict[str, float], error: str) -> GameResult:
     """An env failure: every seat's episode is kept for accounting, with no training signal."""
     for seat in seats.values():
         episode = seat.episode

@@ -17,6 +17,7 @@ from dataclasses import replace
 import numpy as np
 
 from agentrl.config import Config
+from agentrl.config.policies import learner_of, policy_dir, policy_view
 from agentrl.data.tasks import SeededTasks, Task
 from agentrl.engine import make_engine
 from agentrl.engine.base import SamplingParams
@@ -25,7 +26,6 @@ from agentrl.models.loading import load_tokenizer
 from agentrl.policies.game import GameResult, Seat, run_game
 from agentrl.policies.opponents import OpponentPool, draw_opponent, game_rng, load_program
 from agentrl.policies.ratings import snapshot_name
-from agentrl.policies.views import learner_of, policy_dir, policy_view
 from agentrl.rollout.agent_loop import EpisodeLimits, LoopTimers
 from agentrl.rollout.worker import engine_seed, task_index
 from agentrl.trajectory import Episode

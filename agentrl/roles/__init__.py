@@ -31,7 +31,7 @@ def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | Non
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
     if config.policies:  # several policies in one job: agentrl/policies/
-        from agentrl.policies.roles import run_policy_role
+        from agentrl.roles.policies import run_policy_role
 
         return run_policy_role(config, layout, start)
     if layout.single_process:

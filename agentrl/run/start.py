@@ -74,7 +74,7 @@ def check_model(config: Config) -> None:
     from agentrl.models.loading import ensure_model  # imports torch
 
     if config.policies:
-        from agentrl.policies.start import ensure_policy_models
+        from agentrl.run.policy_start import ensure_policy_models
 
         ensure_policy_models(config)
         return
@@ -83,7 +83,7 @@ def check_model(config: Config) -> None:
 
 def policies_start(config: Config) -> int:
     """A multi-policy run's start step (agentrl/policies/start.py)."""
-    from agentrl.policies.start import policies_resume_step
+    from agentrl.run.policy_start import policies_resume_step
 
     return policies_resume_step(config)
 

@@ -9,6 +9,7 @@ import pytest
 
 from agentrl.algorithms import algorithm_of
 from agentrl.config import ConfigError, from_dict
+from agentrl.config.policies import policy_trainer_ranks, policy_view
 from agentrl.engine.base import Engine
 from agentrl.env.api import TextEnv
 from agentrl.env.client import LocalEnvClient
@@ -18,7 +19,6 @@ from agentrl.models.loading import load_tokenizer
 from agentrl.policies.game import Seat, UnknownPlayer, run_game
 from agentrl.policies.opponents import OpponentPool, draw_opponent, game_rng, pool_weights
 from agentrl.policies.ratings import LEARNER, EloRatings
-from agentrl.policies.views import policy_trainer_ranks, policy_view
 from agentrl.policies.worker import MultiPolicyWorker, game_metrics
 from agentrl.rollout.agent_loop import EpisodeLimits
 from agentrl.trajectory import Episode, pack

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 
 from agentrl import transport
 from agentrl.config import Config
+from agentrl.config.policies import learner_of, policy_view
 from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.policies.ratings import EloRatings
-from agentrl.policies.views import learner_of, policy_view
 from agentrl.policies.worker import game_metrics
 from agentrl.roles.trainer_parts import leader_parts, policy_trainer
 from agentrl.run import preempt, startup_gc
@@ -24,7 +24,7 @@ from agentrl.trainer import checkpoint, staleness
 
 @dataclass
 class PolicySide:
-    """One trained policy on this process: `view` (its config, agentrl.policies.views), trainer and tokenizer,
+    """One trained policy on this process: `view` (its config, agentrl.config.policies), trainer and tokenizer,
     `comm` (its trainer ranks), on its leader the `logger` and the `weights` sync (None elsewhere), and for the
     self-play learner its Elo `ratings`."""
 

@@ -7,8 +7,8 @@ import random
 from pathlib import Path
 
 from agentrl.config import Config
+from agentrl.config.policies import policy_dir, policy_view, trained_policies
 from agentrl.errors import UserError
-from agentrl.policies.views import policy_dir, policy_view, trained_policies
 
 
 def ensure_policy_models(config: Config) -> None:

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from agentrl import transport
 from agentrl.config import Config
+from agentrl.config.policies import policy_trainer_ranks, policy_view, trained_policies
 from agentrl.layout import Layout, Role
-from agentrl.policies.training import PolicySide, make_side, policy_train_loop
-from agentrl.policies.views import policy_trainer_ranks, policy_view, trained_policies
 from agentrl.policies.worker import MultiPolicyWorker
+from agentrl.roles.policy_training import PolicySide, make_side, policy_train_loop
 from agentrl.rollout.failures import FailureTally, abort_if_failing
 from agentrl.rollout.trainer_messages import sample_texts, shard_for_trainers
 from agentrl.run import preempt
