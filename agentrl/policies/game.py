@@ -5,6 +5,8 @@ A seat's episode is what its policy saw and said, laid out as a single-agent epi
 its first observation as the prompt (loss mask 0), each of its turns as generated (mask 1, with log-probs and the
 weight version), and before each later turn the observation that came back to it (mask 0). Rewards are per player:
 `info["rewards"]` ({player: reward}) when the env gives them, else the step's reward goes to the player that moved.
+A seat's success is its win (`info["winner"]`), else its own (`info["successes"]`, {player: bool}), else the game's
+(`info["success"]`).
 """
 
 from __future__ import annotations
@@ -94,6 +96,7 @@ class GameResult:
     rewards: dict[str, float]
     winner: str | None = None
     success: bool = False
+    successes: dict[str, bool] = field(default_factory=dict)  # per player, where the env names them
     finish: str = "max_turns"
     error: str | None = None
 
@@ -162,6 +165,9 @@ async def run_game(env, seats: dict[str, Seat], limits: EpisodeLimits, key, task
             result.finish = "terminated" if terminated else "truncated"
             result.winner = None if info.get("winner") is None else str(info["winner"])
             result.success = bool(info.get("success", False))
+            successes = info.get("successes")
+            if isinstance(successes, dict):
+                result.successes = {str(player): bool(value) for player, value in successes.items()}
             break
         player = player_of(info, seats, env_id, "step")
     await env.call("close", key)
@@ -195,7 +201,10 @@ def _close_episodes(seats: dict[str, Seat], result: GameResult) -> None:
             continue
         episode.finish = result.finish
         episode.reward = result.rewards[player]
-        episode.success = result.winner == player if result.winner is not None else result.success
+        if result.winner is not None:
+            episode.success = result.winner == player
+        else:
+            episode.success = result.successes.get(player, result.success)
         episode.weight_version = min(seat.versions) if seat.versions else -1
         if not episode.tokens:  # the game ended before this seat's first turn: nothing to train
             episode.extend([seat.chat.eos_id, seat.chat.eos_id], mask=0)

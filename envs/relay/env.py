@@ -54,5 +54,10 @@ class RelayEnv(TextEnv):
         solved = answer == self.problem + 1
         reached = self.posed and answer == self.target
         rewards = {"proposer": float(reached), "solver": float(solved)}
-        info = {"player": None, "success": reached, "rewards": rewards}
+        info = {
+            "player": None,
+            "success": reached,
+            "rewards": rewards,
+            "successes": {"proposer": reached, "solver": solved},
+        }
         return ("right" if reached else "wrong"), rewards["solver"], True, False, info

@@ -236,6 +236,8 @@ def test_each_policys_batch_holds_its_own_turns_rewards_and_advantages(tiny_mode
             span = slice(batch["offsets"][index], batch["offsets"][index + 1])
             trained = batch["loss_mask"][span].astype(bool)
             assert np.allclose(advantages[span][trained], expected, atol=1e-5)
+    for name in ("proposer", "solver"):  # a seat's success is its own (relay names each player's in info["successes"])
+        assert all(e.success == (e.reward == 1.0) for e in by_policy[name])
     # the proposer's group ids and the solver's differ by seat: each policy's baseline is over its own seat
     assert {e.group % 2 for e in by_policy["proposer"]} == {0} and {e.group % 2 for e in by_policy["solver"]} == {1}
 
