@@ -14,8 +14,6 @@ import random
 import time
 from dataclasses import replace
 
-import numpy as np
-
 from agentrl.config import Config
 from agentrl.config.policies import learner_of, policy_dir, policy_view
 from agentrl.data.tasks import SeededTasks, Task
@@ -100,15 +98,16 @@ class MultiPolicyWorker:
         engine, sampling = self.engines[name], self.sampling[name]
         return Seat(player, label or name, name, trains, engine, self.chats[name], sampling, episode=episode)
 
-    def _seats(self, step: int, game_number: int, position: int, task_number: int, task) -> tuple[dict, str | None]:
-        """The seats of one training game, and the label of the learner's opponent (None: no learner)."""
+    def _seats(self, step: int, game_number: int, position: int, task_number: int, task):
+        """The seats of one training game, the label of the learner's opponent and the learner's player id (both
+        None without opponents)."""
         n = len(self.players)
         if self.learner is None or not self.game.opponents:
             seats = {}
             for seat, (player, name) in enumerate(self.game.players.items()):
                 trains = self.config.policies[name].train
                 seats[player] = self._policy_seat(player, name, trains, task_number * n + seat, task)
-            return seats, None
+            return seats, None, None
         learner_seat = position % n
         opponent = draw_opponent(self.game.opponents, game_rng(self.config.seed, step, game_number, DRAW_OPPONENT))
         seats = {}
@@ -127,7 +126,7 @@ class MultiPolicyWorker:
             else:
                 seats[player] = self._program_seat(player, opponent, step, game_number)
         label = "self" if opponent.kind == "self" else seats[self.players[(learner_seat + 1) % n]].label
-        return {**seats, "_learner": self.players[learner_seat]}, label
+        return seats, label, self.players[learner_seat]
 
     def _program_seat(self, player: str, opponent, step: int, game_number: int) -> Seat:
         seed = int(game_rng(self.config.seed, step, game_number, PROGRAM_RNG).integers(2**62))
@@ -143,9 +142,8 @@ class MultiPolicyWorker:
         games = []
         for task_number, task in zip(indices, tasks, strict=True):
             for position in range(rc.group_size):
-                seats, label = self._seats(step, task_number * rc.group_size + position, position, task_number, task)
-                learner = seats.pop("_learner", None)
-                games.append((seats, task, label, learner))
+                game_number = task_number * rc.group_size + position
+                games.append((*self._seats(step, game_number, position, task_number, task), task))
         timers = LoopTimers()
         busy = self._busy()
         started = time.perf_counter()
@@ -154,7 +152,7 @@ class MultiPolicyWorker:
         by_policy: dict[str, list[Episode]] = {name: [] for name in self.views if self.config.policies[name].train}
         stats: dict[str, float] = {"game/games": float(len(games))}
         outcomes: list[tuple[str, float]] = []
-        for (seats, _, label, learner), result in zip(games, results, strict=True):
+        for (seats, label, learner, _), result in zip(games, results, strict=True):
             for seat in seats.values():
                 if seat.trains and (seat.episode.turns or seat.episode.error):  # a seat that never moved: no signal
                     by_policy[seat.policy].append(seat.episode)
@@ -184,18 +182,19 @@ class MultiPolicyWorker:
                     else:
                         seat = self._program_seat(player, opponent, EVAL_SEED + number, game)
                     seats[player] = seat
-                games.append((seats, task, opponent.label, learner))
+                games.append((seats, opponent.label, learner, task))
         results = self._play(games, -1 - step, LoopTimers())
         stats: dict[str, float] = {}
-        for (seats, _, label, learner), result in zip(games, results, strict=True):
+        for (seats, label, learner, _), result in zip(games, results, strict=True):
             _count_game(stats, "game_eval", seats, result, label, learner)
         return stats
 
     def _play(self, games, step: int, timers: LoopTimers) -> list[GameResult]:
+        """Every game of `games` ((seats, opponent label, learner player, task) each) at once, on this rank's loop."""
         env_id = self.config.env.id
         runs = [
             run_game(self.env, seats, self.limits, (step, number), task.seed, env_id, timers)
-            for number, (seats, task, _, _) in enumerate(games)
+            for number, (seats, _, _, task) in enumerate(games)
         ]
 
         async def everything():
@@ -255,7 +254,3 @@ def game_metrics(stats: dict[str, float]) -> dict[str, float]:
                 out[f"{prefix}/games_vs/{label}"] = games
     passed = {k: v for k, v in stats.items() if not k.startswith(("game/", "game_eval/"))}
     return {**passed, **out}
-
-
-def mean_rewards(episodes: list[Episode]) -> float:
-    return float(np.mean([e.reward for e in episodes])) if episodes else 0.0

@@ -14,7 +14,7 @@ from agentrl.config import Config
 from agentrl.config.policies import policy_trainer_ranks, policy_view, trained_policies
 from agentrl.layout import Layout, Role
 from agentrl.policies.worker import MultiPolicyWorker
-from agentrl.roles.policy_training import PolicySide, make_side, policy_train_loop
+from agentrl.roles.policy_training import make_side, policy_train_loop
 from agentrl.rollout.failures import FailureTally, abort_if_failing
 from agentrl.rollout.trainer_messages import sample_texts, shard_for_trainers
 from agentrl.run import preempt
@@ -223,6 +223,3 @@ class InProcessPolicyCopy:
 
     def begin_update(self) -> None:
         """The engine holds copies: nothing to do before the optimizer changes the trainer's weights."""
-
-
-__all__ = ["PolicySide", "run_policy_role"]
