@@ -323,3 +323,10 @@ def test_elo_moves_with_results_and_survives_a_checkpoint(tmp_path):
     loaded = EloRatings()
     loaded.load(tmp_path)
     assert loaded.ratings == ratings.ratings
+
+
+def test_the_printed_plan_shows_each_policys_weight_sync(tiny_model_dir):
+    from agentrl.run.plan import JobShape, config_plan
+
+    rows = config_plan(relay_config(tiny_model_dir), JobShape(3))
+    assert [row.weights for row in rows] == ["mpi send proposer", "mpi send solver", "mpi recv proposer, solver"]
