@@ -57,7 +57,8 @@ LAYERS = [
     # the parts: inference engines, envs, weight transports, task data, episode scores from judges and reward models
     {"engine", "env", "weights", "data", "scoring"},
     {"serve", "sft"},  # an OpenAI-compatible server over engines; SFT transcripts and data
-    {"rollout", "trainer", "gateway"},  # the agent loop and worker, the policy step, the training gateway (on serve)
+    {"rollout", "trainer", "gateway", "policies"},  # the agent loop and worker, the policy step, the training gateway
+    # (on serve), multi-agent games and their opponents
     {"evaluation", "run"},  # held-out evaluation; a run's life (start-up, folder, stops, liveness, summary)
     {"roles", "sweep"},  # each role's loop, built from all of the above; sweeps launch runs
     {"commands"},  # one module per subcommand

@@ -852,6 +852,101 @@ class RuntimeConfig(Section):
         return value
 
 
+class PolicyConfig(Section):
+    """One named policy of a multi-policy job (`policies:`, docs/multi-agent.md): its model, algorithm, optimizer and
+    trainer ranks. A section left out is the top-level one of the same name."""
+
+    model: ModelConfig | None = Field(
+        None, description="The policy's model (a model.lora section trains an adapter); null: the top-level model."
+    )
+    algorithm: SerializeAsAny[AlgorithmSection] | None = Field(
+        None, description="The policy's algorithm with its options; null: the top-level algorithm."
+    )
+    optimizer: OptimizerConfig | None = Field(None, description="The policy's optimizer; null: the top-level one.")
+    trainers: int = Field(
+        1, ge=0, description="Trainer ranks of this policy; the policies' trainer ranks add up to layout.trainer."
+    )
+    train: bool = Field(True, description="false: a fixed policy, which plays its seats and never trains.")
+
+    @field_validator("algorithm", mode="before")
+    @classmethod
+    def _algorithm_options(cls, value):
+        return None if value is None else algorithm_options(value)
+
+
+class OpponentConfig(Section):
+    """Who sits across from the learner in a self-play game: itself, a frozen snapshot from the pool, or a program."""
+
+    kind: Literal["self", "pool", "program"] = Field(
+        ...,
+        description="self: the learner itself (every seat trains); pool: a frozen snapshot of it drawn by "
+        "game.pool.sampling; program: `program`, a fixed Python function.",
+    )
+    weight: float = Field(1.0, gt=0, description="Relative chance that a game draws this opponent.")
+    program: str | None = Field(
+        None, description="kind=program: `module:function`, called as function(observation, rng) -> action text."
+    )
+    name: str | None = Field(None, description="The opponent's name in logs (game/win_rate_vs/NAME); null: kind.")
+
+    @model_validator(mode="after")
+    def _program_named(self) -> OpponentConfig:
+        if (self.kind == "program") != (self.program is not None):
+            raise ValueError(
+                "program: set it (`module:function`) exactly when kind=program; "
+                f"here kind={self.kind} and program={self.program!r}"
+            )
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        return self.program.rpartition(":")[2] if self.program else self.kind
+
+
+class OpponentPoolConfig(Section):
+    """Frozen snapshots of the learner for `kind: pool` opponents, kept on the rollout ranks and in run_dir."""
+
+    every: int = Field(10, ge=1, description="Snapshot the learner's weights every N steps (and at step 0).")
+    size: int = Field(5, ge=1, description="Snapshots kept: the newest N.")
+    sampling: Literal["uniform", "recent"] = Field(
+        "uniform", description="uniform: every kept snapshot alike; recent: each older one `decay` times as likely."
+    )
+    decay: float = Field(0.5, gt=0, le=1, description="sampling=recent: the weight ratio of a snapshot to the next.")
+
+
+class GameEvalConfig(Section):
+    """Held-out matches: the learner against fixed programs it never trains against, logged as game_eval/."""
+
+    every: int = Field(10, ge=1, description="Play them every N steps (and at the last step).")
+    games: int = Field(64, ge=1, description="Games per opponent, split over rollout ranks; seats alternate.")
+    temperature: float = Field(0.0, ge=0, description="The learner's sampling temperature there (0: greedy).")
+    opponents: list[OpponentConfig] = Field(default_factory=list, description="The programs to play (kind: program).")
+
+    @field_validator("opponents")
+    @classmethod
+    def _programs_only(cls, value: list[OpponentConfig]) -> list[OpponentConfig]:
+        for opponent in value:
+            if opponent.kind != "program":
+                raise ValueError(f"lists kind={opponent.kind}; held-out matches are against programs (kind: program)")
+        return value
+
+
+class GameConfig(Section):
+    """A multi-agent env's seats: which policy plays each player id the env names (info["player"])."""
+
+    players: dict[str, str] = Field(
+        ..., min_length=1, description="Player id (as the env names it in info['player']) -> the policy that plays it."
+    )
+    opponents: list[OpponentConfig] = Field(
+        default_factory=list,
+        description="Self-play: when every player is one policy, each game seats it once (seats alternate) and draws "
+        "the other seats' opponent from this list by weight; empty: it plays itself in every seat.",
+    )
+    pool: OpponentPoolConfig = Field(default_factory=OpponentPoolConfig)
+    evaluate: GameEvalConfig | None = Field(None, description="Held-out matches against programs; null: none.")
+
+
 class Config(Section):
     """The whole run."""
 
@@ -880,6 +975,13 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     logging: LoggingConfig = Field(default_factory=LoggingConfig)
     runtime: RuntimeConfig = Field(default_factory=RuntimeConfig)
+    policies: dict[str, PolicyConfig] = Field(
+        default_factory=dict,
+        description="Several policies in one job, by name (docs/multi-agent.md); empty: the one policy of `model`.",
+    )
+    game: GameConfig | None = Field(
+        None, description="With `policies`: which policy plays each of the env's players, and self-play opponents."
+    )
 
     _notes: list[str] = PrivateAttr(default_factory=list)  # renamed fields found in the input, said once by rank 0
 
@@ -972,6 +1074,10 @@ class Config(Section):
                 f"algorithm.name={self.algorithm.name} (turn-level) cannot score; set chat.rewritten=keep"
             )
         transport = self.weights.transport
+        if self.policies or self.game is not None:
+            from agentrl.config.policies import check_policies
+
+            check_policies(self)
         if self.model.lora is not None:
             self._check_lora()
         # Whether cuda_ipc can serve is known once ranks have GPUs: weights.resolve_weight_sync checks it at start.

@@ -76,6 +76,8 @@ def make(env_id: str, /, **kwargs):
 
 
 register("guess_number", "envs.guess_number:GuessNumberEnv")
+register("nim", "envs.nim:NimEnv")
+register("relay", "envs.relay:RelayEnv")
 register("calculator", "envs.calculator:CalculatorEnv")
 register("python_tool", "envs.python_tool:PythonToolEnv")
 register("search_qa", "envs.search_qa:SearchQAEnv")

@@ -30,6 +30,10 @@ def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | Non
     hf_logging.disable_progress_bar()
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
+    if config.policies:  # several policies in one job: agentrl/policies/
+        from agentrl.roles.policies import run_policy_role
+
+        return run_policy_role(config, layout, start)
     if layout.single_process:
         from agentrl.roles.single import run_single_process
 

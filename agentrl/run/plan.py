@@ -96,7 +96,7 @@ def plan(
 
 def config_plan(config: Config, job: JobShape) -> list[RankPlan]:
     """`plan` of a run of `config` as `job`: the transport and weight views it resolves, its sharding and adapters."""
-    return plan(
+    rows = plan(
         config.layout,
         job,
         config.rollout.engine.gpus,
@@ -106,6 +106,28 @@ def config_plan(config: Config, job: JobShape) -> list[RankPlan]:
         fsdp=config.parallelism.fsdp,
         lora=config.model.lora is not None,
     )
+    return policy_weights(config, rows) if config.policies and job.world_size > 1 else rows
+
+
+def policy_weights(config: Config, rows: list[RankPlan]) -> list[RankPlan]:
+    """Several policies: each policy's leader broadcasts over MPI to every rollout rank (agentrl/roles/policies.py)."""
+    from dataclasses import replace
+
+    from agentrl.config.policies import policy_trainer_ranks
+
+    ranks = policy_trainer_ranks(config, [row.rank for row in rows if row.role is Role.TRAINER])
+    leaders = {members[0]: name for name, members in ranks.items()}
+    served = ", ".join(ranks)
+    out = []
+    for row in rows:
+        if row.rank in leaders:
+            weights = f"mpi send {leaders[row.rank]}"
+        elif row.role is Role.ROLLOUT:
+            weights = f"mpi recv {served}"
+        else:
+            weights = "-"
+        out.append(replace(row, weights=weights))
+    return out
 
 
 def format_plan(rows: list[RankPlan], single_process: bool = False, evaluating: bool = False) -> str:

@@ -62,7 +62,7 @@ def prepare_run_dir(config: Config, layout: Layout) -> int:
         print(f"agentrl: config: {note}", flush=True)
     check_installed(config.logging.backends)
     refuse_missing_model(config.model)
-    start_step = resume_step(config)
+    start_step = resume_step(config) if not config.policies else policies_start(config)
     if dropped := drop_dumps_from(run_dir, start_step):
         print(f"agentrl: removed {dropped} episode dump(s) of steps from {start_step} on (they are redone)", flush=True)
     if dropped := drop_reports_from(run_dir, start_step):
@@ -75,7 +75,19 @@ def check_model(config: Config) -> None:
     """Rank 0: build the tiny model or check that model.path loads (UserError if not)."""
     from agentrl.models.loading import ensure_model  # imports torch
 
+    if config.policies:
+        from agentrl.run.policy_start import ensure_policy_models
+
+        ensure_policy_models(config)
+        return
     ensure_model(config.model, lambda: env_texts(config))
+
+
+def policies_start(config: Config) -> int:
+    """A multi-policy run's start step (agentrl/policies/start.py)."""
+    from agentrl.run.policy_start import policies_resume_step
+
+    return policies_resume_step(config)
 
 
 def resume_step(config: Config) -> int:

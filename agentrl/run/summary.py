@@ -72,7 +72,12 @@ class RunSummary:
         saved = checkpoint.step_path(run_dir, self.done)
         if saved.is_dir():
             lines.append(f"  checkpoint    {saved}")
-        lines.append(f"  tensorboard   tensorboard --logdir {run_dir / 'tb'}")
+        for name in self.config.policies:  # several policies: each has a run folder of its own
+            saved = checkpoint.step_path(run_dir / "policies" / name, self.done)
+            if saved.is_dir():
+                lines.append(f"  checkpoint    {saved}")
+        logs = run_dir / "policies" if self.config.policies else run_dir / "tb"
+        lines.append(f"  tensorboard   tensorboard --logdir {logs}")
         lines += summary_lines(run_dir, self.config.logging.backends)
         if not finished:
             lines.append(f"  continue      {resume_command(self.command, self.world_size)}")

@@ -1,0 +1,127 @@
+"""A multi-policy config (`policies:` and `game:`): its checks (every seat has a policy, every trained policy has a
+seat and trainer ranks, and what this first version cannot run with several policies is refused), and each policy
+seen as a single-policy config (its model, algorithm and optimizer in place of the top-level ones, its own run
+folder run_dir/policies/NAME), so the single-policy parts (trainer, checkpoints, logger) serve it as they are."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from agentrl.sections import ConfigError
+
+# What a multi-policy job cannot run yet, as (is it set?, the refusal naming the fix).
+_REFUSALS = (
+    (lambda c: c.rollout.max_staleness > 0, "rollout.max_staleness: set rollout.max_staleness=0 (lockstep)"),
+    (lambda c: c.rollout.dispatch == "dynamic", "rollout.dispatch=dynamic: set rollout.dispatch=static"),
+    (lambda c: c.agent.enabled, "agent: (agent programs through the gateway): remove the agent: section"),
+    (lambda c: c.eval.enabled, "eval: (single-policy evaluation): remove eval: and use game.evaluate for matches"),
+    (lambda c: bool(c.data.train or c.data.val), "data.train/data.val: play the env's seeds (leave data: empty)"),
+    (lambda c: c.parallelism.fsdp, "parallelism.fsdp=true: set parallelism.fsdp=false"),
+    (lambda c: c.layout.colocate, "layout.colocate=true: set layout.colocate=false"),
+    (lambda c: c.weights.transport not in ("auto", "mpi"), "weights.transport other than mpi: set it to mpi"),
+    (lambda c: c.rollout.engine.backend != "torch", "rollout.engine.backend=sglang: use rollout.engine.backend=torch"),
+)
+
+
+def check_policies(config) -> None:
+    """ValueError naming the field and the fix for a multi-policy config that cannot run."""
+    policies, game = config.policies, config.game
+    if not policies:
+        raise ValueError("game: seats policies, but policies: is empty; name them, e.g. policies: {learner: {}}")
+    if game is None:
+        raise ValueError(
+            "policies: needs game.players, which says which policy plays each player id the env names "
+            "(e.g. game: {players: {'0': learner, '1': learner}})"
+        )
+    known = ", ".join(policies)
+    for player, name in game.players.items():
+        if name not in policies:
+            raise ValueError(
+                f"game.players.{player}={name!r} names no policy (policies: {known}); name one of them or add "
+                f"policies.{name}"
+            )
+    seated = set(game.players.values())
+    for name, policy in policies.items():
+        if name not in seated:
+            raise ValueError(f"policies.{name} plays no seat; seat it in game.players or remove it")
+        if policy.train and policy.trainers == 0:
+            raise ValueError(
+                f"policies.{name}.trainers=0 leaves the trained policy {name} without trainer ranks; set "
+                f"policies.{name}.trainers=1 (and layout.trainer to the policies' sum) or policies.{name}.train=false"
+            )
+        if not policy.train and policy.trainers:
+            raise ValueError(f"policies.{name}.train=false trains nothing; set policies.{name}.trainers=0")
+        options = policy.algorithm or config.algorithm
+        if getattr(options, "max_extra_rounds", 0):
+            raise ValueError(
+                f"policies.{name}: algorithm {options.name} draws more tasks for the groups it drops (dynamic "
+                "sampling), which a game shared by several policies cannot do for one of them; set "
+                f"algorithm.max_extra_rounds=0 for it, or choose grpo, rloo, dr_grpo or reinforce_pp"
+            )
+    wanted = sum(policy.trainers for policy in policies.values())
+    if wanted != config.layout.trainer:
+        shares = ", ".join(f"{name}: {policy.trainers}" for name, policy in policies.items())
+        raise ValueError(
+            f"layout.trainer={config.layout.trainer}, but the policies' trainer ranks add up to {wanted} ({shares}); "
+            f"set layout.trainer={wanted} or change policies.NAME.trainers so every trained policy has its ranks"
+        )
+    if not any(policy.train for policy in policies.values()):
+        raise ValueError("no policy trains (every policies.NAME.train=false); set train: true on one")
+    if game.opponents or game.evaluate is not None:
+        learners = set(game.players.values())
+        if len(learners) != 1 or not policies[next(iter(learners))].train:
+            raise ValueError(
+                "game.opponents and game.evaluate are for self-play: every player in game.players must be one "
+                f"trained policy (here {sorted(learners)}); seat one policy everywhere or remove them"
+            )
+        if len(game.players) < 2:
+            raise ValueError("game.opponents needs at least 2 players in game.players (one learner, one opponent)")
+    for is_set, refusal in _REFUSALS:
+        if is_set(config):
+            raise ValueError(f"several policies (policies:) cannot run with {refusal}")
+
+
+POLICIES_FOLDER = "policies"
+
+
+def policy_dir(run_dir: str | Path, name: str) -> Path:
+    return Path(run_dir) / POLICIES_FOLDER / name
+
+
+def policy_view(config, name: str):
+    """`config` as policy `name`'s own: its sections where it sets them, its run folder, no `policies`/`game`."""
+    policy = config.policies[name]
+    update = {"run_dir": str(policy_dir(config.run_dir, name)), "policies": {}, "game": None}
+    for section in ("model", "algorithm", "optimizer"):
+        if getattr(policy, section) is not None:
+            update[section] = getattr(policy, section)
+    return config.model_copy(update=update)
+
+
+def trained_policies(config) -> list[str]:
+    return [name for name, policy in config.policies.items() if policy.train]
+
+
+def learner_of(config) -> str | None:
+    """The self-play learner (the one policy every player maps to) when game.opponents or game.evaluate is set."""
+    game = config.game
+    if not (game.opponents or game.evaluate is not None):
+        return None
+    return next(iter(game.players.values()))
+
+
+def policy_trainer_ranks(config, trainer_ranks: list[int]) -> dict[str, list[int]]:
+    """Each trained policy's trainer ranks: consecutive, in the order `policies` names them. ConfigError when the
+    job's trainer ranks do not match the policies' (a policy would be left without ranks)."""
+    wanted = {name: config.policies[name].trainers for name in trained_policies(config)}
+    if sum(wanted.values()) != len(trainer_ranks):
+        shares = ", ".join(f"{name}: {count}" for name, count in wanted.items())
+        raise ConfigError(
+            f"the job has {len(trainer_ranks)} trainer rank(s) but the policies ask for {sum(wanted.values())} "
+            f"({shares}); set layout.trainer={sum(wanted.values())}"
+        )
+    ranks, first = {}, 0
+    for name, count in wanted.items():
+        ranks[name] = trainer_ranks[first : first + count]
+        first += count
+    return ranks
