@@ -1,5 +1,6 @@
 """`env.id: reasoning_gym:NAME`: reasoning-gym's own datasets and scorers through the adapter (the real package)."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -116,9 +117,30 @@ def test_without_the_package_the_error_names_the_extra():
         ("letter_counting", {"min_words": 1, "max_words": 2, "answer_tag": None}),
     ],
 )
+@pytest.mark.timeout(600)  # a real run: the package's import and a model's build
 def test_agentrl_train_runs_two_steps_on_a_dataset(name, kwargs, tmp_path):
     run_dir = train_two_steps(f"reasoning_gym:{name}", kwargs, tmp_path)
     logged = scalars(run_dir)
     assert [step for step, _ in logged["train/loss"]] == [0, 1]
     assert all(failed == 0 for _, failed in logged["episode/failed"])
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
+
+
+def sum_of(question: str) -> int:
+    """The sum that "Calculate 5 + 9." asks for."""
+    return sum(int(term) for term in question.removeprefix("Calculate ").rstrip(".").split(" + "))
+
+
+def test_the_committed_demonstrations_keep_the_split_and_score_as_the_env_does():
+    sys.path.insert(0, str(REPO / "launch" / "data"))
+    try:
+        from make_reasoning_gym_demos import ENV_ID, ENV_KWARGS
+    finally:
+        sys.path.remove(str(REPO / "launch" / "data"))
+    env = make(ENV_ID, **ENV_KWARGS)
+    for split, heldout in (("train", False), ("val", True)):
+        lines = (REPO / "launch" / "data" / f"reasoning_gym_sft_{split}.jsonl").read_text().splitlines()
+        rows = [json.loads(line)["messages"] for line in lines[:100]]
+        assert all(env.split.is_heldout(question["content"]) == heldout for question, _ in rows)
+        right = [question for question, answer in rows if int(answer["content"]) == sum_of(question["content"])]
+        assert 0.4 < len(right) / len(rows) < 0.8  # the demonstrator is right about 60% of the time

@@ -217,6 +217,7 @@ def test_textarenas_own_games_that_break_their_api_fail_the_episode_with_the_rea
         ("Mastermind-v0", {"code_length": 2, "num_numbers": 4, "max_turns": 4}),
     ],
 )
+@pytest.mark.timeout(600)  # a real run: the package's import and a model's build
 def test_agentrl_train_runs_two_steps_on_a_game(game, kwargs, tmp_path):
     run_dir = train_two_steps(f"textarena:{game}", kwargs, tmp_path, max_turns=4)
     logged = scalars(run_dir)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import random
+import re
 import threading
 
 import numpy as np
@@ -64,6 +65,13 @@ def build_game(name: str, kwargs: dict):
         return game_class(**{**spec.kwargs, **kwargs})
     except TypeError as error:
         raise ValueError(f"TextArena's {name!r} rejects env.kwargs {kwargs}: {error}") from None
+    except LookupError as error:  # NLTK's: a corpus the game reads is not downloaded
+        resource = re.search(r"Resource '?(\w+)'? not found", str(error))
+        missing = resource.group(1) if resource else "its corpora"
+        raise RuntimeError(
+            f"TextArena's {name!r} needs the NLTK data {missing!r}, which is not installed here; download it once "
+            f"on every node: python -m nltk.downloader {missing}"
+        ) from None
 
 
 def load_opponent(path: str):
