@@ -224,3 +224,16 @@ def test_agentrl_train_runs_two_steps_on_a_game(game, kwargs, tmp_path):
     assert [step for step, _ in logged["train/loss"]] == [0, 1]
     assert all(failed == 0 for _, failed in logged["episode/failed"])
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
+
+
+@pytest.mark.parametrize("invalid_move_reward", [None, 0.0])
+def test_invalid_move_reward_replaces_the_partial_credit_of_a_game_lost_on_invalid_moves(invalid_move_reward):
+    env = make("textarena:GuessTheNumber-v0", invalid_move_reward=invalid_move_reward)
+    env.reset(seed=7)
+    guess = 3 if env.game.game_number != 3 else 4
+    outcomes = [env.step(f"[{guess}]") for _ in range(3)]  # a guess, then the same guess twice: invalid moves
+    assert [terminated for _, _, terminated, _, _ in outcomes] == [False, False, True]
+    _, reward, _, _, info = outcomes[-1]
+    partial = 1 - abs(guess - env.game.game_number) / 19
+    assert reward == pytest.approx(partial if invalid_move_reward is None else 0.0)
+    assert info["metrics"]["invalid_move"] == 1.0 and info["success"] is False

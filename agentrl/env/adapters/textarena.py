@@ -3,7 +3,9 @@
 The policy plays seat `player_id` of a `players`-seat game; every other seat is played by `opponent`, a
 `module:function` (or a TextArena `Agent` class) called with that seat's observation text and returning its move.
 Observations are the game's new messages to the policy's seat since its last turn (its prompt first); the game's
-reward for the seat comes at the end, with `success` when it reaches `success_reward` (a win is 1 in TextArena).
+reward for the seat comes at the end, with `success` when it reaches `success_reward` (a win is 1 in TextArena);
+`invalid_move_reward` replaces it for a game the policy lost on an invalid move (TextArena's single-player games pay
+partial credit then, which a policy can earn by ending games early).
 
 The game runs without TextArena's observation wrappers (they repeat the whole history in every observation, which a
 multi-turn chat already holds); `bracket_actions` applies its ActionFormattingWrapper rule (a move without brackets
@@ -26,7 +28,15 @@ from agentrl.env.api import TextEnv
 from agentrl.plugins import did_you_mean, load_callable
 
 INSTALL = "pip install 'agentrl[textarena]'"
-ADAPTER_KEYS = ("players", "player_id", "opponent", "bracket_actions", "success_reward", "opponent_moves")
+ADAPTER_KEYS = (
+    "players",
+    "player_id",
+    "opponent",
+    "bracket_actions",
+    "success_reward",
+    "invalid_move_reward",
+    "opponent_moves",
+)
 LOCK_WAIT_S = 60.0
 _random_lock = threading.Lock()
 
@@ -117,6 +127,7 @@ class TextArenaEnv(TextEnv):
         opponent: str | None = None,
         bracket_actions: bool = False,
         success_reward: float = 1.0,
+        invalid_move_reward: float | None = None,
         opponent_moves: int = 1000,
         **game_kwargs,
     ):
@@ -134,6 +145,7 @@ class TextArenaEnv(TextEnv):
             raise ValueError(f"env.kwargs.opponent_moves must be an int >= 1, got {opponent_moves!r}")
         self.name, self.players, self.player_id = name, players, player_id
         self.bracket_actions, self.success_reward, self.opponent_moves = bracket_actions, success_reward, opponent_moves
+        self.invalid_move_reward = invalid_move_reward
         self.opponent = load_opponent(opponent) if opponent is not None else None
         self.game = build_game(name, game_kwargs)
         self.random: OwnRandomState | None = None
@@ -178,15 +190,19 @@ class TextArenaEnv(TextEnv):
                 f"textarena:{self.name} ended with a reward for seat {self.player_id} that is no number: "
                 f"{reward!r:.120}"
             )
-        reward = float(reward)
         seat_info = game_info.get(self.player_id, {}) if isinstance(game_info, dict) else {}
-        reason = seat_info.get("reason") if isinstance(seat_info, dict) else None
+        seat_info = seat_info if isinstance(seat_info, dict) else {}
+        lost_on_invalid_move = bool(seat_info.get("invalid_move", False))
+        if lost_on_invalid_move and self.invalid_move_reward is not None:
+            reward = self.invalid_move_reward
+        reward = float(reward)
+        reason = seat_info.get("reason")
         if reason:
             observation = f"{observation}\n{reason}".strip()
         info = {
             "success": reward >= self.success_reward,
             "player_id": self.player_id,
-            "metrics": {"invalid_move": float(bool(seat_info.get("invalid_move", False)))},
+            "metrics": {"invalid_move": float(lost_on_invalid_move)},
         }
         return observation, reward, True, False, info
 
