@@ -1,1 +1,1 @@
-"""Adapters to other packages' environments: each makes the env ids `PREFIX:NAME` of one package."""
+"""Adapters to other packages' environments: `env.id: PREFIX:NAME` builds NAME of that package as an agentrl env."""
