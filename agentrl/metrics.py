@@ -124,4 +124,6 @@ def episode_metrics(totals: dict[str, float]) -> dict[str, float]:
             metrics[f"episode/{EPISODE_NAMES.get(name, name + '_mean')}"] = value / count
     if "tool_calls" in totals:
         metrics["episode/tool_error_rate"] = totals.get("tool_errors", 0.0) / max(totals["tool_calls"], 1.0)
+    if "reasoning_tokens" in totals and totals.get("turns"):  # the env loop counts each turn's reasoning block
+        metrics["episode/reasoning_tokens_per_turn"] = totals["reasoning_tokens"] / totals["turns"]
     return metrics

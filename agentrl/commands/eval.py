@@ -164,7 +164,7 @@ def run_eval(config_path: str, overrides: list[str], checkpoint: str | None, out
     from agentrl.config import load_config
     from agentrl.evaluation.report import headline, table
     from agentrl.layout import Role, assign_roles
-    from agentrl.run.preflight import refuse_unusable_env
+    from agentrl.run.preflight import agree_on_chat_format, refuse_unusable_env
     from agentrl.transport import Failed, run_entry_point
 
     config = load_config(config_path, [*overrides, *(["eval.dump_episodes=true"] if dump else [])])
@@ -184,6 +184,7 @@ def run_eval(config_path: str, overrides: list[str], checkpoint: str | None, out
         from agentrl.run.start import check_model
 
         transport.agree_on_root(world, lambda: check_model(config))
+    agree_on_chat_format(world, config)
     try:
         report = run_entry_point(lambda: evaluate(config, target, command))
     except Failed as failure:

@@ -149,6 +149,26 @@ class ChatConfig(Section):
             )
         return name
 
+    template_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra variables for the model's chat template, e.g. {enable_thinking: false} (Qwen3, GLM-4.5) or "
+        "{reasoning_effort: low} (gpt-oss). The same in every prompt the env loop renders.",
+    )
+    rewritten: Literal["keep", "new_sample"] = Field(
+        "keep",
+        description="For templates that are not append-only (Qwen3 drops earlier reasoning once a user message "
+        "follows; R1 never writes reasoning back): `keep` keeps each turn's ids as the model generated them and "
+        "appends the template's ids for what follows (one sample per episode: what the model saw, the on-policy "
+        "choice; its reasoning trained); `new_sample` renders the whole conversation through the template for the "
+        "next turn's prompt and trains the tokens before it as a sample of their own (what a client re-sending the "
+        "history would get; the gateway's behaviour). Append-only templates never meet the choice.",
+    )
+    train_reasoning: bool = Field(
+        True,
+        description="Train a turn's reasoning tokens (its <think> block, harmony's analysis channel) at loss mask 1 "
+        "like the rest of the turn; false puts them at loss mask 0, so only the answer and the tool calls train.",
+    )
+
 
 class EnvConfig(Section):
     """The environment every episode runs in."""
@@ -749,10 +769,10 @@ class Config(Section):
                 "set layout.env=0"
             )
         self._note_async_correction()
-        if self.chat.format is not None and not self.agent.enabled:
-            self._notes.append(
-                f"chat.format={self.chat.format}: the training gateway and agentrl serve use it; the env agent loop "
-                "and SFT transcripts still render with the model's chat template and parse Hermes tool calls"
+        if self.chat.rewritten == "new_sample" and self.algorithm.name in TURN_LEVEL_ALGORITHMS:
+            raise ValueError(
+                f"chat.rewritten=new_sample splits an episode whose template rewrites it into samples, which "
+                f"algorithm.name={self.algorithm.name} (turn-level) cannot score; set chat.rewritten=keep"
             )
         transport = self.weights.transport
         if self.model.lora is not None:

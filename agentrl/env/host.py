@@ -66,6 +66,7 @@ class EnvHost:
     env_kwargs: dict = field(default_factory=dict)
     factory: Callable | None = None
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S  # None: env code runs inline, without a time limit
+    chat_format: str | None = None  # the run's chat format family; envs that parse turns (ToolEnv) are told it
     envs: dict = field(default_factory=dict)
     started: int = 0  # episodes whose env was created by a reset
     finished: int = 0  # episodes closed normally
@@ -118,6 +119,8 @@ class EnvHost:
                 seed, options = args
                 if env is None:
                     env = (self.factory or make)(self.env_id, **self.env_kwargs)
+                    if self.chat_format is not None and hasattr(env, "use_chat_format"):
+                        env.use_chat_format(self.chat_format)
                 obs, info = env.reset(seed=seed, options=options)
                 tools = list(getattr(env, "tools", None) or [])
                 return env, EnvResult(True, (_check_text(obs, "reset"), info, tools))

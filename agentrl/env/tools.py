@@ -16,9 +16,11 @@
 
 The schema of each tool is built from the signature, the type hints and the docstring
 (first paragraph: the description; an `Args:` section: the parameter descriptions).
-`step` parses the turn's tool calls, validates and runs them, and returns their results
-as the observation; malformed calls and tools that raise become error messages the
-model reads, counted in `info["tool_errors"]`.
+`step` parses the turn's tool calls in the run's chat format (Hermes unless the env loop names
+another: `use_chat_format`), validates and runs them, and returns their results as the
+observation (<tool_response> blocks) and one by one in `info["tool_results"]`, from which the
+agent loop builds the tool messages its chat template renders; malformed calls and tools that
+raise become error messages the model reads, counted in `info["tool_errors"]`.
 """
 
 from __future__ import annotations
@@ -31,8 +33,10 @@ import types
 import typing
 from dataclasses import dataclass
 
+from agentrl.chat.family import ChatFamily
+from agentrl.chat.hermes import HermesFamily
 from agentrl.env.api import TextEnv
-from agentrl.env.tool_calls import ParsedTurn, parse_tool_calls
+from agentrl.env.tool_calls import ParsedTurn
 
 JSON_TYPES: dict[type, str] = {
     str: "string",
@@ -175,6 +179,11 @@ class ToolEnv(TextEnv):
         self.over = False
         self._tools = dict(class_tools(type(self)))
         self.tools: list[dict] = [t.schema() for t in self._tools.values()]
+        self.chat_family: ChatFamily = HermesFamily()
+
+    def use_chat_format(self, name: str) -> None:
+        """Parse turns in the chat format family `name` (agentrl.chat; the run's chat.format, set by the env host)."""
+        self.chat_family = chat_family(name)
 
     def add_tool(self, function) -> None:
         """Give this instance one more tool: a plain function (JSON-typed arguments, text result), described from
@@ -199,13 +208,17 @@ class ToolEnv(TextEnv):
         if self.over:
             raise RuntimeError("step() called after the episode ended; call reset() to start a new one")
         self.turns += 1
-        turn = parse_tool_calls(action)
+        turn = self.chat_family.parse(action, tools=self.tools)
         if turn.has_calls:
-            obs, errors = self.run_tools(turn)
+            results = self.tool_results(turn)
+            obs = "\n".join(f"<tool_response>\n{result['content']}\n</tool_response>" for result in results)
             reward, terminated, truncated = 0.0, False, False
-            info = {"tool_calls": len(turn.calls) + len(turn.errors), "tool_errors": errors}
-        else:
-            obs, reward, terminated, truncated, info = self.answer(action)
+            errors = sum(not result["ok"] for result in results)
+            info = {"tool_calls": len(results), "tool_errors": errors, "tool_results": results}
+        else:  # the final answer: the turn's text, or its content where markup (reasoning, channels) surrounds it
+            obs, reward, terminated, truncated, info = self.answer(
+                action if turn.content == action.strip() else turn.content
+            )
         if not (terminated or truncated) and self.max_steps is not None and self.turns >= self.max_steps:
             truncated, info = True, {**info, "success": False}
         self.over = terminated or truncated
@@ -213,11 +226,18 @@ class ToolEnv(TextEnv):
 
     def run_tools(self, turn: ParsedTurn) -> tuple[str, int]:
         """Each call's result or error in a <tool_response> block (parse errors first), and the error count."""
-        results = [(f"error: {error}", False) for error in turn.errors]
-        results += [self._call(call.name, call.arguments) for call in turn.calls]
-        responses = [text for text, _ in results]
-        errors = sum(not ok for _, ok in results)
-        return "\n".join(f"<tool_response>\n{response}\n</tool_response>" for response in responses), errors
+        results = self.tool_results(turn)
+        responses = "\n".join(f"<tool_response>\n{result['content']}\n</tool_response>" for result in results)
+        return responses, sum(not result["ok"] for result in results)
+
+    def tool_results(self, turn: ParsedTurn) -> list[dict]:
+        """One result per parse error (first; `name` and `id` None) and per call, in order: {"id": the call's id
+        where the format writes one, "name", "content": the result or the error's text, "ok"}."""
+        results = [{"id": None, "name": None, "content": f"error: {error}", "ok": False} for error in turn.errors]
+        for call in turn.calls:
+            content, ok = self._call(call.name, call.arguments)
+            results.append({"id": call.id, "name": call.name, "content": content, "ok": ok})
+        return results
 
     def _call(self, name: str, arguments: dict) -> tuple[str, bool]:
         tool_ = self._tools.get(name)
@@ -231,3 +251,11 @@ class ToolEnv(TextEnv):
         except Exception as error:  # tool code is user code: the model sees the error, the episode goes on
             return f"error: tool {name!r} raised {type(error).__name__}: {error}", False
         return (result if isinstance(result, str) else json.dumps(result)), True
+
+
+@functools.cache
+def chat_family(name: str) -> ChatFamily:
+    """The parser of the chat format family `name`, one per process."""
+    from agentrl.chat.registry import resolve
+
+    return resolve(name)()

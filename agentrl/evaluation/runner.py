@@ -140,6 +140,7 @@ class Evaluator:
             tokens=[len(e.tokens) for e in episodes],
             response_tokens=[int(sum(e.loss_mask)) for e in episodes],
             tool_calls=[float(e.metrics.get("tool_calls", 0.0)) for e in episodes],
+            reasoning_tokens=[float(e.metrics.get("reasoning_tokens", 0.0)) for e in episodes],
             finish=[e.finish for e in episodes],
             tool_env=any(bool(e.tools) or "tool_calls" in e.metrics for e in episodes),
         ).as_dict()

@@ -37,7 +37,12 @@ def env_host(config: Config, check: bool = True) -> EnvHost:
     on this rank stops the job (rank 0's check passed, but this rank may lack a package or a file)."""
     if check:  # an env that needs a dataset row was reset with one by rank 0's check; here it is only built
         check_env_config(config.env.id, config.env.kwargs, reset=not (config.data.train or config.data.val))
-    return EnvHost(config.env.id, config.env.kwargs, call_timeout_s=config.runtime.env_step_timeout_s)
+    return EnvHost(
+        config.env.id,
+        config.env.kwargs,
+        call_timeout_s=config.runtime.env_step_timeout_s,
+        chat_format=config.chat.format,  # the family start-up found (agentrl.run.start.check_chat_format)
+    )
 
 
 def serve(

@@ -15,10 +15,10 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from agentrl.chat.errors import ChatTemplateError, NotAppendOnly
 from agentrl.engine.base import Engine, SamplingParams
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.content_tokens import ContentError
-from agentrl.rollout.messages import assistant_message, observation_messages
 from agentrl.rollout.reward_hook import RewardFunction
 from agentrl.trajectory import Episode, RewardError, finite_reward, state_key
 
@@ -41,6 +41,7 @@ class EpisodeRules:
     sampling: SamplingParams
     limits: EpisodeLimits
     reward_fn: RewardFunction | None = None
+    train_reasoning: bool = True  # chat.train_reasoning: False puts a turn's reasoning tokens at loss mask 0
 
 
 @dataclass
@@ -80,20 +81,29 @@ async def run_episode(
         if budget <= 0:
             episode.finish = "max_tokens"
             break
+        opened = chat.opens_reasoning(episode.tokens)
         started = time.perf_counter()
         turn_sampling = _for_turn(sampling, min(limits.max_new_tokens, budget), episode.turns)
         output = await engine.generate(episode.tokens, turn_sampling)
         timers.generate += time.perf_counter() - started
         versions.add(output.weight_version)
         episode.turn_states.append(state_key(info.get("state_key", observation)))
+        action = chat.action_text(output.output_ids, opened)
+        turn = chat.parse(action, tools)
+        message = chat.assistant_message(turn, output.output_ids)
+        episode.messages.append(message)
         turn_start = len(episode.tokens)
         episode.extend(output.output_ids, mask=1, logprobs=output.logprobs, version=output.weight_version)
         episode.turn_spans.append((turn_start, len(episode.tokens)))
-        if output.finish_reason != "stop":
-            episode.extend([chat.eos_id], mask=0)  # close the turn the model did not close
-        action = chat.decode(output.output_ids)
+        if turn.reasoning:
+            reasoning = chat.reasoning_length(output.output_ids, opened, tools)
+            episode.add_metrics({"reasoning_tokens": reasoning})
+            if not rules.train_reasoning:
+                episode.loss_mask[turn_start : turn_start + reasoning] = [0] * reasoning
+        stopped = output.finish_reason == "stop"
+        if not stopped:
+            episode.extend(chat.closing_ids(episode.messages, tools), mask=0)  # close the turn the model did not close
         episode.turns += 1
-        episode.messages.append(assistant_message(action))
 
         started = time.perf_counter()
         result = await env.call("step", key, action)
@@ -116,12 +126,27 @@ async def run_episode(
         if terminated or truncated:
             episode.finish = "terminated" if terminated else "truncated"
             break
-        observation_ids = chat.observation_ids(observation)
+        new = chat.observation_messages(observation, info, message)
+        ended_with = int(output.output_ids[-1]) if stopped and len(output.output_ids) else None
+        try:
+            observation_ids = chat.continuation_ids(episode.messages, new, tools, ended_with)
+        except NotAppendOnly:  # chat.rewritten=new_sample: the conversation so far, rendered, starts a new sample
+            observation_ids = None
+        except (ContentError, ChatTemplateError) as error:
+            await env.call("close", key)
+            return _failed(episode, str(error))
+        episode.messages += new
+        if observation_ids is None:
+            prompt = chat.new_sample_ids(episode.messages, tools)
+            if len(prompt) >= limits.max_episode_tokens:
+                episode.finish = "max_tokens"
+                break
+            _start_new_sample(episode, prompt)
+            continue
         if len(episode.tokens) + len(observation_ids) >= limits.max_episode_tokens:
             episode.finish = "max_tokens"
             break
         episode.extend(observation_ids, mask=0)
-        episode.messages += observation_messages(observation, episode.messages[-1])
     else:
         episode.finish = "max_turns"
 
@@ -147,11 +172,13 @@ async def run_episode(
         episode.reward = reward
         if score.success is not None:
             episode.success = score.success
+    _finish_samples(episode)
     return episode
 
 
 def _failed(episode: Episode, error: str) -> Episode:
     """An env failure: the episode is kept for accounting but carries no training signal."""
+    episode.more_samples = []
     episode.finish = "error"
     episode.error = error
     episode.reward = 0.0
@@ -160,6 +187,30 @@ def _failed(episode: Episode, error: str) -> Episode:
     if not episode.tokens:
         episode.extend([0], mask=0)
     return episode
+
+
+def _start_new_sample(episode: Episode, prompt_ids: list[int]) -> None:
+    """chat.rewritten=new_sample: the tokens so far become a sample of their own (in `episode.more_samples`), and
+    the episode goes on from `prompt_ids`, the template's rendering of the whole conversation."""
+    done = Episode(
+        group=episode.group, task_seed=episode.task_seed, task_id=episode.task_id, data_source=episode.data_source
+    )
+    for name in ("tokens", "loss_mask", "logprobs", "token_versions", "turn_spans", "turn_rewards", "turn_states"):
+        setattr(done, name, getattr(episode, name))
+        setattr(episode, name, [])
+    done.prompt_len, done.turns = episode.prompt_len, len(done.turn_spans)
+    episode.more_samples.append(done)
+    episode.extend(prompt_ids, mask=0)
+    episode.prompt_len = len(prompt_ids)
+
+
+def _finish_samples(episode: Episode) -> None:
+    """The samples a rewriting template split the episode into carry its reward, success and finish; the episode
+    itself holds the last one."""
+    for index, sample in enumerate(episode.more_samples, start=1):
+        sample.sample = index
+        sample.reward, sample.success, sample.finish = episode.reward, episode.success, episode.finish
+        sample.weight_version = episode.weight_version
 
 
 def _for_turn(sampling: SamplingParams, max_new_tokens: int, turn: int) -> SamplingParams:

@@ -44,6 +44,21 @@ def task_index(tasks_per_step: int, round_: int, first_task: int, position: int)
     return tasks_per_step * round_ + first_task + position
 
 
+def chat_format(model: ModelConfig, env: EnvConfig, chat: ChatConfig) -> ChatFormat:
+    """The env loop's chat format: the model folder's tokenizer and template in the family chat.format names (or
+    detected), with chat.template_kwargs and chat.rewritten."""
+    from agentrl.chat.detect import model_type_of
+
+    return ChatFormat(
+        load_tokenizer(model.path),
+        env.system_prompt,
+        chat_format=chat.format,
+        template_kwargs=chat.template_kwargs,
+        rewritten=chat.rewritten,
+        model_type=model_type_of(Path(model.path)) if Path(model.path).is_dir() else None,
+    )
+
+
 def engine_seed(seed: int, rollout_index: int) -> int:
     return int(np.random.SeedSequence([seed, 2**31, rollout_index]).generate_state(1)[0])
 
@@ -101,7 +116,8 @@ class RolloutWorker:
         self.task_source = task_source or SeededTasks(seed)  # a dataset's rows, or the env's seeds
         self.env = env_client
         self.engine = make_engine(rollout.engine, model, device, engine_seed(seed, rollout_index), colocate=colocate)
-        self.chat = ChatFormat(load_tokenizer(model.path), env.system_prompt)
+        self.chat = chat_format(model, env, chat)
+        self.train_reasoning = chat.train_reasoning
         self.sampling = SamplingParams(
             max_new_tokens=rollout.max_new_tokens,
             temperature=rollout.temperature,
@@ -324,7 +340,7 @@ class RolloutWorker:
             from agentrl.gateway.episode import run_agent_episode
 
             return run_agent_episode(self.gateway, self.agent_config, episode, sampling, self.reward_fn, timers)
-        rules = EpisodeRules(sampling, self.limits, self.reward_fn)
+        rules = EpisodeRules(sampling, self.limits, self.reward_fn, self.train_reasoning)
         return run_episode(self.engine, self.env, self.chat, rules, episode, key, timers)
 
     def _run(self, coroutines) -> list:

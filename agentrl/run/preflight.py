@@ -149,3 +149,52 @@ def check_agent(config, evaluating: bool = False) -> None:
         check_rows(rows, config.data.train, None, "agent", config.rollout.tasks_per_step)
     if (config.eval.enabled or evaluating) and config.eval.split_of(config.data.val) == "val":
         check_rows(load_rows(config.data.val, "data.val"), config.data.val, None, "agent", 1, "data.val")
+
+
+def agree_on_chat_format(world, config) -> None:
+    """Rank 0 loads the model folder's chat format (`check_chat_format`); every rank then holds its family in
+    chat.format (env ranks parse tool calls with it without loading a tokenizer), or refuses alike."""
+    from agentrl import transport
+
+    config.chat.format = transport.agree_on_root(world, lambda: check_chat_format(config))
+
+
+def check_chat_format(config, say=print) -> str:
+    """The model folder's chat format, loaded and probed before any rank trains: its family's name (chat.format, or
+    the one detected), said in one line with what the probe found. A folder without a chat template, a template
+    that raises, a family that cannot be detected or a name that does not resolve: a one-line ChatFormatUnusable."""
+    from agentrl.chat.codec import ChatCodec
+    from agentrl.chat.detect import detect_family, model_type_of
+    from agentrl.chat.errors import ChatTemplateError
+    from agentrl.chat.family import ModelSignals
+    from agentrl.chat.registry import resolve
+    from agentrl.models.loading import load_tokenizer
+
+    path, named = config.model.path, config.chat.format
+    folder = Path(path)
+    try:
+        tokenizer = load_tokenizer(path)
+        model_type = model_type_of(folder) if folder.is_dir() else None
+        name = named or detect_family(ModelSignals.of(tokenizer, model_type))
+        codec = ChatCodec(tokenizer, resolve(name)(), config.chat.template_kwargs)
+        probe = codec.probe()
+    except (ChatTemplateError, ValueError, KeyError, ImportError, AttributeError, TypeError) as error:
+        where = f"chat.format={named}" if named else f"model.path={path}"
+        raise ChatFormatUnusable(f"{where}: {_text(error)}") from None
+    checks = (("tool results", probe.append_only_after_tool), ("a user message", probe.append_only_after_user))
+    rewrites = [kind for kind, kept in checks if not kept]
+    kept = (
+        "is append-only"
+        if not rewrites
+        else f"rewrites the history after {' and '.join(rewrites)} (chat.rewritten={config.chat.rewritten})"
+    )
+    say(
+        f"agentrl: chat format {name} ({'chat.format' if named else 'detected'}; {codec.family.summary}); the template "
+        f"{kept}; tools {'in the template' if probe.renders_tools else 'listed in the system message'}",
+        flush=True,
+    )
+    return name
+
+
+class ChatFormatUnusable(ConfigError):
+    """The model's chat format cannot be loaded; the message names chat.format or model.path and the fix."""

@@ -21,6 +21,7 @@ from agentrl.evaluation.report import drop_reports_from
 from agentrl.layout import Layout, Role, pinned_cores
 from agentrl.models.chat_format import tools_as_text
 from agentrl.run.plan import show_layout
+from agentrl.run.preflight import agree_on_chat_format
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ def start_run(config: Config, layout: Layout) -> RunStart:
 
         import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     transport.agree_on_root(layout.world, lambda: (check_model(config), show_layout(config, layout)))
+    agree_on_chat_format(layout.world, config)  # before any rank renders, parses or trains
     shards = data_shards(config, layout)
     data_start = None
     if config.data.train:  # the same on every rank

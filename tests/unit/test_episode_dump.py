@@ -58,11 +58,12 @@ def test_a_qa_episode_with_a_tool_call_is_dumped_as_chat_messages(tool_chat):
     limits = EpisodeLimits(4, 64, 1000)
     asyncio.run(run_episode(engine, LocalEnvClient(host), tool_chat, EpisodeRules(sampling, limits), episode, key=0))
     record = json.loads(json.dumps(episode_record(episode, step=5)))
+    call_id = record["messages"][2]["tool_calls"][0]["id"]  # the call and its result carry one id
     assert record["messages"] == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "What is 6 * 7?"},
-        {"role": "assistant", "content": "", "tool_calls": TOOL_CALLS},
-        {"role": "tool", "name": "calculator", "content": "42"},
+        {"role": "assistant", "content": "", "tool_calls": [{"id": call_id, **TOOL_CALLS[0]}]},
+        {"role": "tool", "tool_call_id": call_id, "name": "calculator", "content": "42"},
         {"role": "assistant", "content": "42"},
     ]
     expected = {"task_id": "r7", "step": 5, "weight_version": 3, "reward": 1.0, "success": True}

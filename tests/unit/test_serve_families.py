@@ -532,16 +532,22 @@ def test_control_strings_in_messages_and_reasoning_stay_text_in_each_familys_pro
     assert renderer.tokenizer.decode(forged).count(end) > renderer.tokenizer.decode(benign).count(end)
 
 
-def test_chat_format_in_a_config_is_checked_and_said_to_be_read_by_serve_only_so_far():
+def test_chat_format_in_a_config_is_checked_and_read_by_training_too():
     from agentrl.config import ConfigError, from_dict
 
     base = {"model": {"path": "some/model"}}
     with pytest.raises(ConfigError, match=r"chat\.format: .*unknown chat format 'qwen4'.*qwen3.*agentrl\.chat_formats"):
         from_dict({**base, "chat": {"format": "qwen4"}})
     assert from_dict(base).chat.format is None and not any("chat.format" in note for note in from_dict(base).notes)
-    named = from_dict({**base, "chat": {"format": "glm45"}})
-    assert named.chat.format == "glm45" and any("chat.format=glm45" in note for note in named.notes)
+    named = from_dict({**base, "chat": {"format": "glm45", "template_kwargs": {"enable_thinking": False}}})
+    assert named.chat.format == "glm45" and not any("chat.format" in note for note in named.notes)  # the env loop too
+    assert named.chat.template_kwargs == {"enable_thinking": False}
+    assert (named.chat.rewritten, named.chat.train_reasoning) == ("keep", True)
     assert from_dict({**base, "chat": {"format": "pipe_chat:PipeFamily"}}).chat.format == "pipe_chat:PipeFamily"
+    with pytest.raises(ConfigError, match=r"chat\.rewritten"):
+        from_dict({**base, "chat": {"rewritten": "drop"}})
+    with pytest.raises(ConfigError, match=r"chat\.rewritten=new_sample .*gigpo.*chat\.rewritten=keep"):
+        from_dict({**base, "chat": {"rewritten": "new_sample"}, "algorithm": {"name": "gigpo"}})
 
 
 class GrammarEngine(ScriptedEngine):
