@@ -160,11 +160,20 @@ class ChatCodec:
         prompt = self.render(messages[:index], tools, True)
         written = self.render(messages[: index + 1], tools, False)
         end = self.turn_end(written) if self.family.closers else len(written.rstrip())
+        reasoning = (messages[index].get(self.family.reasoning_key) or "").strip() if self.family.reasoning_key else ""
         if written.startswith(prompt):
-            return written[len(prompt) : end]
+            turn = written[len(prompt) : end]
+            if reasoning and reasoning not in turn:  # R1 after tool outputs: no <think> opened, the reasoning dropped
+                if not (keep_rewritten and self.family.reasoning_open):
+                    raise NotAppendOnly(
+                        f"turn {index}: the {self.family.name} chat template does not write its reasoning; keep the "
+                        "turns as generated (keep_rewritten, chat.rewritten=keep) to train it as the model writes it"
+                    )
+                opener, closer = self.family.reasoning_open, self.family.reasoning_close
+                return f"{opener}\n{reasoning}\n{closer}\n\n{turn.lstrip()}"
+            return turn
         base = prompt.rstrip()[: -len(self.family.reasoning_open)] if self.ends_in_reasoning(prompt) else None
         if keep_rewritten and base is not None and written.startswith(base):
-            reasoning = (messages[index].get(self.family.reasoning_key) or "").strip()
             thought = (
                 f"{reasoning}\n{self.family.reasoning_close}\n\n" if reasoning else f"{self.family.reasoning_close}\n\n"
             )

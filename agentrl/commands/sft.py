@@ -133,7 +133,10 @@ def prepare_run(
         load_tokenizer(config.model.path),
         config.sft.system_prompt,
         config.chat.format,
+        config.chat.template_kwargs,
+        keep_rewritten=config.chat.rewritten == "keep",
         model_type=model_type_of(config.model.path),
+        train_reasoning=config.chat.train_reasoning,
     )
     if not isinstance(tokenizer, TranscriptTokenizer):
         print(f"agentrl sft: chat format {tokenizer.family.name} (the model's own chat template)", flush=True)

@@ -2,11 +2,12 @@
 own chat template as an episode of that family builds them.
 
 `ChatCodec.conversation_ids` does the work: the prompt at mask 0; each assistant turn as the template writes it after
-its own generation prompt, stop token included, at mask 1 (reasoning included: trained unless masked later); the
+its own generation prompt, stop token included, at mask 1 (its reasoning included); the
 template's ids for the tool results or user message after it at mask 0. Before that the messages are put in the form
 the family's template takes: a call's arguments a mapping (JSON text for DeepSeek), reasoning under the family's
 `reasoning_key` (`reasoning_content`, harmony's `thinking`; a transcript may write any of them), tools the template
-does not render listed in the system message as the agent loop lists them.
+does not render listed in the system message as the agent loop lists them (`ChatFormat.tools_placed`). With
+`train_reasoning=False` (chat.train_reasoning) each turn's reasoning block is at mask 0, as the agent loop masks it.
 
 A template that renders a turn differently once more messages follow (Qwen3 after a user follow-up) raises
 `NotAppendOnly` unless `keep_rewritten` (the turn trained as generated). R1's template never writes reasoning back, not
@@ -20,7 +21,6 @@ import json
 
 from agentrl.chat.codec import ChatCodec
 from agentrl.chat.errors import ChatTemplateError, NotAppendOnly
-from agentrl.models.chat_format import tools_as_text
 from agentrl.sft.transcripts import REASONING_KEYS, Tokenized, TranscriptError, episode_shape
 
 
@@ -28,10 +28,19 @@ class ChatTranscripts:
     """Token ids and loss masks of transcripts for `codec`'s family; `default_system_prompt` for transcripts
     without a system message (the RL run's `env.system_prompt`)."""
 
-    def __init__(self, codec: ChatCodec, default_system_prompt: str | None = None, keep_rewritten: bool = False):
+    def __init__(
+        self,
+        codec: ChatCodec,
+        default_system_prompt: str | None = None,
+        keep_rewritten: bool = False,
+        train_reasoning: bool = True,
+    ):
+        from agentrl.models.chat_format import ChatFormat
+
         self.codec, self.family = codec, codec.family
         self.default_system_prompt = default_system_prompt
-        self.keep_rewritten = keep_rewritten
+        self.keep_rewritten, self.train_reasoning = keep_rewritten, train_reasoning
+        self.loop_chat = ChatFormat(codec.tokenizer, codec=codec)  # the agent loop's: tools placed, reasoning measured
 
     def __call__(self, messages, tools: list[dict] | None = None) -> Tokenized:
         episode_shape(messages)  # the roles an episode can produce, or a TranscriptError saying what is wrong
@@ -39,17 +48,31 @@ class ChatTranscripts:
         messages = [self.message(message, index) for index, message in enumerate(messages[: last + 1])]
         if messages[0]["role"] != "system" and self.default_system_prompt:
             messages.insert(0, {"role": "system", "content": self.default_system_prompt})
-        if tools and not self.codec.probe().renders_tools:
-            messages, tools = self.tools_in_system_message(messages, tools), None
+        messages, tools = self.loop_chat.tools_placed(messages, tools or None)
         try:
-            ids, mask = self.codec.conversation_ids(messages, tools or None, self.keep_rewritten)
+            ids, mask = self.codec.conversation_ids(messages, tools, self.keep_rewritten)
         except NotAppendOnly as error:
             raise TranscriptError(f"{self.family.name} transcript: {error}") from None
         except ChatTemplateError as error:
             raise TranscriptError(str(error)) from None
+        if not self.train_reasoning and self.family.reasoning_key:
+            self.mask_reasoning(ids, mask, tools)
         out = Tokenized()
         out.tokens, out.loss_mask = ids, mask
         return out
+
+    def mask_reasoning(self, ids: list[int], mask: list[int], tools: list[dict] | None) -> None:
+        """Each trained turn's reasoning block at loss mask 0 (chat.train_reasoning=false), as the agent loop does."""
+        start = 0
+        while start < len(mask):
+            if not mask[start]:
+                start += 1
+                continue
+            end = mask.index(0, start) if 0 in mask[start:] else len(mask)
+            opened = self.codec.opens_reasoning(ids[:start])
+            length = self.loop_chat.reasoning_length(ids[start:end], opened, tools)
+            mask[start : start + length] = [0] * length
+            start = end
 
     def message(self, message: dict, index: int) -> dict:
         """`message` as the family's template takes it."""
@@ -93,13 +116,6 @@ class ChatTranscripts:
         )
         return {**({"id": call["id"]} if call.get("id") else {}), "type": "function", "function": function}
 
-    def tools_in_system_message(self, messages: list[dict], tools: list[dict]) -> list[dict]:
-        """The tools as system text, as the agent loop lists them for a template that does not render `tools=`."""
-        listed = tools_as_text(tools)
-        if messages[0]["role"] == "system":
-            return [{**messages[0], "content": f"{messages[0]['content']}\n\n{listed}"}, *messages[1:]]
-        return [{"role": "system", "content": listed}, *messages]
-
 
 def transcript_tokenizer(
     tokenizer,
@@ -108,6 +124,7 @@ def transcript_tokenizer(
     template_kwargs: dict | None = None,
     keep_rewritten: bool = False,
     model_type: str | None = None,
+    train_reasoning: bool = True,
 ):
     """The transcript tokenizer of a model: for the Hermes format (agentrl's own tiny model, Qwen2.5) the one the
     Hermes agent loop matches (agentrl.sft.transcripts.TranscriptTokenizer); for any other family (`chat_format`,
@@ -123,4 +140,4 @@ def transcript_tokenizer(
         raise UserError(f"agentrl sft: {error}") from None
     if codec.family.name == "hermes":
         return TranscriptTokenizer(tokenizer, default_system_prompt)
-    return ChatTranscripts(codec, default_system_prompt, keep_rewritten)
+    return ChatTranscripts(codec, default_system_prompt, keep_rewritten, train_reasoning)
