@@ -59,9 +59,7 @@ def test_a_transcripts_turns_are_trained_as_the_template_writes_them_and_parse_b
     first, second = spans
     # what precedes the first turn is its prompt, as the agent loop renders it (tools as system text where the
     # template does not render them)
-    head, tools = messages[:1], [ADD]
-    if not chat.probe().renders_tools:
-        head, tools = ChatTranscripts(chat).tools_in_system_message(head, tools), None
+    head, tools = ChatTranscripts(chat).loop_chat.tools_placed(messages[:1], [ADD])
     assert out.tokens[: first[0]] == chat.prompt_ids(head, tools)
     call_turn = chat.parse_ids(out.tokens[first[0] : first[1]], prompt_ids=out.tokens[: first[0]], tools=[ADD])
     assert [(c.name, c.arguments) for c in call_turn.calls] == [("add", {"a": 2, "b": 3})]
@@ -116,11 +114,26 @@ def test_r1_transcripts_need_the_turns_kept_as_the_model_writes_them():
     call_turn = chat.parse_ids(out.tokens[first[0] : first[1]], prompt_ids=prompt, tools=[ADD])
     assert (call_turn.reasoning, [c.arguments for c in call_turn.calls]) == ("Add them.", [{"a": 2, "b": 3}])
     answer = chat.parse_ids(out.tokens[second[0] : second[1]], prompt_ids=out.tokens[: second[0]], tools=[ADD])
-    assert answer.content == "It is 5."
+    # after tool outputs R1's prompt opens no <think> and its template drops the reasoning: the model opens it itself
+    assert not chat.opens_reasoning(out.tokens[: second[0]])
+    assert (answer.reasoning, answer.content) == ("The tool said 5.", "It is 5.")
     # a turn without reasoning still closes the reasoning the prompt opened
     plain = ChatTranscripts(chat, keep_rewritten=True)(transcript(False, arguments_as_text=True), [ADD])
     first = trained_spans(plain.tokens, plain.loss_mask)[0]
     assert chat.decode(plain.tokens[first[0] : first[1]]).startswith("</think>\n\n")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "deepseek_r1"])
+def test_reasoning_is_masked_where_chat_train_reasoning_is_false(family):
+    chat = codec(family)
+    messages = transcript(True, arguments_as_text=chat.family.arguments_as_text)
+    trained = ChatTranscripts(chat, keep_rewritten=True)(messages, [ADD])
+    masked = ChatTranscripts(chat, keep_rewritten=True, train_reasoning=False)(messages, [ADD])
+    assert masked.tokens == trained.tokens
+    dropped = [t for t, a, b in zip(trained.tokens, trained.loss_mask, masked.loss_mask, strict=True) if a and not b]
+    assert "Add them." in chat.decode(dropped) and "The tool said 5." in chat.decode(dropped)
+    kept = chat.decode([t for t, m in zip(masked.tokens, masked.loss_mask, strict=True) if m])
+    assert "Add them" not in kept and "It is 5." in kept and '"a": 2' in kept
 
 
 def test_a_harmony_answer_after_calls_with_analysis_is_refused_naming_the_rewrite():
@@ -156,6 +169,9 @@ def test_tools_a_template_does_not_render_go_to_the_system_message_as_the_agent_
     out = ChatTranscripts(chat, "Be brief.")(transcript(False, arguments_as_text=True), [ADD])
     prompt = chat.decode(out.tokens[: out.loss_mask.index(1)])
     assert "Be brief.\n\nYou can call these tools:\n- add: Add two integers." in prompt
+    assert (
+        "is written: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function" in prompt
+    )  # the family's call format, not Hermes'
 
 
 def test_the_hermes_format_keeps_agentrls_own_transcript_path():
@@ -174,9 +190,12 @@ def test_dressed_demonstrations_read_and_tokenize_for_their_family(family, tmp_p
     import numpy as np
 
     rng = np.random.default_rng(0)
-    rows = [dress({"messages": transcript(False)}, rng, call_ids=True, reasoning=family == "qwen3") for _ in range(3)]
+    rows = [dress({"messages": transcript(False)}, rng, "random", reasoning=family == "qwen3") for _ in range(3)]
     ids = [row["messages"][1]["tool_calls"][0]["id"] for row in rows]
     assert all(len(i) == 9 and i.isalnum() for i in ids) and len(set(ids)) == 3
+    counted = dress({"messages": transcript(False) + transcript(False)[1:]}, rng, "counter", reasoning=False)
+    assert [m["tool_calls"][0]["id"] for m in counted["messages"] if m.get("tool_calls")] == ["000000001", "000000002"]
+    assert [m["tool_call_id"] for m in counted["messages"] if m["role"] == "tool"] == ["000000001", "000000002"]
     assert [row["messages"][2]["tool_call_id"] for row in rows] == ids
     path = tmp_path / "train.jsonl"
     path.write_text("".join(json.dumps(row) + "\n" for row in rows))
@@ -185,3 +204,75 @@ def test_dressed_demonstrations_read_and_tokenize_for_their_family(family, tmp_p
         assert "I will call add." in texts_of(transcripts)  # the tokenizer of a tiny model is trained on reasoning too
     packed = tokenize_all(transcripts, ChatTranscripts(codec(family)), max_seq_len=512)
     assert len(packed) == 3 and packed.loss_mask.sum() > 0
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3", "mistral", "glm45"])
+def test_a_calculator_demonstration_tokenizes_to_the_env_loops_episode_of_the_same_turns(family):
+    """The transcript's trained spans, generated by an engine in the real agent loop against the calculator env
+    (parsing in the family's format), give the episode the transcript tokenized to: the same ids, the same mask."""
+    import asyncio
+
+    import numpy as np
+
+    from agentrl.engine.base import SamplingParams
+    from agentrl.env.client import LocalEnvClient
+    from agentrl.env.host import EnvHost
+    from agentrl.models.chat_format import ChatFormat
+    from agentrl.rollout.agent_loop import EpisodeLimits, EpisodeRules, run_episode
+    from agentrl.trajectory import Episode
+    from envs.calculator.demos import demonstration
+    from envs.calculator.env import CalculatorEnv
+    from tests.unit.test_agent_loop import ScriptedEngine
+
+    kwargs = {"list_tools": False}
+    rng = np.random.default_rng(0)
+    played, reward = demonstration(CalculatorEnv(**kwargs), 7, "tool", rng)
+    assert reward == 1
+    transcript = dress(played, rng, "counter", reasoning=family in REASONING_FAMILIES)
+    chat = codec(family)
+    out = ChatTranscripts(chat)(transcript["messages"], transcript.get("tools"))
+    turns = [out.tokens[start:end] for start, end in trained_spans(out.tokens, out.loss_mask)]
+    loop_chat = ChatFormat(chat.tokenizer, codec=chat)
+    episode = Episode(group=0, task_seed=7)
+    sampling = SamplingParams(max_new_tokens=200, stop_token_ids=loop_chat.stop_ids)
+    client = LocalEnvClient(EnvHost("calculator", kwargs, chat_format=family))
+    engine = ScriptedEngine(turns, turns[0][-1])  # each turn ends with the family's stop id
+    rules = EpisodeRules(sampling, EpisodeLimits(len(turns), 200, 2000))
+    asyncio.run(run_episode(engine, client, loop_chat, rules, episode, 0))
+    assert episode.finish == "terminated" and episode.success and episode.turns == len(turns) == 2
+    assert episode.tokens == out.tokens
+    assert episode.loss_mask == out.loss_mask
+
+
+@pytest.mark.parametrize("family", ["qwen3", "llama3", "mistral"])
+def test_the_three_formats_launch_configs_load_and_name_their_family(family):
+    from pathlib import Path
+
+    from agentrl.config import load_config
+    from agentrl.sft.config import load_sft_config
+
+    root = Path(__file__).resolve().parents[2] / "launch" / "configs"
+    sft = load_sft_config(root / f"calculator_{family}_sft.yaml")
+    assert sft.model.tiny.family == family
+    assert Path(sft.sft.train).name in {"calculator_chat_sft_train.jsonl", "calculator_think_sft_train.jsonl"}
+    final = f"runs/calculator_{family}_sft/final"
+    for route in ("rl", "gateway"):
+        rl = load_config(root / f"calculator_{family}_{route}.yaml")
+        assert rl.model.path == final and rl.eval.before_train
+        assert rl.agent.enabled == (route == "gateway")
+
+
+def test_a_tiny_model_of_a_family_is_built_where_model_tiny_names_it(tmp_path):
+    from agentrl.chat.codec import load_codec
+    from agentrl.config.schema import ModelConfig
+    from agentrl.models.loading import ensure_model
+
+    model = ModelConfig(path=str(tmp_path / "m"), tiny={"family": "mistral", "hidden_size": 16, "num_layers": 1})
+    ensure_model(model, lambda: ["What is 2 + 3?"])
+    assert load_codec(tmp_path / "m").family.name == "mistral"
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "mistral"
+    ensure_model(model, lambda: [])  # built: checked, not rebuilt
+    with pytest.raises(UserError, match="built from another model.tiny .*family: mistral there, llama3 in the config"):
+        ensure_model(ModelConfig(path=model.path, tiny={**model.tiny.model_dump(), "family": "llama3"}), list)
+    with pytest.raises(ValueError, match="no tiny test model for chat format 'nope'; families with one: hermes"):
+        ModelConfig(path=model.path, tiny={"family": "nope"})
