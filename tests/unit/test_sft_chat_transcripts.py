@@ -272,7 +272,7 @@ def test_a_tiny_model_of_a_family_is_built_where_model_tiny_names_it(tmp_path):
     assert load_codec(tmp_path / "m").family.name == "mistral"
     assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "mistral"
     ensure_model(model, lambda: [])  # built: checked, not rebuilt
-    with pytest.raises(UserError, match="built from another model.tiny .*family: mistral there, llama3 in the config"):
+    with pytest.raises(UserError, match=r"built from another model.tiny .*family: mistral there, llama3 in the config"):
         ensure_model(ModelConfig(path=model.path, tiny={**model.tiny.model_dump(), "family": "llama3"}), list)
     with pytest.raises(ValueError, match="no tiny test model for chat format 'nope'; families with one: hermes"):
         ModelConfig(path=model.path, tiny={"family": "nope"})
