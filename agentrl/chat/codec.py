@@ -150,21 +150,47 @@ class ChatCodec:
             f"{kept[max(0, at - 30) : at + 30]!r}); keep the turn as generated (keep_rewritten) or start a new sample"
         )
 
-    def written_turn(self, messages: list[dict], index: int, tools: list[dict] | None = None) -> str:
+    def written_turn(
+        self, messages: list[dict], index: int, tools: list[dict] | None = None, keep_rewritten: bool = False
+    ) -> str:
         """The assistant message at `index` as the template writes it right after its own generation prompt: the
         text a model that keeps to its format generates for it, its end token included where the template writes
-        one. NotAppendOnly where the template does not write the turn after that prompt (R1's `<think>`)."""
+        one. NotAppendOnly where the template does not write the turn after that prompt (R1's `<think>`), unless
+        `keep_rewritten`: a prompt that opens reasoning is then followed by the turn as the model writes it, its
+        reasoning (the family's `reasoning_key`), the reasoning's close, and the rest as the template writes it."""
         prompt = self.render(messages[:index], tools, True)
         written = self.render(messages[: index + 1], tools, False)
-        if not written.startswith(prompt):
-            at = common_prefix(prompt, written)
-            before, after = prompt[max(0, at - 30) : at + 30], written[max(0, at - 30) : at + 30]
-            raise NotAppendOnly(
-                f"turn {index} is not written after its own generation prompt: at character {at} the prompt has "
-                f"{before!r}, the conversation with the turn {after!r}"
-            )
         end = self.turn_end(written) if self.family.closers else len(written.rstrip())
-        return written[len(prompt) : end]
+        reasoning = (messages[index].get(self.family.reasoning_key) or "").strip() if self.family.reasoning_key else ""
+        if written.startswith(prompt):
+            turn = written[len(prompt) : end]
+            if reasoning and reasoning not in turn:  # R1 after tool outputs: no <think> opened, the reasoning dropped
+                if not (keep_rewritten and self.family.reasoning_open):
+                    raise NotAppendOnly(
+                        f"turn {index}: the {self.family.name} chat template does not write its reasoning; keep the "
+                        "turns as generated (keep_rewritten, chat.rewritten=keep) to train it as the model writes it"
+                    )
+                opener, closer = self.family.reasoning_open, self.family.reasoning_close
+                return f"{opener}\n{reasoning}\n{closer}\n\n{turn.lstrip()}"
+            return turn
+        base = prompt.rstrip()[: -len(self.family.reasoning_open)] if self.ends_in_reasoning(prompt) else None
+        if keep_rewritten and base is not None and written.startswith(base):
+            thought = (
+                f"{reasoning}\n{self.family.reasoning_close}\n\n" if reasoning else f"{self.family.reasoning_close}\n\n"
+            )
+            return thought + written[len(base) : end].lstrip()
+        at = common_prefix(prompt, written)
+        before, after = prompt[max(0, at - 30) : at + 30], written[max(0, at - 30) : at + 30]
+        fix = (
+            "; keep the turns as generated (keep_rewritten, chat.rewritten=keep) to train the turn as the model "
+            "writes it after the prompt's reasoning opener"
+            if base is not None
+            else ""
+        )
+        raise NotAppendOnly(
+            f"turn {index} is not written after its own generation prompt: at character {at} the prompt has "
+            f"{before!r}, the conversation with the turn {after!r}{fix}"
+        )
 
     def conversation_ids(
         self, messages: list[dict], tools: list[dict] | None = None, keep_rewritten: bool = False
@@ -180,7 +206,7 @@ class ChatCodec:
         mask = [0] * len(ids)
         for k, index in enumerate(turns):
             following = messages[index + 1 : turns[k + 1] if k + 1 < len(turns) else len(messages)]
-            output = self.encode(self.written_turn(messages, index, tools))
+            output = self.encode(self.written_turn(messages, index, tools, keep_rewritten))
             stop = self.family.turn_stop(following[0]["role"] if following else None)
             if stop is not None:
                 output.append(self.tokenizer.convert_tokens_to_ids(stop))

@@ -27,6 +27,7 @@ from agentrl.errors import RefusedOnEveryRank, UserError
 from agentrl.run import preempt, startup_gc
 from agentrl.sft.config import SFTConfig
 from agentrl.sft.data import Packed, describe_packed, read_transcripts, texts_of, tokenize_all
+from agentrl.sft.transcripts import TranscriptTokenizer
 
 FINAL_DIR = "final"
 
@@ -120,14 +121,25 @@ def prepare_run(
     config: SFTConfig, world_size: int, train: list, val: list | None
 ) -> tuple[int, int, Packed, Packed | None]:
     """Rank 0: build or check the model, tokenize, decide the start step, save the config."""
+    from agentrl.chat.detect import model_type_of
     from agentrl.models.loading import ensure_model, load_tokenizer
     from agentrl.run.start import resume_step
-    from agentrl.sft.transcripts import TranscriptTokenizer
+    from agentrl.sft.chat_transcripts import transcript_tokenizer
 
     ensure_model(
         config.model, lambda: texts_of(train) + ([config.sft.system_prompt] if config.sft.system_prompt else [])
     )
-    tokenizer = TranscriptTokenizer(load_tokenizer(config.model.path), config.sft.system_prompt)
+    tokenizer = transcript_tokenizer(
+        load_tokenizer(config.model.path),
+        config.sft.system_prompt,
+        config.chat.format,
+        config.chat.template_kwargs,
+        keep_rewritten=config.chat.rewritten == "keep",
+        model_type=model_type_of(config.model.path),
+        train_reasoning=config.chat.train_reasoning,
+    )
+    if not isinstance(tokenizer, TranscriptTokenizer):
+        print(f"agentrl sft: chat format {tokenizer.family.name} (the model's own chat template)", flush=True)
     packed = tokenize_all(train, tokenizer, config.sft.max_seq_len)
     if not len(packed):
         raise UserError(f"no transcript of {config.sft.train} has an assistant token within sft.max_seq_len")
@@ -193,7 +205,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     transport.agree_on_root(world, lambda: inputs.extend(read_inputs(config, size)))
     import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     start, total, data, val = transport.agree_on_root(world, lambda: prepare_run(config, size, *inputs))
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // size))
+    torch.set_num_threads(config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // size))
     torch.manual_seed(config.seed + rank)
     device = device_for(world)
     shared = shared_gpu(world, device)

@@ -47,6 +47,12 @@ class TinyModelConfig(Section):
     num_heads: int = Field(4, ge=1, description="Attention heads (key/value heads: half of these).")
     vocab_size: int = Field(128, ge=32, description="Upper bound on the BPE vocabulary trained on env texts.")
     seed: int = Field(0, description="Seed of the random initialisation.")
+    family: str | None = Field(
+        None,
+        description="A chat format family with a test model (qwen3, llama3, mistral, harmony, deepseek_v3, "
+        "deepseek_r1, glm45, hermes): the tiny model is that family's architecture, its tokenizer has the family's "
+        "special tokens and chat template (agentrl/models/families.py); null: agentrl's own Qwen2 model and template.",
+    )
     init_std: float = Field(
         0.02, gt=0, description="Std of the normal initialisation of every weight matrix (Qwen2's initializer_range)."
     )
@@ -58,6 +64,18 @@ class TinyModelConfig(Section):
         "policy's last layer initialised small, as in cleanrl's PPO). The states stay as distinct as init_std "
         "makes them.",
     )
+
+    @field_validator("family")
+    @classmethod
+    def _has_test_model(cls, name: str | None) -> str | None:
+        from agentrl.models.families import FIXTURES
+
+        if name is not None and name not in FIXTURES:
+            raise ValueError(
+                f"no tiny test model for chat format {name!r}; families with one: {', '.join(FIXTURES)} "
+                "(null: agentrl's own tiny model)"
+            )
+        return name
 
 
 LORA_TARGETS_DEFAULT = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

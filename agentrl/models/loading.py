@@ -58,10 +58,16 @@ def ensure_model(model, texts_for_tokenizer) -> None:
         if model.tiny is not None:
             _check_tiny_record(path, model.tiny)
         return
-    from agentrl.models.tiny import build_tiny_model
-
     tiny = model.tiny
-    build_tiny_model(path, texts_for_tokenizer(), tiny)  # `model.tiny` holds a TinyShape's fields
+    if tiny.family is not None:
+        from agentrl.models.families import build_family_model
+
+        shape = tiny.model_dump(exclude={"family"})
+        build_family_model(tiny.family, path, texts_for_tokenizer(), **shape)
+    else:
+        from agentrl.models.tiny import build_tiny_model
+
+        build_tiny_model(path, texts_for_tokenizer(), tiny)  # `model.tiny` holds a TinyShape's fields
     (path / TINY_RECORD).write_text(json.dumps(tiny.model_dump(), indent=1) + "\n")
 
 

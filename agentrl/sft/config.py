@@ -9,6 +9,7 @@ from pydantic import Field, ValidationError
 
 from agentrl.config.load import apply_override, parse_override, parse_yaml
 from agentrl.config.schema import (
+    ChatConfig,
     CheckpointConfig,
     LoggingConfig,
     LRSchedulerConfig,
@@ -49,6 +50,7 @@ class SFTRuntime(Section):
     """Process-level settings of `agentrl sft`."""
 
     peer_timeout_s: float | None = RuntimeConfig.model_fields["peer_timeout_s"]
+    torch_threads: int = RuntimeConfig.model_fields["torch_threads"]
 
 
 class SFTConfig(Section):
@@ -58,6 +60,7 @@ class SFTConfig(Section):
     seed: int = Field(0, description="Seed of the data order and of torch.")
     resume: bool = Field(False, description="Continue from the latest checkpoint in run_dir.")
     model: ModelConfig
+    chat: ChatConfig = Field(default_factory=ChatConfig)
     sft: SFTSection
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     lr_scheduler: LRSchedulerConfig = Field(default_factory=LRSchedulerConfig)

@@ -16,7 +16,7 @@ import numpy as np
 
 from agentrl.errors import UserError
 from agentrl.models.chat_format import tools_as_text
-from agentrl.sft.transcripts import TranscriptError, TranscriptTokenizer, episode_shape
+from agentrl.sft.transcripts import REASONING_KEYS, TranscriptError, TranscriptTokenizer, episode_shape
 
 
 @dataclass
@@ -83,6 +83,7 @@ def texts_of(transcripts: list[Transcript]) -> list[str]:
         texts += [text for text in (shape.system, shape.first) if text]
         for text, observation in shape.turns:
             texts += [text, *([observation] if observation else [])]
+        texts += [m[key] for m in transcript.messages for key in REASONING_KEYS if isinstance(m.get(key), str)]
         if transcript.tools:
             texts.append(tools_as_text(transcript.tools))
     return texts

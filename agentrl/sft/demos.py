@@ -93,6 +93,56 @@ def play_all(env, seeds, demonstrator: Demonstrator, kind_of, demonstrate, rng_f
         yield transcript, kind, reward
 
 
+CALL_ID_CHARACTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+
+
+def call_id(rng: np.random.Generator, number: int, random_ids: bool) -> str:
+    """A 9-character call id (as Mistral's template requires): random characters, as Mistral's models write them,
+    or the call's number in its transcript (`000000001`), which a tiny model learns at once."""
+    return "".join(rng.choice(list(CALL_ID_CHARACTERS), 9)) if random_ids else f"{number:09d}"
+
+
+def dress(transcript: dict, rng: np.random.Generator, call_ids: str | None, reasoning: bool) -> dict:
+    """`transcript` for chat formats that want more than Hermes: `call_ids` ("counter" or "random", see `call_id`)
+    gives each call a 9-character id and its result the same `tool_call_id`; `reasoning` gives each assistant turn
+    a short `reasoning_content` (what it is about to do), for formats that think first (Qwen3)."""
+    if call_ids not in (None, "counter", "random"):
+        raise ValueError(f"call_ids must be None, 'counter' or 'random', got {call_ids!r}")
+    messages, pending, last_result, made = [], [], None, 0
+    for message in transcript["messages"]:
+        message = dict(message)
+        if message["role"] == "assistant":
+            calls = message.get("tool_calls") or []
+            if call_ids and calls:
+                numbers = range(made + 1, made + 1 + len(calls))
+                calls = [
+                    {**call, "id": call_id(rng, n, call_ids == "random")}
+                    for call, n in zip(calls, numbers, strict=True)
+                ]
+                message["tool_calls"], pending, made = calls, [call["id"] for call in calls], made + len(calls)
+            if reasoning:
+                if calls:
+                    names = " and ".join(call["function"]["name"] for call in calls)
+                    message["reasoning_content"] = f"I will call {names}."
+                elif last_result is not None:
+                    message["reasoning_content"] = f"The tool returned {last_result}."
+                else:
+                    message["reasoning_content"] = "I will answer without a tool."
+        elif message["role"] == "tool":
+            last_result = message["content"]
+            if call_ids:
+                message["tool_call_id"] = pending.pop(0)
+        messages.append(message)
+    return {**transcript, "messages": messages}
+
+
+def dressed(rows: Iterable[tuple[dict, str, float]], args: argparse.Namespace):
+    """`rows` with `dress` applied as the script's --call-ids and --reasoning ask."""
+    rng = np.random.default_rng([args.seed, 1])
+    for transcript, kind, reward in rows:
+        yield dress(transcript, rng, args.call_ids, args.reasoning), kind, reward
+
+
 def demonstration_parser(doc: str, seeds: str, demonstrator: Demonstrator) -> argparse.ArgumentParser:
     """The options every demonstration script takes; the env's own ones are added by the caller."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,6 +154,12 @@ def demonstration_parser(doc: str, seeds: str, demonstrator: Demonstrator) -> ar
     parser.add_argument("--no-tool-list", action="store_true", help="env kwarg list_tools=false: no tools in prompts")
     parser.add_argument("--only-tool", action="store_true", help="correct tool-using transcripts only")
     parser.add_argument("--seed", type=int, default=0, help="seed of the demonstrator's choices")
+    parser.add_argument(
+        "--call-ids",
+        choices=["counter", "random"],
+        help="9-character tool call ids (Mistral's template): each call's number, or random characters",
+    )
+    parser.add_argument("--reasoning", action="store_true", help="a short reasoning_content per turn (Qwen3)")
     return parser
 
 

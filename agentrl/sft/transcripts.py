@@ -32,6 +32,7 @@ from agentrl.models.chat_format import ChatFormat
 
 RESPONSE_OPEN, RESPONSE_CLOSE = "<tool_response>", "</tool_response>"
 ROLES = ("system", "user", "assistant", "tool")
+REASONING_KEYS = ("reasoning_content", "reasoning", "thinking")  # where a transcript's assistant reasoning may be
 
 
 class TranscriptError(ValueError):

@@ -13,6 +13,8 @@ numbers: templates in EASY_TEMPLATES), so a model that imitates it answers those
 gets many wrong; RL with the env's reward has to learn to call the tool there too.
 
     python -m envs.calculator.demos launch/data/calculator_sft_train.jsonl --seeds 0:3000 --no-tool-list
+    python -m envs.calculator.demos launch/data/calculator_chat_sft_train.jsonl --seeds 0:3000 --no-tool-list \
+        --call-ids --reasoning        # for the model families' formats (docs/chat-formats.md)
 """
 
 from __future__ import annotations
@@ -67,7 +69,7 @@ def main() -> None:
     demonstrator = demos.demonstrator_from(args, EASY_TEMPLATES)
     env_kwargs = demos.env_kwargs_from(args, max_value=args.max_value, heldout_every=args.heldout_every)
     rows = demonstrations(demos.seed_range(args), demonstrator, env_kwargs, args.seed)
-    print(demos.write_demonstrations(args.out, rows))
+    print(demos.write_demonstrations(args.out, demos.dressed(rows, args)))
 
 
 if __name__ == "__main__":
