@@ -51,17 +51,23 @@ async def worker(gateway: dict, http: httpx.AsyncClient, counts: dict) -> None:
 
 
 async def serve(run_dir: Path, concurrency: int) -> None:
+    """Serve every gateway of the run as it announces itself (ranks start at different times), until all are gone."""
     folder = run_dir / "gateway"
-    while not list(folder.glob("rollout-*.json")):
-        await asyncio.sleep(0.5)
-    await asyncio.sleep(1.0)  # every rollout rank announces at start-up
-    gateways = [{**json.loads(path.read_text()), "file": path} for path in sorted(folder.glob("rollout-*.json"))]
-    print(f"service: {len(gateways)} gateway(s), {concurrency} sessions at a time each", flush=True)
-    counts = {"episodes": 0}
-    limits = httpx.Limits(max_connections=concurrency * len(gateways) * 2)
-    async with httpx.AsyncClient(timeout=300, limits=limits) as http:
-        workers = [worker(g, http, counts) for g in gateways for _ in range(concurrency)]
-        await asyncio.gather(*workers)
+    counts, started, tasks = {"episodes": 0}, set(), []
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=None)) as http:
+        while not started or any(not task.done() for task in tasks):
+            for path in sorted(folder.glob("rollout-*.json")):
+                if path in started:
+                    continue
+                try:
+                    gateway = {**json.loads(path.read_text()), "file": path}
+                except (json.JSONDecodeError, FileNotFoundError):
+                    continue  # still being written, or gone: the next look reads it
+                started.add(path)
+                tasks += [asyncio.create_task(worker(gateway, http, counts)) for _ in range(concurrency)]
+                print(f"service: gateway {path.name}, {concurrency} sessions at a time", flush=True)
+            await asyncio.sleep(0.5)
+        await asyncio.gather(*tasks)
     print(f"service: {counts['episodes']} episodes", flush=True)
 
 
