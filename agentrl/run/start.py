@@ -43,7 +43,10 @@ def start_run(config: Config, layout: Layout) -> RunStart:
 
         import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     transport.agree_on_root(layout.world, lambda: (check_model(config), show_layout(config, layout)))
+    detected = config.chat.format is None
     agree_on_chat_format(layout.world, config)  # before any rank renders, parses or trains
+    if detected and config.chat.format is not None and layout.world.Get_rank() == 0:
+        save_config(config, Path(config.run_dir) / "config.yaml")  # the resolved config names the detected family
     shards = data_shards(config, layout)
     data_start = None
     if config.data.train:  # the same on every rank

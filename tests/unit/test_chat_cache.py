@@ -23,13 +23,13 @@ def tokenizer():
 def counting(chat: ChatFormat) -> list[int]:
     """Counts the template renders of `chat` in the returned list's one element."""
     renders = [0]
-    render = chat._render
+    render = chat.codec.render
 
     def counted(*args, **kwargs):
         renders[0] += 1
         return render(*args, **kwargs)
 
-    chat._render = counted
+    chat.codec.render = counted
     return renders
 
 

@@ -88,7 +88,11 @@ def test_tool_env_runs_calls_and_grades_plain_answers():
     env.reset(seed=0)
     obs, reward, terminated, _, info = env.step(call('{"name": "add", "arguments": {"a": 1, "b": 2}}'))
     assert obs == "<tool_response>\n3\n</tool_response>" and reward == 0.0 and not terminated
-    assert info == {"tool_calls": 1, "tool_errors": 0}
+    assert info == {
+        "tool_calls": 1,
+        "tool_errors": 0,
+        "tool_results": [{"id": None, "name": "add", "content": "3", "ok": True}],
+    }
     assert env.step("3")[1:4] == (1.0, True, False)
 
 
@@ -111,7 +115,10 @@ def test_bad_calls_become_error_observations_and_are_counted(body, message):
     obs, _, terminated, truncated, info = env.step(call(body) + good)
     assert message in obs and "<tool_response>\n4\n</tool_response>" in obs
     assert not (terminated or truncated)
-    assert info == {"tool_calls": 2, "tool_errors": 1}
+    assert (info["tool_calls"], info["tool_errors"]) == (2, 1)
+    bad, good_result = info["tool_results"]
+    assert not bad["ok"] and message in bad["content"]
+    assert good_result == {"id": None, "name": "add", "content": "4", "ok": True}
 
 
 def test_untyped_tool_parameters_are_refused_with_a_fix():
@@ -147,7 +154,7 @@ def test_tool_env_keeps_turn_limits_and_refuses_steps_outside_an_episode():
     for _ in range(2):  # two episodes: reset starts the turn count again
         env.reset(seed=0)
         _, _, terminated, truncated, info = env.step(call)
-        assert not (terminated or truncated) and info == {"tool_calls": 1, "tool_errors": 0}
+        assert not (terminated or truncated) and (info["tool_calls"], info["tool_errors"]) == (1, 0)
         _, _, terminated, truncated, info = env.step(call)
         assert truncated and not terminated and info["success"] is False
         with pytest.raises(RuntimeError, match=r"after the episode ended; call reset"):
