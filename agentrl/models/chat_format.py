@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from agentrl.chat.codec import ChatCodec, NotAppendOnly, TokenStream, load_codec
 from agentrl.chat.hermes import HermesFamily
 from agentrl.chat.turn import ParsedTurn, ToolCall
-from agentrl.models.content_tokens import content_tokenizer
+from agentrl.models.content_tokens import content_tokenizer, spans_without
 
 PLACEHOLDER = "\u2591agentrl\u2591"
 # Prompts and observations kept by their text (their ids as int32 arrays: 8 MB for 1024 prompts of 2,000 tokens): a
@@ -125,8 +125,6 @@ class ChatFormat:
         messages, tools = self.tools_placed(messages, tools)
         text, spans = self.content.rendered(lambda shown: self.codec.render(shown, tools, True), messages)
         if listed and spans and not isinstance(self.family, HermesFamily):
-            from agentrl.serve.render import spans_without  # the call format line's markup stays special tokens
-
             spans = spans_without(spans, text, self._call_line())
         return self.content.ids(text, spans)
 

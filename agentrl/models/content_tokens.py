@@ -232,3 +232,19 @@ def _literal_encoder(tokenizer) -> Callable[[str], list[int]]:
     literal.no_truncation()
     literal.no_padding()
     return lambda text: literal.encode(text, add_special_tokens=False).ids
+
+
+def spans_without(spans: list[tuple[int, int]], text: str, part: str) -> list[tuple[int, int]]:
+    """`spans` less the characters of each occurrence of `part` in `text`."""
+    holes, at = [], text.find(part)
+    while part and at >= 0:
+        holes.append((at, at + len(part)))
+        at = text.find(part, at + len(part))
+    for hole_start, hole_end in holes:
+        spans = [
+            piece
+            for start, end in spans
+            for piece in ((start, min(end, hole_start)), (max(start, hole_end), end))
+            if piece[0] < piece[1]
+        ]
+    return spans

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from agentrl.models.tiny import QWEN2_PRETOKENIZE_REGEX, save_model_folder
+from agentrl.models.tiny import QWEN2_PRETOKENIZE_REGEX, TinyShape, save_model_folder
 
 TEMPLATES = Path(__file__).with_name("chat_templates")
 # Words every format writes (roles, call fields, channel names), so each is a token or two, not a dozen bytes.
@@ -242,34 +242,27 @@ def tiny_config(family: str, vocab_size: int, hidden_size: int = 32, num_layers:
     return AutoConfig.for_model(spec.architecture, **{**settings, **spec.config})
 
 
+FAMILY_SHAPE = TinyShape(hidden_size=32, vocab_size=512)  # the test fixtures' size
+
+
 def build_family_model(
-    family: str,
-    out_dir: str | os.PathLike,
-    texts: Iterable[str] = (),
-    *,
-    hidden_size: int = 32,
-    num_layers: int = 2,
-    num_heads: int = 4,
-    vocab_size: int = 512,
-    seed: int = 0,
-    init_std: float = 0.02,
-    output_scale: float = 1.0,
+    family: str, out_dir: str | os.PathLike, texts: Iterable[str] = (), shape: TinyShape = FAMILY_SHAPE
 ) -> Path:
-    """Write a randomly initialised tiny model of `family`'s architecture and its tokenizer to `out_dir`
-    (`init_std` and `output_scale` as in agentrl.models.tiny.TinyShape)."""
+    """Write a randomly initialised tiny model of `family`'s architecture and its tokenizer to `out_dir`, of
+    `shape` (agentrl.models.tiny.TinyShape; the config's `model.tiny` fields)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     out_dir = Path(out_dir)
-    tokenizer = build_family_tokenizer(family, texts, vocab_size)
-    config = tiny_config(family, len(tokenizer), hidden_size, num_layers, num_heads)
+    tokenizer = build_family_tokenizer(family, texts, shape.vocab_size)
+    config = tiny_config(family, len(tokenizer), shape.hidden_size, shape.num_layers, shape.num_heads)
     config.bos_token_id = tokenizer.bos_token_id
     config.eos_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
-    config.initializer_range = init_std
-    torch.manual_seed(seed)
+    config.initializer_range = shape.init_std
+    torch.manual_seed(shape.seed)
     model = AutoModelForCausalLM.from_config(config)
-    if output_scale != 1.0:
+    if shape.output_scale != 1.0:
         with torch.no_grad():
-            model.model.norm.weight.fill_(output_scale)
+            model.model.norm.weight.fill_(shape.output_scale)
     return save_model_folder(model, tokenizer, out_dir)

@@ -61,9 +61,9 @@ def ensure_model(model, texts_for_tokenizer) -> None:
     tiny = model.tiny
     if tiny.family is not None:
         from agentrl.models.families import build_family_model
+        from agentrl.models.tiny import TinyShape
 
-        shape = tiny.model_dump(exclude={"family"})
-        build_family_model(tiny.family, path, texts_for_tokenizer(), **shape)
+        build_family_model(tiny.family, path, texts_for_tokenizer(), TinyShape(**tiny.model_dump(exclude={"family"})))
     else:
         from agentrl.models.tiny import build_tiny_model
 

@@ -19,7 +19,7 @@ from agentrl.chat import ChatTemplateError, ParsedTurn, ToolCall, load_codec
 from agentrl.chat.detect import model_type_of
 from agentrl.chat.hermes import CLOSE, OPEN, HermesFamily
 from agentrl.models.chat_format import PROBE_TOOL, tools_as_text
-from agentrl.models.content_tokens import ContentError, content_tokenizer
+from agentrl.models.content_tokens import ContentError, content_tokenizer, spans_without
 from agentrl.serve.protocol import APIError, ChatMessage
 
 # The call the tools listing shows as the family's format, for templates that do not render tools.
@@ -188,22 +188,6 @@ def _arguments(arguments: str | dict) -> dict:
             param="messages",
         ) from None
     return value if isinstance(value, dict) else {"value": value}
-
-
-def spans_without(spans: list[tuple[int, int]], text: str, part: str) -> list[tuple[int, int]]:
-    """`spans` less the characters of each occurrence of `part` in `text`."""
-    holes, at = [], text.find(part)
-    while part and at >= 0:
-        holes.append((at, at + len(part)))
-        at = text.find(part, at + len(part))
-    for hole_start, hole_end in holes:
-        spans = [
-            piece
-            for start, end in spans
-            for piece in ((start, min(end, hole_start)), (max(start, hole_end), end))
-            if piece[0] < piece[1]
-        ]
-    return spans
 
 
 def cut_at_stop(text: str, stops: tuple[str, ...]) -> tuple[str, bool]:
