@@ -79,6 +79,50 @@ def check_policies(config) -> None:
     for is_set, refusal in _REFUSALS:
         if is_set(config):
             raise ValueError(f"several policies (policies:) cannot run with {refusal}")
+    check_shared_bases(config)
+
+
+def lora_field(config, name: str) -> str:
+    """Where policy `name`'s LoRA section is set, as a user writes it."""
+    policy = config.policies[name]
+    if policy.lora is not None:
+        return f"policies.{name}.lora"
+    return f"policies.{name}.model.lora" if policy.model is not None else "model.lora"
+
+
+def shared_bases(config) -> list[list[str]]:
+    """The groups of policies that share one base on each rollout rank: every policy whose model is a LoRA adapter
+    (model.lora) on the same base (model.path and dtype), where two or more are."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in config.policies:
+        model = policy_view(config, name).model
+        if model.lora is not None:
+            groups.setdefault((str(Path(model.path).resolve()), model.dtype), []).append(name)
+    return [names for names in groups.values() if len(names) > 1]
+
+
+def check_shared_bases(config) -> None:
+    """ValueError naming the fix where policies sharing a base ask for what a shared base cannot do."""
+    for name, policy in config.policies.items():
+        if policy.lora is not None and policy.model is not None:
+            raise ValueError(
+                f"policies.{name}: set lora under policies.{name}.model (its own model), or remove "
+                f"policies.{name}.model so policies.{name}.lora adapts the top-level model"
+            )
+    for names in shared_bases(config):
+        together = f"policies {', '.join(names)} share the base {policy_view(config, names[0]).model.path}"
+        for name in names:
+            if policy_view(config, name).model.lora.modules_to_save:
+                field = lora_field(config, name)
+                raise ValueError(
+                    f"{field}.modules_to_save: {together} and take adapters only; set {field}.modules_to_save=[], "
+                    f"or give {name} a model.path of its own (a copy of the base)"
+                )
+        if getattr(config.rollout.engine, "scheduler", "batch") != "batch":
+            raise ValueError(
+                f"rollout.engine.scheduler={config.rollout.engine.scheduler}: {together}, which the batch scheduler "
+                "serves; set rollout.engine.scheduler=batch, or give each a model.path of its own"
+            )
 
 
 POLICIES_FOLDER = "policies"
@@ -95,6 +139,8 @@ def policy_view(config, name: str):
     for section in ("model", "algorithm", "optimizer"):
         if getattr(policy, section) is not None:
             update[section] = getattr(policy, section)
+    if policy.lora is not None:  # an adapter on the top-level model
+        update["model"] = config.model.model_copy(update={"lora": policy.lora})
     return config.model_copy(update=update)
 
 

@@ -881,6 +881,11 @@ class PolicyConfig(Section):
         None, description="The policy's algorithm with its options; null: the top-level algorithm."
     )
     optimizer: OptimizerConfig | None = Field(None, description="The policy's optimizer; null: the top-level one.")
+    lora: LoraConfig | None = Field(
+        None,
+        description="The policy is a LoRA adapter on the top-level model (shorthand for model: {path: <model.path>, "
+        "lora: ...}); policies that are adapters on one base share it on the rollout ranks (docs/multi-agent.md).",
+    )
     trainers: int = Field(
         1, ge=0, description="Trainer ranks of this policy; the policies' trainer ranks add up to layout.trainer."
     )

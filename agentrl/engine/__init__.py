@@ -29,6 +29,17 @@ def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int
     return built
 
 
+def make_shared_base_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int):
+    """One torch engine (the batch scheduler) over `model`'s base, for several policies' LoRA adapters on it
+    (`SharedBaseEngine.adapter` gives each its engine)."""
+    from agentrl.engine.shared_lora import SharedBaseEngine
+    from agentrl.models.loading import load_causal_lm, load_tokenizer
+
+    loaded = load_causal_lm(model.path, model.dtype, device)
+    pad = load_tokenizer(model.path).pad_token_id
+    return SharedBaseEngine(loaded, pad_token_id=pad, max_batch_size=engine.max_batch_size, seed=seed)
+
+
 def build_torch_engine(model, config, *, pad_token_id: int, seed: int):
     """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler."""
     from agentrl.engine.torch_engine import TorchEngine

@@ -31,6 +31,9 @@ class SamplingParams:
     # The output must match this grammar (constrained decoding: agentrl/engine/grammar.py); it then ends on one
     # of stop_token_ids once complete, so it needs at least one.
     grammar: Grammar | None = None
+    # The LoRA adapter this request runs with, on an engine that holds several on one base (engine/shared_lora.py);
+    # None: the engine's own weights.
+    adapter: str | None = None
 
 
 @dataclass

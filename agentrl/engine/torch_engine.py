@@ -462,6 +462,7 @@ class TorchEngine(Engine):
                 decode_mask = decode_mask[keep] if decode_mask is not None else None
                 next_positions = next_positions[keep]
                 rows.select(keep)
+                self._rows_kept(keep)
                 tokens = tokens[keep]
 
             # A contiguous mask keeps SDPA on its fast path; one small copy serves every layer.
@@ -470,6 +471,9 @@ class TorchEngine(Engine):
             next_positions += 1
 
         return outputs.tokens.cpu().numpy(), outputs.logprobs.cpu().numpy(), outputs.lengths, outputs.reasons
+
+    def _rows_kept(self, keep: torch.Tensor) -> None:
+        """The running batch kept only the rows at `keep`: for a subclass that tracks rows (engine/shared_lora.py)."""
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(map(len, prompts))

@@ -15,9 +15,9 @@ import time
 from dataclasses import replace
 
 from agentrl.config import Config
-from agentrl.config.policies import learner_of, policy_dir, policy_view
+from agentrl.config.policies import learner_of, policy_dir, policy_view, shared_bases
 from agentrl.data.tasks import SeededTasks, Task
-from agentrl.engine import make_engine
+from agentrl.engine import make_engine, make_shared_base_engine
 from agentrl.engine.base import SamplingParams
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.loading import load_tokenizer
@@ -42,9 +42,16 @@ class MultiPolicyWorker:
         self.players = list(game.players)
         self.views = {name: policy_view(config, name) for name in config.policies}
         self.engines, self.chats = {}, {}
+        self.bases = {}  # a shared base's engine (engine/shared_lora.py) by the policies on it
+        sharing = {name: tuple(names) for names in shared_bases(config) for name in names}
         for number, (name, view) in enumerate(self.views.items()):
             seed = engine_seed(config.seed + 7919 * number, index)
-            self.engines[name] = make_engine(rollout.engine, view.model, device, seed, colocate=False)
+            if name in sharing:
+                if sharing[name] not in self.bases:
+                    self.bases[sharing[name]] = make_shared_base_engine(rollout.engine, view.model, device, seed)
+                self.engines[name] = self.bases[sharing[name]].adapter(name, view.model.lora.scaling)
+            else:
+                self.engines[name] = make_engine(rollout.engine, view.model, device, seed, colocate=False)
             self.chats[name] = ChatFormat(load_tokenizer(view.model.path), config.env.system_prompt)
         self.sampling = {
             name: SamplingParams(
@@ -70,6 +77,7 @@ class MultiPolicyWorker:
         programs = [*game.opponents, *(game.evaluate.opponents if game.evaluate else [])]
         self.programs = {o.program: load_program(o.program) for o in programs if o.kind == "program"}
         self.loop = asyncio.new_event_loop()
+        self._reported: dict[str, int] = {}  # adapter bytes reported by policy (_adapter_bytes)
 
     # weights
     def weights_taken(self, name: str, version: int) -> None:
@@ -161,6 +169,7 @@ class MultiPolicyWorker:
                 outcomes.append((label, result.outcome(learner)))
         generate = self._busy() - busy
         stats.update({"time/rollout": wall, "time/generate": generate, "time/env": max(0.0, wall - generate)})
+        stats.update(self._adapter_bytes())
         return by_policy, stats, outcomes
 
     def evaluate(self, step: int) -> dict[str, float]:
@@ -203,8 +212,37 @@ class MultiPolicyWorker:
         return self.loop.run_until_complete(everything())
 
     def _busy(self) -> float:
-        engines = [*self.engines.values(), *self.snapshot_engines.values()]
+        engines = [*self.engines.values(), *self.snapshot_engines.values(), *self.bases.values()]
         return float(sum(getattr(engine, "busy_seconds", 0.0) for engine in engines))
+
+    def _adapter_bytes(self) -> dict[str, float]:
+        """weights/adapter_bytes_in/NAME: the adapter bytes each policy on a shared base took since the last step's
+        report (summed over rollout ranks); a policy that does not train takes none."""
+        out = {}
+        for names in self.bases:
+            for name in names:
+                engine = self.engines[name]
+                out[f"weights/adapter_bytes_in/{name}"] = float(engine.bytes_received - self._reported.get(name, 0))
+                self._reported[name] = engine.bytes_received
+        return out
+
+    def memory(self) -> dict[str, int]:
+        """Bytes of the engines' weights on this rank: every parameter and buffer storage counted once (a shared
+        base once for all its policies), and the adapters on shared bases."""
+        seen, weights = set(), 0
+        models = [getattr(engine, "model", None) for engine in [*self.engines.values(), *self.snapshot_engines.values()]]
+        for model in models:
+            for tensor in [*model.parameters(), *model.buffers()] if model is not None else []:
+                storage = tensor.untyped_storage()
+                if storage.data_ptr() not in seen:
+                    seen.add(storage.data_ptr())
+                    weights += storage.nbytes()
+        for engine in [*self.engines.values(), *self.snapshot_engines.values()]:
+            lora = getattr(engine, "lora", None)  # a merging engine keeps its adapted base weights aside
+            if lora is not None:
+                weights += sum(t.numel() * t.element_size() for t in lora.base.values())
+        adapters = sum(base.adapter_bytes() for base in self.bases.values())
+        return {"weights": weights, "adapters": adapters}
 
     def close(self) -> None:
         if self.env is not None:

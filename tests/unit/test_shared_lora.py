@@ -1,0 +1,184 @@
+"""LoRA policies on one shared base (engine/shared_lora.py): one copy of the base in the engine, each policy's turns
+generated with its own adapter exactly as a merged copy of base + adapter generates them (alone or batched with the
+other policy's rows), syncs that carry only the adapter, and the config that decides who shares."""
+
+import asyncio
+
+import pytest
+import torch
+
+from agentrl.config import ConfigError, from_dict
+from agentrl.config.policies import shared_bases
+from agentrl.engine.base import SamplingParams
+from agentrl.engine.shared_lora import SharedBaseEngine
+from agentrl.engine.torch_engine import TorchEngine
+from agentrl.models.loading import load_causal_lm, load_tokenizer
+from agentrl.trainer.lora import adapter_weights, apply_lora
+from agentrl.weights.lora import adapter_checksum
+
+pytest.importorskip("peft")
+
+PROMPTS = [[5, 17, 33, 8], [40, 2, 9], [11, 12, 13, 14, 15, 16], [7]]
+
+
+class Lora:
+    rank, alpha, dropout = 4, 8.0, 0.0
+    target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    modules_to_save: list = []
+    scaling = alpha / rank
+
+
+def random_adapter(model_dir, seed: int):
+    """A PEFT model on the base with adapters far from zero: (its sync tensors, PEFT's merged plain model)."""
+    peft_model = apply_lora(load_causal_lm(str(model_dir), "float32", "cpu"), Lora, str(model_dir))
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.3)
+    sent = [(name, tensor.clone()) for name, tensor in adapter_weights(peft_model)]
+    return sent, peft_model.merge_and_unload()
+
+
+def shared_engine(model_dir) -> SharedBaseEngine:
+    pad = load_tokenizer(str(model_dir)).pad_token_id
+    return SharedBaseEngine(load_causal_lm(str(model_dir), "float32", "cpu"), pad_token_id=pad, seed=0)
+
+
+def generate_all(engine, prompts, sampling):
+    async def run():
+        return await asyncio.gather(*(engine.generate(p, sampling) for p in prompts))
+
+    return asyncio.run(run())
+
+
+def generate_mixed(engines, prompts, sampling):
+    """Every (engine, prompt) request at once, so the shared engine batches both policies' rows together."""
+
+    async def run():
+        return await asyncio.gather(*(e.generate(p, sampling) for e in engines for p in prompts))
+
+    return asyncio.run(run())
+
+
+GREEDY = SamplingParams(max_new_tokens=6, temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def two_adapters(tiny_model_dir):
+    return random_adapter(tiny_model_dir, 1), random_adapter(tiny_model_dir, 2)
+
+
+def test_each_policy_generates_as_a_merged_copy_of_base_and_its_adapter(tiny_model_dir, two_adapters):
+    shared = shared_engine(tiny_model_dir)
+    engines = {"proposer": shared.adapter("proposer", Lora.scaling), "solver": shared.adapter("solver", Lora.scaling)}
+    base_out = [o.output_ids.tolist() for o in generate_all(engines["proposer"], PROMPTS, GREEDY)]
+    pad = load_tokenizer(str(tiny_model_dir)).pad_token_id
+    plain_base = TorchEngine(load_causal_lm(str(tiny_model_dir), "float32", "cpu"), pad_token_id=pad)
+    assert base_out == [o.output_ids.tolist() for o in generate_all(plain_base, PROMPTS, GREEDY)]  # no adapter yet
+    expected = {}
+    for (name, engine), (sent, merged) in zip(engines.items(), two_adapters, strict=True):
+        engine.load_weights(sent, version=3)
+        reference = TorchEngine(merged, pad_token_id=pad)
+        expected[name] = generate_all(reference, PROMPTS, GREEDY)
+        assert engine.weight_version == 3 and engine.loaded_checksum == adapter_checksum(sent)
+    assert any(
+        a.output_ids.tolist() != b.output_ids.tolist() for a, b in zip(*expected.values(), strict=True)
+    )  # the two adapters generate differently, so a row routed to the wrong one would show
+    alone = {name: generate_all(engine, PROMPTS, GREEDY) for name, engine in engines.items()}
+    mixed = generate_mixed(list(engines.values()), PROMPTS, GREEDY)
+    together = {"proposer": mixed[: len(PROMPTS)], "solver": mixed[len(PROMPTS) :]}
+    assert shared.stats["largest_batch"] == 2 * len(PROMPTS)  # both policies' rows ran in one batch
+    for name in engines:
+        for got in (alone[name], together[name]):
+            assert [o.output_ids.tolist() for o in got] == [o.output_ids.tolist() for o in expected[name]]
+            for o, e in zip(got, expected[name], strict=True):
+                torch.testing.assert_close(torch.tensor(o.logprobs), torch.tensor(e.logprobs), atol=1e-4, rtol=0)
+                assert o.weight_version == 3
+
+
+def test_the_engine_holds_one_base_and_a_sync_moves_only_the_adapter(tiny_model_dir, two_adapters):
+    shared = shared_engine(tiny_model_dir)
+    base = {name: p.data_ptr() for name, p in shared.model.named_parameters()}
+    base_bytes = shared.base_bytes()
+    engines = [shared.adapter(name, Lora.scaling) for name in ("proposer", "solver")]
+    for engine, (sent, _) in zip(engines, two_adapters, strict=True):
+        engine.begin_weight_update()
+        engine.load_weight_bucket(sent[: len(sent) // 2])  # bucket by bucket, as the MPI broadcast delivers
+        engine.load_weight_bucket(sent[len(sent) // 2 :])
+        engine.end_weight_update(1)
+        assert engine.bytes_received == sum(t.numel() * t.element_size() for _, t in sent)
+    assert engines[0].model is engines[1].model is shared.model
+    assert {name: p.data_ptr() for name, p in shared.model.named_parameters()} == base  # the base was not rewritten
+    assert shared.base_bytes() == base_bytes
+    one_adapter = sum(t.numel() * t.element_size() for _, t in two_adapters[0][0])
+    assert shared.adapter_bytes() == 2 * one_adapter
+    assert one_adapter < base_bytes / 3
+    with pytest.raises(ValueError, match="modules_to_save: \\[\\] for them"):
+        engines[0].load_weights([("model.norm.weight", torch.ones(32))], version=2)
+
+
+def test_a_request_naming_an_adapter_the_engine_lacks_fails(tiny_model_dir):
+    shared = shared_engine(tiny_model_dir)
+    shared.adapter("proposer", 2.0)
+    (out,) = generate_all(shared, [[3, 4]], SamplingParams(max_new_tokens=2, temperature=0.0, adapter="proposer"))
+    assert out.weight_version == -1
+    with pytest.raises(ValueError, match=r"adapters \['critic'\], which this engine does not hold"):
+        generate_all(shared, [[3, 4]], SamplingParams(max_new_tokens=2, adapter="critic"))
+
+
+# --- the config ---------------------------------------------------------------------------------------------------
+
+
+def relay(model_dir, policies, **extra):
+    raw = {
+        "model": {"path": str(model_dir)},
+        "env": {"id": "relay", "kwargs": {"numbers": 3}},
+        "layout": {"trainer": 2, "rollout": 1},
+        "policies": policies,
+        "game": {"players": {"proposer": "proposer", "solver": "solver"}},
+        "rollout": {"tasks_per_step": 2, "group_size": 4, "max_turns": 1, "max_new_tokens": 2},
+        **extra,
+    }
+    return from_dict(raw)
+
+
+def test_policies_with_adapters_on_one_base_share_it(tiny_model_dir, tmp_path):
+    by_policy = relay(tiny_model_dir, {"proposer": {"lora": {"rank": 4}}, "solver": {"lora": {"rank": 8}}})
+    assert shared_bases(by_policy) == [["proposer", "solver"]]
+    top_level = relay(
+        tiny_model_dir, {"proposer": {}, "solver": {}}, model={"path": str(tiny_model_dir), "lora": {"rank": 4}}
+    )
+    assert shared_bases(top_level) == [["proposer", "solver"]]
+    full = relay(tiny_model_dir, {"proposer": {"lora": {}}, "solver": {}})  # one adapter, one full copy
+    assert shared_bases(full) == []
+    other = relay(
+        tiny_model_dir,
+        {"proposer": {"lora": {}}, "solver": {"model": {"path": str(tmp_path / "other"), "lora": {}}}},
+    )
+    assert shared_bases(other) == []  # different bases: a copy each, as before
+
+
+@pytest.mark.parametrize(
+    ("policies", "extra", "fix"),
+    [
+        (
+            {"proposer": {"lora": {"modules_to_save": ["norm"]}}, "solver": {"lora": {}}},
+            {},
+            "policies.proposer.lora.modules_to_save=\\[\\]",
+        ),
+        (
+            {"proposer": {"lora": {}}, "solver": {"lora": {}}},
+            {"rollout": {"tasks_per_step": 2, "group_size": 4, "engine": {"scheduler": "continuous"}}},
+            "rollout.engine.scheduler=batch",
+        ),
+        (
+            {"proposer": {"lora": {}, "model": {"path": "x", "lora": {}}}, "solver": {}},
+            {},
+            "policies.proposer: set lora under policies.proposer.model",
+        ),
+    ],
+)
+def test_what_a_shared_base_cannot_run_is_refused_naming_the_fix(tiny_model_dir, policies, extra, fix):
+    with pytest.raises(ConfigError, match=fix):
+        relay(tiny_model_dir, policies, **extra)
