@@ -127,7 +127,9 @@ class SharedBaseEngine(TorchEngine):
         names = [p.adapter for p in params]
         unknown = sorted({n for n in names if n is not None and n not in self.adapters})
         if unknown:
-            raise ValueError(f"requests name adapters {unknown}, which this engine does not hold ({list(self.adapters)})")
+            raise ValueError(
+                f"requests name adapters {unknown}, which this engine does not hold ({list(self.adapters)})"
+            )
         self.routing.route(names, self.device)
         self._batch_versions = [self.adapters[n].weight_version if n else self.weight_version for n in names]
         try:

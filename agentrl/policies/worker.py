@@ -230,7 +230,9 @@ class MultiPolicyWorker:
         """Bytes of the engines' weights on this rank: every parameter and buffer storage counted once (a shared
         base once for all its policies), and the adapters on shared bases."""
         seen, weights = set(), 0
-        models = [getattr(engine, "model", None) for engine in [*self.engines.values(), *self.snapshot_engines.values()]]
+        models = [
+            getattr(engine, "model", None) for engine in [*self.engines.values(), *self.snapshot_engines.values()]
+        ]
         for model in models:
             for tensor in [*model.parameters(), *model.buffers()] if model is not None else []:
                 storage = tensor.untyped_storage()

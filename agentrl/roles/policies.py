@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from agentrl import transport
 from agentrl.config import Config
-from agentrl.config.policies import policy_trainer_ranks, policy_view, trained_policies
+from agentrl.config.policies import policy_trainer_ranks, policy_view, shared_bases, trained_policies
 from agentrl.layout import Layout, Role
 from agentrl.policies.worker import MultiPolicyWorker
 from agentrl.roles.policy_training import make_side, policy_train_loop
@@ -47,6 +47,10 @@ def placement_text(config: Config, layout: Layout, comms: PolicyComms) -> str:
         for name, ranks in comms.ranks.items()
     ]
     parts += [f"{name} is fixed (never syncs)" for name in fixed]
+    parts += [
+        f"{', '.join(names)} share one base on each rollout rank (syncs carry their adapters only)"
+        for names in shared_bases(config)
+    ]
     return "; ".join(parts)
 
 

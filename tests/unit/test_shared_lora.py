@@ -9,6 +9,7 @@ import torch
 
 from agentrl.config import ConfigError, from_dict
 from agentrl.config.policies import shared_bases
+from agentrl.config.schema import LoraConfig
 from agentrl.engine.base import SamplingParams
 from agentrl.engine.shared_lora import SharedBaseEngine
 from agentrl.engine.torch_engine import TorchEngine
@@ -21,11 +22,7 @@ pytest.importorskip("peft")
 PROMPTS = [[5, 17, 33, 8], [40, 2, 9], [11, 12, 13, 14, 15, 16], [7]]
 
 
-class Lora:
-    rank, alpha, dropout = 4, 8.0, 0.0
-    target_modules = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-    modules_to_save: list = []
-    scaling = alpha / rank
+Lora = LoraConfig(rank=4, alpha=8)  # every Linear of the layers, as the default target_modules
 
 
 def random_adapter(model_dir, seed: int):
