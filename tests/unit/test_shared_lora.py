@@ -179,3 +179,33 @@ def test_policies_with_adapters_on_one_base_share_it(tiny_model_dir, tmp_path):
 def test_what_a_shared_base_cannot_run_is_refused_naming_the_fix(tiny_model_dir, policies, extra, fix):
     with pytest.raises(ConfigError, match=fix):
         relay(tiny_model_dir, policies, **extra)
+
+
+def test_the_rollout_worker_holds_one_base_for_policies_that_share_it(tiny_model_dir, tmp_path, two_adapters):
+    import shutil
+
+    from agentrl.policies.worker import MultiPolicyWorker
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_model_dir, copy)
+    lora = {"rank": 4, "alpha": 8}
+    shared = relay(tiny_model_dir, {"proposer": {"lora": lora}, "solver": {"lora": lora}})
+    separate = relay(
+        tiny_model_dir, {"proposer": {"lora": lora}, "solver": {"model": {"path": str(copy), "lora": lora}}}
+    )
+    held = {}
+    for label, config in (("shared", shared), ("separate", separate)):
+        worker = MultiPolicyWorker(config, None, 0, 1, "cpu")
+        for engine, (sent, _) in zip(worker.engines.values(), two_adapters, strict=True):
+            engine.load_weights(sent, version=1)
+        held[label] = worker.memory()
+        models = [engine.model for engine in worker.engines.values()]
+        assert (models[0] is models[1]) == (label == "shared")
+        if label == "shared":
+            pointers = [{n: p.data_ptr() for n, p in m.named_parameters()} for m in models]
+            assert pointers[0] == pointers[1]
+    base = load_causal_lm(str(tiny_model_dir), "float32", "cpu")
+    one_base = sum(t.numel() * t.element_size() for t in [*base.parameters(), *base.buffers()])
+    assert held["shared"]["weights"] == one_base
+    assert held["separate"]["weights"] > 2 * one_base  # two copies, and each merging engine's float32 base weights
+    assert held["shared"]["adapters"] == sum(t.numel() * t.element_size() for (s, _) in two_adapters for _, t in s)
