@@ -58,7 +58,7 @@ def child(mode: str, model: str, copy: str, reps: int, requests: int) -> dict:
     )
     worker = MultiPolicyWorker(config, None, 0, 1, "cpu")
     generator = torch.Generator().manual_seed(0)
-    for name, engine in worker.engines.items():
+    for engine in worker.engines.values():
         adapters = []
         for module, linear in engine.model.named_modules():
             if isinstance(linear, torch.nn.Linear) and module.rsplit(".", 1)[-1] in config.model.lora.target_modules:
