@@ -12,7 +12,7 @@ every row without gathering). Turns of different policies then batch together an
 Merging into a shared base instead would rewrite every adapted weight each time the batch's policy changes, which
 in a game is nearly every batch (at 100M parameters a sync with its merge took 1.9 s on CPU, docs/lora.md, against
 milliseconds for a decode step), and keeping a merged copy per policy is the per-policy copy this replaces. The
-extra work is 2r(in + out) multiply-adds per token per adapted Linear against in x out for the base product: 1.6%
+extra work is r(in + out) multiply-adds per token per adapted Linear against in x out for the base product: 1.6%
 at hidden size 1024 and rank 8, a quarter at the tiny models' hidden size 64.
 """
 
