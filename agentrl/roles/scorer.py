@@ -51,7 +51,8 @@ class ServerCounts:
         scored = counts.asked - counts.cached
         per_batch = scored / counts.batches if counts.batches else 0.0
         return (
-            f"{self.episodes} episodes in {self.requests} requests, {counts.cached} answered from the cache; "
+            f"{self.episodes} episodes in {self.requests} requests, {counts.cached} answered from the cache or a same "
+            "text in flight; "
             f"{counts.batches} scoring batches (forwards or judge generations) of {per_batch:.1f} episodes on average, "
             f"{self.shared_batches} of them with episodes of 2 or more rollout ranks; {counts.failed} failed"
         )

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.mpi
 STEPS = 2
 EPISODES = 16  # per step: small_run's 4 tasks x 4
 SUMMARY = re.compile(
-    r"agentrl: scorer rank (\d+), (.+?): (\d+) episodes in (\d+) requests, (\d+) answered from the cache; "
+    r"agentrl: scorer rank (\d+), (.+?): (\d+) episodes in (\d+) requests, (\d+) answered from the cache or a same "
+    r"text in flight; "
     r"(\d+) scoring batches .* of (\S+) episodes on average, (\d+) of them with episodes of 2 or more rollout ranks; "
     r"(\d+) failed"
 )

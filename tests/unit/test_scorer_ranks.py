@@ -144,19 +144,25 @@ def test_a_client_whose_scorer_never_answers_fails_its_episodes_with_the_reason(
     comm = MPI.COMM_SELF.Dup()
     config = RewardConfig(model=RewardModelConfig(path="unused"))
     client = RemoteScorer(comm, 0, config, timeout_s=0.3)
+    taken = []  # a send to this same rank completes once it is received: a thread takes it as a scorer rank would
+    taker = threading.Thread(target=lambda: taken.append(transport.recv(comm, 0, Tag.SCORE_REQUEST, timeout_s=30)))
+    taker.start()
     try:
         failed = asyncio.run(score_all(client, [episode("a"), episode("b")]))
         assert all(isinstance(result, ScoreFailed) for result in failed)
         assert "scorer rank 0 did not answer within 0.3 s" in str(failed[0])
-        (request_id, sent), _ = transport.recv(comm, 0, Tag.SCORE_REQUEST, timeout_s=5)
+        taker.join(timeout=30)
+        (request_id, sent), _ = taken[0]
         assert [arguments["completion"] for arguments in sent] == ["a", "b"]
         assert set(sent[0]) == {"task", "completion", "transcript", "answer"}  # never info or reset_info
         # a late reply, then the last word: the client takes both on its way out
-        transport.send(comm, (request_id, [(1.0, None, False)] * 2), 0, Tag.SCORE_REPLY)
+        late = transport.isend(comm, (request_id, [(1.0, None, False)] * 2), 0, Tag.SCORE_REPLY)
         goodbye = threading.Thread(target=client.shutdown)
         goodbye.start()
         assert transport.recv(comm, 0, Tag.SCORE_REQUEST, timeout_s=5)[0] is None
-        transport.send(comm, None, 0, Tag.SCORE_REPLY)
+        last_word = transport.isend(comm, None, 0, Tag.SCORE_REPLY)
+        transport.wait_sent(late)
+        transport.wait_sent(last_word)
         goodbye.join(timeout=10)
         assert not goodbye.is_alive()
         assert not transport.probe(comm, 0, Tag.SCORE_REPLY)  # nothing left unreceived

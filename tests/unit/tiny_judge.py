@@ -49,7 +49,7 @@ def build_tiny_judge(folder: Path, steps: int = 200) -> Path:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if loss.item() < 1e-3:
+        if loss.item() < 0.02:  # greedy decoding gives ANSWER well before this
             break
     model.eval().save_pretrained(path)
     return path
