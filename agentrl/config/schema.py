@@ -329,13 +329,19 @@ class JudgeConfig(Section):
                 "reward.judge.base_url needs reward.judge.model, the `model` of its requests (agentrl serve's "
                 "--model-name)"
             )
-        unread = [name for name in ENDPOINT_ONLY_JUDGE_FIELDS if name in self.model_fields_set]
+        # by value, not by what was set: a saved config (run_dir/config.yaml) names every field, defaults too
+        fields = type(self).model_fields
+        unread = [
+            name
+            for name in ENDPOINT_ONLY_JUDGE_FIELDS
+            if getattr(self, name) != fields[name].get_default(call_default_factory=True)
+        ]
         if self.path is not None and unread:
             raise ValueError(
                 f"reward.judge.{unread[0]} is for an endpoint (base_url), but reward.judge.path runs the judge in the "
                 f"job; remove reward.judge.{unread[0]}"
             )
-        if self.base_url is not None and "dtype" in self.model_fields_set:
+        if self.base_url is not None and self.dtype != fields["dtype"].get_default():
             raise ValueError(
                 "reward.judge.dtype is for a judge run in the job (path); the endpoint at base_url loads its own "
                 "model: remove reward.judge.dtype"

@@ -66,6 +66,7 @@ def test_a_judge_path_or_a_reward_model_may_have_scorer_ranks():
     config = from_dict({"model": {"path": "m"}, "layout": {"scorer": 2}, "reward": {"judge": judge(path="j")}})
     assert config.layout.world_size == 4 and config.reward.loads_a_model
     assert config.reward.scorer_name == "reward.judge (j)"
+    assert from_dict(config.model_dump(mode="json")).reward.judge.path == "j"  # as saved in run_dir/config.yaml
     config = from_dict({"model": {"path": "m"}, "layout": {"scorer": 1}, "reward": {"model": {"path": "rm"}}})
     assert config.reward.scorer_name == "reward.model (rm)"
 
