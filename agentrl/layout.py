@@ -1,7 +1,7 @@
 """Rank -> role assignment, role communicators and node-local GPU binding.
 
-Ranks are assigned in order: trainers first, then rollout, then env ranks. World size 1
-runs every role in one process. Trainer and rollout ranks bind GPUs by their node-local
+Ranks are assigned in order: trainers first, then rollout, env and scorer ranks. World size 1
+runs every role in one process. Trainer, rollout and scorer ranks bind GPUs by their node-local
 index among GPU-using ranks; env ranks never take a GPU.
 """
 
@@ -20,9 +20,10 @@ class Role(str, Enum):
     TRAINER = "trainer"
     ROLLOUT = "rollout"
     ENV = "env"
+    SCORER = "scorer"
 
 
-GPU_ROLES = (Role.TRAINER, Role.ROLLOUT)
+GPU_ROLES = (Role.TRAINER, Role.ROLLOUT, Role.SCORER)
 # Group ranks into simulated nodes of this many consecutive ranks, in place of the real
 # hosts (Split_type(COMM_TYPE_SHARED)): tests of the cross-node paths on one machine.
 RANKS_PER_NODE_VARIABLE = "AGENTRL_RANKS_PER_NODE"
@@ -66,19 +67,20 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
     if layout.world_size != world_size:
         raise ConfigError(
             f"layout needs {layout.world_size} ranks (trainer={layout.trainer} + rollout={layout.rollout} + "
-            f"env={layout.env}) but the job has {world_size}; launch with `mpirun -n {layout.world_size}` "
-            f"or change layout.* so the counts add up to {world_size}"
+            f"env={layout.env} + scorer={layout.scorer}) but the job has {world_size}; launch with "
+            f"`mpirun -n {layout.world_size}` or change layout.* so the counts add up to {world_size}"
         )
-    return [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
+    roles = [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
+    return roles + [Role.SCORER] * layout.scorer
 
 
 def bind_gpus(
     roles: list[Role], nodes: list[int], gpus_per_node: int, colocate: bool = False, rollout_gpus: int = 1
 ) -> list[int | None]:
-    """GPU index per rank: node-local order among trainer and rollout ranks, modulo the node's GPUs.
+    """GPU index per rank: node-local order among trainer, rollout and scorer ranks, modulo the node's GPUs.
 
     A rollout rank takes `rollout_gpus` consecutive GPUs (SGLang's tensor parallelism)
-    and gets the first. Colocated, only trainers count: rollout rank i takes the GPU of
+    and gets the first. Colocated, only trainers and scorers count: rollout rank i takes the GPU of
     trainer rank i, which must be on the same node.
     """
     if gpus_per_node <= 0:
@@ -93,7 +95,7 @@ def bind_gpus(
             f"rollout.engine.tp_size={rollout_gpus} GPUs per engine, but nodes have {gpus_per_node}; "
             "lower rollout.engine.tp_size"
         )
-    owners = (Role.TRAINER,) if colocate else GPU_ROLES
+    owners = (Role.TRAINER, Role.SCORER) if colocate else GPU_ROLES
     seen_on_node: dict[int, int] = {}
     gpus: list[int | None] = []
     for role, node in zip(roles, nodes, strict=True):
@@ -171,6 +173,7 @@ class Layout:
         self.trainer_ranks = [r for r, role in enumerate(self.roles) if role is Role.TRAINER]
         self.rollout_ranks = [r for r, role in enumerate(self.roles) if role is Role.ROLLOUT]
         self.env_ranks = [r for r, role in enumerate(self.roles) if role is Role.ENV]
+        self.scorer_ranks = [r for r, role in enumerate(self.roles) if role is Role.SCORER]
         self.role_comm = self.world.Split(color=list(Role).index(self.role), key=self.rank)
         self.role_rank = self.role_comm.Get_rank()
         # The weight group: trainer leader (root 0 inside it) plus every rollout rank.
@@ -212,6 +215,15 @@ class Layout:
 
     def rollout_ranks_served_by(self, env_rank: int) -> list[int]:
         return [r for r in self.rollout_ranks if self.env_rank_for(r) == env_rank]
+
+    def scorer_rank_for(self, rollout_rank: int) -> int | None:
+        """The scorer rank scoring a rollout rank's episodes, or None when its scorer runs in-process."""
+        if not self.scorer_ranks:
+            return None
+        return self.scorer_ranks[self.rollout_ranks.index(rollout_rank) % len(self.scorer_ranks)]
+
+    def rollout_ranks_scored_by(self, scorer_rank: int) -> list[int]:
+        return [r for r in self.rollout_ranks if self.scorer_rank_for(r) == scorer_rank]
 
     @property
     def device(self) -> str:

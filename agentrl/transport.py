@@ -39,6 +39,8 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a program stopp
 class Tag(IntEnum):
     ENV_REQUEST = 11
     ENV_REPLY = 12
+    SCORE_REQUEST = 13  # a rollout rank's finished episodes, to its scorer rank (or its goodbye)
+    SCORE_REPLY = 14  # a scorer rank's scores (or its last word to a rollout rank that said goodbye)
     TRAJECTORIES = 21
     EVAL = 22  # a rollout rank's evaluation results, to the trainer leader
     WEIGHTS = 23  # the trainer leader announces a weight version (or a stop) to rollout ranks running ahead
@@ -62,6 +64,8 @@ class Polling:
 ENV_REPLY_POLLING = Polling(fraction=0.01, min_s=MIN_SLEEP_S)
 # The next turn's request: one generation away, at least milliseconds, so the first polls need not be as close.
 ENV_REQUEST_POLLING = Polling(fraction=0.01, min_s=0.5e-3)
+# Episodes to score, and their scores: a batch's wait and a forward away, so polled as an env rank's requests are.
+SCORE_POLLING = Polling(fraction=0.01, min_s=0.5e-3)
 
 
 # A rank's share of a collective left pending while it computes: the others wait on it, so polled every

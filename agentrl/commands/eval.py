@@ -82,28 +82,36 @@ def _evaluate_role(config, layout, target: Target, started: float) -> dict | Non
     elif layout.role is Role.ROLLOUT:
         from agentrl.env.client import MPIEnvClient
         from agentrl.evaluation.report import send_results
+        from agentrl.roles.rollout_parts import scorer_client
 
         env_rank = layout.env_rank_for(layout.rank)
         client = None if env_rank is None else MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
-        evaluator = _evaluator(config, layout, target, client)
+        scorer = scorer_client(config, layout)
+        evaluator = _evaluator(config, layout, target, client, scorer)
         send_results(layout, target.step, evaluator.run(target.step, config.eval.dump_episodes))
-        _close(evaluator.worker)
+        _close(evaluator.worker, scorer)
     elif layout.role is Role.ENV:
         from agentrl.roles.env import run_env
 
         run_env(config, layout)
+    elif layout.role is Role.SCORER:
+        from agentrl.roles.scorer import run_scorer
+
+        run_scorer(config, layout)
     transport.barrier(layout.world)  # idle trainer ranks wait here, polling
     return report
 
 
-def _close(worker) -> None:
+def _close(worker, scorer=None) -> None:
     if worker.gateway is not None:
         worker.gateway.stop(worker.loop)
     if worker.env is not None:
         worker.env.shutdown()
+    if scorer is not None:
+        scorer.shutdown()
 
 
-def _evaluator(config, layout, target: Target, env_client):
+def _evaluator(config, layout, target: Target, env_client, scorer=None):
     from agentrl.env.client import LocalEnvClient
     from agentrl.evaluation.runner import Evaluator
     from agentrl.roles.env import env_host
@@ -113,7 +121,7 @@ def _evaluator(config, layout, target: Target, env_client):
         env_client = LocalEnvClient(env_host(config, check=not layout.single_process))
     shard = 0 if layout.single_process else layout.rollout_ranks.index(layout.rank)
     shards = 1 if layout.single_process else len(layout.rollout_ranks)
-    worker = rollout_worker(config, env_client, shard, shards, layout.device)
+    worker = rollout_worker(config, env_client, shard, shards, layout.device, scorer=scorer)
     worker.engine.weight_version = target.step  # episodes and dumps say which checkpoint they came from
     return Evaluator(worker, shard, shards, eval_config=config.eval, data_val=config.data.val)
 

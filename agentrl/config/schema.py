@@ -23,12 +23,19 @@ from agentrl.sections import AlgorithmSection, Section, format_validation_error
 
 
 class LayoutConfig(Section):
-    """How many ranks take each role. Ranks are assigned in this order: trainer, rollout, env."""
+    """How many ranks take each role. Ranks are assigned in this order: trainer, rollout, env, scorer."""
 
     trainer: int = Field(1, ge=1, description="Ranks that train the policy (torch.distributed among them).")
     rollout: int = Field(1, ge=1, description="Ranks that run an inference engine and the multi-turn agent loop.")
     env: int = Field(
         0, ge=0, description="Ranks that host environments; 0 runs each rollout rank's environments in-process."
+    )
+    scorer: int = Field(
+        0,
+        ge=0,
+        description="Ranks that load the scoring model once (reward.model, or a judge's reward.judge.path) and score "
+        "the episodes of every rollout rank, batched across them (docs/rewards.md); 0: the model loads on each rollout "
+        "rank.",
     )
     colocate: bool = Field(
         False, description="Rollout ranks share the trainer ranks' GPUs (rollout rank i on trainer rank i's GPU)."
@@ -36,7 +43,7 @@ class LayoutConfig(Section):
 
     @property
     def world_size(self) -> int:
-        return self.trainer + self.rollout + self.env
+        return self.trainer + self.rollout + self.env + self.scorer
 
 
 class TinyModelConfig(Section):
@@ -209,19 +216,37 @@ def _check_placeholders(template: str) -> str:
     return template
 
 
+# Judge fields that only an endpoint reads: set beside reward.judge.path they would do nothing.
+ENDPOINT_ONLY_JUDGE_FIELDS = ("model", "request_extra", "api_key_env", "retries", "concurrency")
+
+
 class JudgeConfig(Section):
     """An LLM judge: a rubric prompt per finished episode, sent to an OpenAI-compatible endpoint (`agentrl serve` of
-    another checkpoint, vLLM, SGLang, a hosted API); the score is parsed from its reply (docs/rewards.md)."""
+    another checkpoint, vLLM, SGLang, a hosted API) or run by agentrl's torch engine over a frozen checkpoint
+    (`path`, on layout.scorer ranks); the score is parsed from its reply (docs/rewards.md)."""
 
-    base_url: str = Field(
-        ..., min_length=1, description="The endpoint's OpenAI base URL, e.g. http://127.0.0.1:8000/v1."
+    base_url: str | None = Field(
+        None,
+        min_length=1,
+        description="The endpoint's OpenAI base URL, e.g. http://127.0.0.1:8000/v1. Set this or `path`.",
     )
-    model: str = Field(..., min_length=1, description="The `model` of every request (`agentrl serve`'s model name).")
+    path: str | None = Field(
+        None,
+        min_length=1,
+        description="A checkpoint or model folder (or hub id) with a tokenizer: the judge runs frozen through "
+        "agentrl's torch engine in the job itself, on layout.scorer ranks (without them: on each rollout rank). Set "
+        "this or `base_url`.",
+    )
+    model: str | None = Field(
+        None, min_length=1, description="base_url: the `model` of every request (`agentrl serve`'s model name)."
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="path: parameter dtype of the judge model.")
     api: Literal["chat", "completions"] = Field(
         "chat",
-        description="`chat`: one /chat/completions request per episode (the endpoint applies the judge's chat "
-        "template), `judge.concurrency` at once. `completions`: one /completions request carries a whole batch of "
-        "rubric prompts as its `prompt` list (write any chat template into the rubric yourself).",
+        description="`chat`: the rubric goes through the judge's chat template (with `system_prompt` first), as one "
+        "/chat/completions request per episode to an endpoint, `judge.concurrency` at once. `completions`: the rubric "
+        "is the prompt as written (write any chat template into it yourself); to an endpoint, one /completions request "
+        "carries a whole batch of rubric prompts as its `prompt` list.",
     )
     rubric: str = Field(
         ...,
@@ -291,9 +316,48 @@ class JudgeConfig(Section):
     def _rubric_placeholders(cls, rubric: str) -> str:
         return _check_placeholders(rubric)
 
+    @model_validator(mode="after")
+    def _endpoint_or_path(self) -> JudgeConfig:
+        if (self.base_url is None) == (self.path is None):
+            raise ValueError(
+                "reward.judge needs exactly one of base_url (an OpenAI-compatible endpoint) and path (a checkpoint run "
+                "by agentrl's engine on layout.scorer ranks); "
+                + ("remove one of them" if self.path is not None else "set one of them")
+            )
+        if self.base_url is not None and self.model is None:
+            raise ValueError(
+                "reward.judge.base_url needs reward.judge.model, the `model` of its requests (agentrl serve's "
+                "--model-name)"
+            )
+        # by value, not by what was set: a saved config (run_dir/config.yaml) names every field, defaults too
+        fields = type(self).model_fields
+        unread = [
+            name
+            for name in ENDPOINT_ONLY_JUDGE_FIELDS
+            if getattr(self, name) != fields[name].get_default(call_default_factory=True)
+        ]
+        if self.path is not None and unread:
+            raise ValueError(
+                f"reward.judge.{unread[0]} is for an endpoint (base_url), but reward.judge.path runs the judge in the "
+                f"job; remove reward.judge.{unread[0]}"
+            )
+        if self.base_url is not None and self.dtype != fields["dtype"].get_default():
+            raise ValueError(
+                "reward.judge.dtype is for a judge run in the job (path); the endpoint at base_url loads its own "
+                "model: remove reward.judge.dtype"
+            )
+        return self
+
+    @property
+    def where(self) -> str:
+        """The judge, as errors name it: `MODEL at URL`, or its checkpoint."""
+        return f"{self.model} at {self.base_url}" if self.base_url is not None else str(self.path)
+
     @field_validator("base_url")
     @classmethod
-    def _http_url(cls, url: str) -> str:
+    def _http_url(cls, url: str | None) -> str | None:
+        if url is None:
+            return None
         if not url.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://, e.g. http://127.0.0.1:8000/v1")
         return url.rstrip("/")
@@ -357,7 +421,9 @@ class RewardConfig(Section):
     (docs/rewards.md). A judge that is down, slow or unparsable fails the episode with the reason (episode/failed),
     never a silent 0; runtime.abort_on_failed_fraction decides whether the run goes on."""
 
-    judge: JudgeConfig | None = Field(None, description="An LLM judge over an OpenAI-compatible endpoint.")
+    judge: JudgeConfig | None = Field(
+        None, description="An LLM judge over an OpenAI-compatible endpoint, or a frozen checkpoint run in the job."
+    )
     model: RewardModelConfig | None = Field(None, description="A sequence-classification reward model.")
     mode: Literal["replace", "add"] = Field(
         "replace", description="`replace` the env's summed reward with the score, or `add` the score to it."
@@ -380,6 +446,18 @@ class RewardConfig(Section):
     @property
     def enabled(self) -> bool:
         return self.judge is not None or self.model is not None
+
+    @property
+    def loads_a_model(self) -> bool:
+        """Whether scoring loads a model into the job (reward.model, or a judge's path): what scorer ranks serve."""
+        return self.model is not None or (self.judge is not None and self.judge.path is not None)
+
+    @property
+    def scorer_name(self) -> str:
+        """The scorer as errors name it: reward.judge or reward.model, and which."""
+        if self.judge is not None:
+            return f"reward.judge ({self.judge.where})"
+        return f"reward.model ({self.model.path})"
 
 
 class TorchEngineConfig(Section):
@@ -1084,6 +1162,17 @@ class Config(Section):
                 f"algorithm.name={self.algorithm.name} needs env episodes turn by turn; agent programs (agent:) train "
                 "with the episode-level algorithms (grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo, cispo), or with "
                 "turn_rloo on the per-turn rewards they post to /reward"
+            )
+        if self.layout.scorer and not self.reward.loads_a_model:
+            raise ValueError(
+                f"layout.scorer={self.layout.scorer} ranks serve a scoring model, but the run loads none; set "
+                "reward.model.path or reward.judge.path, or layout.scorer=0"
+                + (" (reward.judge.base_url's endpoint is the judge already)" if self.reward.judge is not None else "")
+            )
+        if self.layout.scorer and (self.policies or self.game is not None):
+            raise ValueError(
+                f"layout.scorer={self.layout.scorer}: scorer ranks serve single-policy runs only, and this config has "
+                "policies; set layout.scorer=0"
             )
         if self.agent.enabled and self.layout.env:
             raise ValueError(

@@ -54,7 +54,7 @@ def ensure_model(model, texts_for_tokenizer) -> None:
     path = Path(model.path)
     refuse_missing_model(model)
     if path.exists() or model.tiny is None:
-        _check_loadable(model.path)
+        check_loadable(model.path)
         if model.tiny is not None:
             _check_tiny_record(path, model.tiny)
         return
@@ -91,7 +91,8 @@ def _check_tiny_record(path: Path, tiny) -> None:
         )
 
 
-def _check_loadable(path: str) -> None:
+def check_loadable(path: str, field: str = "model.path") -> None:
+    """UserError naming `field` unless `path` holds a Hugging Face model's config."""
     from transformers import AutoConfig
 
     try:
@@ -99,6 +100,6 @@ def _check_loadable(path: str) -> None:
     except (OSError, ValueError) as error:
         where = "the folder" if Path(path).exists() else "it as a hub id, which"
         raise UserError(
-            f"model.path={path} cannot be loaded ({str(error).splitlines()[0]}); check {where} holds a "
+            f"{field}={path} cannot be loaded ({str(error).splitlines()[0]}); check {where} holds a "
             "Hugging Face model (config.json, weights, tokenizer)"
         ) from None

@@ -3,6 +3,7 @@
 - `trainer.run_trainer`: take batches, train, publish weights, log, checkpoint;
 - `rollout.run_rollout`: generate episodes and ship them, in lockstep or running ahead;
 - `env.run_env`: host envs for rollout ranks;
+- `scorer.run_scorer`: score rollout ranks' finished episodes with the one copy of the scoring model;
 - `single.run_single_process`: all of it in turns, in one process (world size 1).
 
 What the trainer side and a rollout rank are built from, each part given the config sections it reads:
@@ -30,6 +31,11 @@ def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | Non
     hf_logging.disable_progress_bar()
     set_threads(config, layout)
     seed_everything(config.seed + layout.rank)
+    if layout.role is Role.SCORER and not layout.single_process:
+        from agentrl.roles.scorer import run_scorer
+
+        run_scorer(config, layout)
+        return None, None
     if config.policies:  # several policies in one job: agentrl/policies/
         from agentrl.roles.policies import run_policy_role
 

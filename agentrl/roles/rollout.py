@@ -56,7 +56,7 @@ def run_rollout(config: Config, layout: Layout, start: RunStart) -> None:
         else Lockstep(config, layout, worker, sync)
     )
     rollout_loop(config, layout, start.step, worker, parts.evaluator, pace)
-    close(worker, parts.env_client)
+    close(worker, parts.env_client, parts.scorer)
 
 
 def rollout_loop(config: Config, layout: Layout, start_step: int, worker: RolloutWorker, evaluator, pace) -> None:
@@ -186,7 +186,7 @@ def last_version(config: Config, start_step: int) -> int:
     return config.steps if config.eval.due(config.steps) else config.steps - 1
 
 
-def close(worker: RolloutWorker, env_client) -> None:
+def close(worker: RolloutWorker, env_client, scorer=None) -> None:
     """Take every message still addressed to this rank: MPI_Finalize fails on unreceived ones."""
     if worker.dispatch is not None:
         worker.dispatch.close()
@@ -194,3 +194,5 @@ def close(worker: RolloutWorker, env_client) -> None:
         worker.gateway.stop(worker.loop)
     if env_client is not None:
         env_client.shutdown()
+    if scorer is not None:
+        scorer.shutdown()

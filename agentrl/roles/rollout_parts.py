@@ -1,6 +1,6 @@
 """What a rollout rank is built from, each part given the config sections it reads, in the order they are made:
-its env client, the weight sync, its tasks, the rollout worker, the step's task queue (rollout.dispatch=dynamic)
-and the evaluator."""
+its env client, its scorer rank's client (layout.scorer), the weight sync, its tasks, the rollout worker, the step's
+task queue (rollout.dispatch=dynamic) and the evaluator."""
 
 from __future__ import annotations
 
@@ -18,14 +18,17 @@ from agentrl.roles.trainer_parts import weight_sync
 from agentrl.rollout.dispatch import DispatchClient, DispatchServer
 from agentrl.rollout.worker import RolloutWorker, WorkerSections
 from agentrl.run.start import RunStart
+from agentrl.scoring.remote import RemoteScorer
 
 
 @dataclass
 class RolloutParts:
-    """A rollout rank's parts: `env_client` (None where agent programs play the env's part), `sync` (None in a
-    single process, which copies weights in-process), `tasks`, `worker` and `evaluator` (None without `eval:`)."""
+    """A rollout rank's parts: `env_client` (None where agent programs play the env's part), `scorer` (the client of
+    its scorer rank; None without layout.scorer), `sync` (None in a single process, which copies weights
+    in-process), `tasks`, `worker` and `evaluator` (None without `eval:`)."""
 
     env_client: object | None
+    scorer: RemoteScorer | None
     sync: object | None
     tasks: TaskSource
     worker: RolloutWorker
@@ -43,21 +46,29 @@ def rollout_parts(config: Config, layout: Layout, start: RunStart) -> RolloutPar
         env_client = LocalEnvClient(env_host(config, check=not single))
     else:
         env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
+    scorer = scorer_client(config, layout)
     sync = None if single else weight_sync(config, layout)  # a process-group sync connects at its first receive
     tasks = task_source(config, index if start.shards > 1 else 0, start.shards, start.data_start)
-    worker = rollout_worker(config, env_client, index, count, layout.device, tasks)
+    worker = rollout_worker(config, env_client, index, count, layout.device, tasks, scorer)
     if config.rollout.dispatch == "dynamic" and count > 1:
         worker.dispatch = task_queue(config, layout, worker)
     evaluator = None
     if config.eval.enabled:
         evaluator = Evaluator(worker, index, count, eval_config=config.eval, data_val=config.data.val)
-    return RolloutParts(env_client, sync, tasks, worker, evaluator)
+    return RolloutParts(env_client, scorer, sync, tasks, worker, evaluator)
 
 
-def rollout_worker(config: Config, env_client, index: int, count: int, device: str = "cpu", tasks=None):
+def scorer_client(config: Config, layout: Layout) -> RemoteScorer | None:
+    """This rollout rank's way to its scorer rank, or None where the `reward` section scores in-process."""
+    scorer_rank = None if layout.single_process else layout.scorer_rank_for(layout.rank)
+    return None if scorer_rank is None else RemoteScorer(layout.world, scorer_rank, config.reward)
+
+
+def rollout_worker(config: Config, env_client, index: int, count: int, device: str = "cpu", tasks=None, scorer=None):
     """Rollout rank `index` of `count`: its engine on `device`, talking to `env_client`, drawing from `tasks`
-    (None: the env's seeds)."""
-    return RolloutWorker(env_client, index, count, device, tasks, WorkerSections.of(config), algorithm_of(config))
+    (None: the env's seeds), scoring with `scorer` (None: the `reward` section's model in-process, if any)."""
+    sections = WorkerSections.of(config)
+    return RolloutWorker(env_client, index, count, device, tasks, sections, algorithm_of(config), scorer)
 
 
 def task_source(config: Config, shard: int, shards: int, data_start: list[int] | None) -> TaskSource:

@@ -99,7 +99,8 @@ class RolloutWorker:
     """Owns an engine, the chat format and an env client; `collect(step)` runs one step's episodes.
 
     It takes the sections it reads (`WorkerSections`), not the whole config, and `algorithm`, which builds the
-    algorithm given a reduce (on rollout ranks only its `keep_group` and `max_extra_rounds` are used).
+    algorithm given a reduce (on rollout ranks only its `keep_group` and `max_extra_rounds` are used). `scorer`: where
+    the `reward` section's episodes are scored when not here (a RemoteScorer to a scorer rank).
     """
 
     def __init__(
@@ -111,6 +112,7 @@ class RolloutWorker:
         task_source: TaskSource | None,
         sections: WorkerSections,
         algorithm: Callable[[Reduce], Algorithm],
+        scorer=None,
     ):
         rollout, model, env, agent, chat = sections.rollout, sections.model, sections.env, sections.agent, sections.chat
         seed, run_dir, colocate = sections.seed, sections.run_dir, sections.colocate
@@ -131,7 +133,7 @@ class RolloutWorker:
         self.limits = EpisodeLimits(rollout.max_turns, rollout.max_new_tokens, rollout.max_episode_tokens)
         # env.reward_fn, or the reward section's judge or reward model (on this rank's device), or None
         self.reward_fn = RewardFunction(env.reward_fn, env.reward_mode) if env.reward_fn else None
-        self.reward_fn = self.reward_fn or make_scorer(sections.reward, device)
+        self.reward_fn = self.reward_fn or scorer or make_scorer(sections.reward, device)
         self.errors_seen: set[str] = set()
         self.tasks = rollout.tasks_per_step // rollout_count
         self.first_task = rollout_index * self.tasks

@@ -84,6 +84,17 @@ def check_model(config: Config) -> None:
         ensure_policy_models(config)
         return
     ensure_model(config.model, lambda: env_texts(config))
+    check_scoring_model(config)
+
+
+def check_scoring_model(config: Config) -> None:
+    """Rank 0: the reward section's model (reward.model.path, reward.judge.path) loads, before a rank loads it."""
+    from agentrl.models.loading import check_loadable
+
+    if config.reward.model is not None:
+        check_loadable(config.reward.model.path, "reward.model.path")
+    elif config.reward.judge is not None and config.reward.judge.path is not None:
+        check_loadable(config.reward.judge.path, "reward.judge.path")
 
 
 def policies_start(config: Config) -> int:

@@ -1,5 +1,7 @@
 """The configured model scorer behind the episode loop's reward hook: an episode's arguments -> its text ->
-the batcher -> a Score. It offers what a reward function offers the loop (`score`, `combine`, `path`)."""
+the batcher -> a Score. It offers what a reward function offers the loop (`score`, `combine`, `path`). It runs on
+the rollout rank, or on a scorer rank (agentrl/roles/scorer.py) that rollout ranks reach through
+agentrl/scoring/remote.py."""
 
 from __future__ import annotations
 
@@ -19,18 +21,22 @@ class ModelScorer:
 
     def __init__(self, config: RewardConfig, device: str = "cpu"):
         self.config, self.mode = config, config.mode
-        if config.judge is not None:
+        self.path = config.scorer_name
+        self.judge = self.reward_model = None
+        if config.judge is not None and config.judge.path is not None:
+            from agentrl.scoring.local_judge import LocalJudge
+
+            self.judge = LocalJudge(config.judge, device)
+            score_batch, options = self.judge.score_batch, config.judge
+        elif config.judge is not None:
             from agentrl.scoring.judge import JudgeClient
 
-            judge = config.judge
-            self.path = f"reward.judge ({judge.model} at {judge.base_url})"
-            self.judge, self.reward_model = JudgeClient(judge), None
-            score_batch, options = self.judge.score_batch, judge
+            self.judge = JudgeClient(config.judge)
+            score_batch, options = self.judge.score_batch, config.judge
         else:
             from agentrl.scoring.reward_model import RewardModel
 
-            self.path = f"reward.model ({config.model.path})"
-            self.judge, self.reward_model = None, RewardModel(config.model, device)
+            self.reward_model = RewardModel(config.model, device)
             self.reward_model.check_chat_template()
             score_batch, options = self.reward_model.score_batch, config.model
         self.batcher = ScoreBatcher(score_batch, options.batch_size, options.batch_wait_s, options.cache_size)
@@ -44,8 +50,12 @@ class ModelScorer:
         return fill(self.config.model.prompt, arguments)
 
     async def score(self, **arguments) -> Score:
+        return await self.score_text(self.text(arguments))
+
+    async def score_text(self, text: str) -> Score:
+        """The Score of a text `text` made (a ScoreFailed with the reason when it has none)."""
         started = time.perf_counter()
-        value, cached = await self.batcher.score(self.text(arguments))
+        value, cached = await self.batcher.score(text)
         success = None if self.config.success_at is None else value >= self.config.success_at
         metrics = {"score_cached": float(cached), "score_wait_s": time.perf_counter() - started}
         return Score(value, success, metrics)
