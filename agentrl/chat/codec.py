@@ -354,9 +354,10 @@ class TokenStream:
             if entry is None:
                 entry = self.codec.lane_entry(self.lane_mode, token)
             if entry is not False:
+                piece, delta = entry
                 self.ids.append(token)
-                self.lane_parts.append(entry[0])
-                return entry[1]
+                self.lane_parts.append(piece)
+                return delta
         delta = self._feed(ids)
         if self.lanes is not None:
             self._find_lane()
@@ -432,10 +433,10 @@ class TokenStream:
         if not self.whole_pieces:  # bytes that never completed a character come last
             whole, sent = self.codec.decode(self.ids), self._sent_text()
             rest = whole[len(sent) :] if whole.startswith(sent) else ""
-        first = self.scanner.feed(rest) if rest else TurnDelta()
+        first = self.scanner.feed(rest) if rest else None
         last, turn = self.scanner.finish()
         self.lane = None
-        return first + last, turn
+        return (last if first is None else first + last), turn
 
     def _sent_text(self) -> str:
         """The text the scanner was given: each `_feed`'s, and the table's text of the ids the fast path took."""
