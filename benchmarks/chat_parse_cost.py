@@ -2,6 +2,7 @@
 
     python benchmarks/chat_parse_cost.py                 # every family, batch 1 and 32, ~1 minute on 2 cores
     python benchmarks/chat_parse_cost.py --families qwen3 harmony --batches 1 64
+    python benchmarks/chat_parse_cost.py --batches 32 --against /tmp/main   # and another checkout's, side by side
 
 Per family, a turn as its template writes it (reasoning, a sentence of content, a tool call; ~150 tokens) is
 parsed whole (µs per turn), streamed one token's text at a time through the family's scanner (µs per token), and
@@ -13,12 +14,17 @@ the continuous torch engine with the quickstart's model (Qwen2 shape, hidden 64,
 rows at once, greedy, 128 tokens each; its step time is what one token of each row costs. The share is the parse
 cost of a step's tokens (one per row, parsed one after another on the event loop) over the step's time:
 batch x µs-per-streamed-token / step time, and for whole-turn parsing batch x µs-per-turn / (tokens x step time).
+With `--against DIR` (another agentrl checkout, e.g. `git worktree add /tmp/main main`) each family's costs are
+measured for both, in turns (`--rounds` each, the best kept), each in a process of its own, and DIR's row follows
+this checkout's, marked `<`.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import subprocess
 import sys
 import tempfile
 import time
@@ -153,6 +159,29 @@ def step_seconds(batch: int, tokens: int = 128) -> float:
     return seconds / tokens
 
 
+def costs_in(root: Path, family: str, repeats: int) -> dict:
+    """`parse_costs` of the agentrl checkout at `root`, in a process of its own."""
+    script = (
+        "import json, sys; sys.path.insert(0, sys.argv[1] + '/benchmarks'); import chat_parse_cost as bench; "
+        "print(json.dumps(bench.parse_costs(sys.argv[2], int(sys.argv[3]))))"
+    )
+    command = [sys.executable, "-c", script, str(root), family, str(repeats)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True, cwd=root)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def side_by_side(roots: list[Path], family: str, repeats: int, rounds: int) -> list[dict]:
+    """Each checkout's costs, measured in turns, `rounds` times each; the fastest of each column kept."""
+    best: list[dict | None] = [None] * len(roots)
+    for _ in range(rounds):
+        for index, root in enumerate(roots):
+            cost, kept = costs_in(root, family, repeats), best[index]
+            if kept is not None:
+                cost = {key: min(value, kept[key]) if key != "family" else value for key, value in cost.items()}
+            best[index] = cost
+    return best
+
+
 def main() -> int:
     from agentrl.models.families import FIXTURES
 
@@ -160,6 +189,8 @@ def main() -> int:
     parser.add_argument("--families", nargs="*", default=list(FIXTURES))
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 32])
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--against", type=Path, help="another agentrl checkout, measured side by side")
+    parser.add_argument("--rounds", type=int, default=2, help="with --against: turns of each checkout per family")
     args = parser.parse_args()
 
     steps = {batch: step_seconds(batch) for batch in args.batches}
@@ -167,18 +198,27 @@ def main() -> int:
     header = f"{'family':<12} {'tokens':>6} {'parse µs':>9} {'stream µs/tok':>14} {'ids µs/tok':>11} {'ids x4':>7}"
     header += f" {'cont. ms':>8}"
     header += "".join(f" {f'share b{b} (stream / whole)':>27}" for b in args.batches)
-    print(header)
+    print(header + (f"   (< : {args.against})" if args.against else ""))
+    here = Path(__file__).resolve().parents[1]
     for family in args.families:
-        cost = parse_costs(family, args.repeats)
-        row = f"{family:<12} {cost['tokens']:>6} {cost['parse_us']:>9.1f} {cost['stream_us_per_token']:>14.2f}"
-        row += f" {cost['stream_ids_us_per_token']:>11.2f} {cost['stream_ids4_us_per_token']:>7.2f}"
-        row += f" {cost['continuation_ms']:>8.2f}"
-        for batch, step in steps.items():
-            streamed = batch * cost["stream_ids_us_per_token"] * 1e-6 / step
-            whole = batch * cost["parse_us"] * 1e-6 / (cost["tokens"] * step)
-            row += f" {f'{streamed:.2%} / {whole:.3%}':>27}"
-        print(row)
+        if args.against is None:
+            print(row(family, parse_costs(family, args.repeats), steps))
+            continue
+        mine, theirs = side_by_side([here, args.against.resolve()], family, args.repeats, args.rounds)
+        print(row(family, mine, steps))
+        print(row(f"{family} <", theirs, steps))
     return 0
+
+
+def row(label: str, cost: dict, steps: dict[int, float]) -> str:
+    line = f"{label:<12} {cost['tokens']:>6} {cost['parse_us']:>9.1f} {cost['stream_us_per_token']:>14.2f}"
+    line += f" {cost['stream_ids_us_per_token']:>11.2f} {cost['stream_ids4_us_per_token']:>7.2f}"
+    line += f" {cost['continuation_ms']:>8.2f}"
+    for batch, step in steps.items():
+        streamed = batch * cost["stream_ids_us_per_token"] * 1e-6 / step
+        whole = batch * cost["parse_us"] * 1e-6 / (cost["tokens"] * step)
+        line += f" {f'{streamed:.2%} / {whole:.3%}':>27}"
+    return line
 
 
 if __name__ == "__main__":

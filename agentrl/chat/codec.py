@@ -15,7 +15,7 @@ from pathlib import Path
 
 from agentrl.chat.errors import ChatTemplateError, NotAppendOnly
 from agentrl.chat.family import ChatFamily, ModelSignals
-from agentrl.chat.scan import Scanner
+from agentrl.chat.scan import Mode, Scanner
 from agentrl.chat.turn import ParsedTurn, TurnDelta
 
 try:
@@ -24,6 +24,7 @@ except ImportError:  # tokenizers < 0.21: TokenStream decodes a sliding window i
     DecodeStream = None
 
 PLACEHOLDER = "\u2591agentrl\u2591"
+NOTHING = TurnDelta()  # the delta of a piece that goes into a capture mode's body (read only, as every delta)
 
 
 class ChatCodec:
@@ -51,6 +52,7 @@ class ChatCodec:
         self._dropped = frozenset(i for i, text in self._stop_text.items() if text not in family.markup_ends)
         self._probe = None
         self._pieces: list[str | None] | bool | None = None
+        self._lanes: dict[int, tuple[Mode, list]] = {}  # id(mode) -> (the mode, its lane table)
 
     # ---- rendering ------------------------------------------------------------------------------
 
@@ -243,7 +245,11 @@ class ChatCodec:
         """Whether the prompt ends inside a reasoning block (R1's and the thinking Qwen3's prompts open it)."""
         if not self.family.reasoning_open or prompt_ids is None or len(prompt_ids) == 0:
             return False
-        return self.ends_in_reasoning(self.decode(int(i) for i in prompt_ids[-8:]))
+        tail = [int(i) for i in prompt_ids[-8:]]
+        pieces = self._pieces if isinstance(self._pieces, list) else None  # once a stream has built the table
+        if pieces is not None and all(i < len(pieces) and pieces[i] is not None for i in tail):
+            return self.ends_in_reasoning("".join(pieces[i] for i in tail))  # the table's text: no decode call
+        return self.ends_in_reasoning(self.decode(tail))
 
     def ends_in_reasoning(self, prompt: str) -> bool:
         opener = self.family.reasoning_open
@@ -273,6 +279,28 @@ class ChatCodec:
                 self._pieces = [None if "\ufffd" in text else text for text in texts]
         return self._pieces or None
 
+    def lane_table(self, mode: Mode) -> list:
+        """Per id, for a stream in `mode` on its lane (`Scanner.lane`): (its text, the delta it makes) where the id
+        is whole characters in which no exit marker of the mode can start (and, in a text mode, that do not end
+        in whitespace, which the channel would hold), False where it is not, None until looked at
+        (`lane_entry`). One table per mode, shared by every stream of this codec; needs `pieces`."""
+        kept = self._lanes.get(id(mode))
+        if kept is None:
+            kept = self._lanes[id(mode)] = (mode, [None] * len(self.pieces()))
+        return kept[1]
+
+    def lane_entry(self, mode: Mode, token: int):
+        """`lane_table(mode)[token]`, worked out and kept."""
+        piece = self.pieces()[token]
+        entry = False
+        if piece and token not in self._dropped and not mode.marker_start(piece):
+            if mode.channel is None:
+                entry = (piece, NOTHING)
+            elif not piece[-1].isspace():
+                entry = (piece, TurnDelta(piece) if mode.channel == "content" else TurnDelta("", piece))
+        self.lane_table(mode)[token] = entry
+        return entry
+
     def probe(self):
         """What the template does with multi-turn tool conversations (agentrl.chat.probe.TemplateProbe), once."""
         if self._probe is None:
@@ -288,31 +316,93 @@ class TokenStream:
     tokenizer (Qwen, Llama 3, gpt-oss, DeepSeek, GLM) an id whose bytes are whole characters is its text from a table
     (`ChatCodec.pieces`); the Rust `DecodeStream` decodes only the runs of ids that split a character (and every id
     of other tokenizers). `finish` decodes the whole turn once, so the turn is what `parse_ids` gives even where the
-    last bytes never completed a character."""
+    last bytes never completed a character.
+
+    The streamed token's fast path: while the scanner is on a lane (`Scanner.lane`: text going on in its channel, or
+    a call body searched to its end), an id whose text cannot start a marker there (`ChatCodec.lane_table`, known
+    per id) is appended where the scanner would put it, and its delta is the table's: no text scan, no new object."""
 
     def __init__(self, codec: ChatCodec, scanner: Scanner):
         self.codec, self.scanner, self.dropped = codec, scanner, codec._dropped
         self.ids: list[int] = []
-        self.sent: list[str] = []
+        self.sent: list[tuple[int, int, str]] = []  # the text each `_feed` gave the scanner, after ids[start:end]
         self.backend = getattr(codec.tokenizer, "backend_tokenizer", None)
         self.streams = DecodeStream is not None and self.backend is not None
         self.pieces = codec.pieces() if self.streams else None
         self.decoder = None if self.pieces is not None or not self.streams else DecodeStream(skip_special_tokens=False)
         self.prefix_offset = self.read_offset = 0  # the decode window of tokenizers without DecodeStream
         self.whole_pieces = self.pieces is not None  # every id so far was whole characters: the text sent is the turn
+        self.lanes = getattr(scanner, "lane", None) if self.pieces is not None else None
+        self.lane: list | None = None  # the lane table of the scanner's mode, while it is on one
+        self.lane_mode: Mode | None = None
+        self.lane_parts: list[str] = []
+        if self.lanes is not None:
+            self._find_lane()
 
     def feed(self, ids) -> TurnDelta:
-        pieces, dropped = self.pieces, self.dropped
-        if len(ids) == 1 and pieces is not None and self.decoder is None:  # one id a feed: the streamed token
-            token = ids[0]
+        lane = self.lane
+        if lane is not None:
+            if len(ids) != 1:
+                return self._feed_run(ids)
+            token = ids[0]  # one id a feed: the streamed token
             if type(token) is not int:
                 token = int(token)
-            if token < len(pieces) and token not in dropped:
-                piece = pieces[token]
-                if piece is not None:
-                    self.ids.append(token)
-                    self.sent.append(piece)
-                    return self.scanner.feed(piece)
+            try:
+                entry = lane[token]
+            except IndexError:  # an id past the tokenizer's vocabulary (a model's padded embedding)
+                entry = False
+            if entry is None:
+                entry = self.codec.lane_entry(self.lane_mode, token)
+            if entry is not False:
+                piece, delta = entry
+                self.ids.append(token)
+                self.lane_parts.append(piece)
+                return delta
+        delta = self._feed(ids)
+        if self.lanes is not None:
+            self._find_lane()
+        return delta
+
+    def _feed_run(self, ids) -> TurnDelta:
+        """Several ids on a lane: those the lane takes, one delta for them; the rest (from the first it does not
+        take) through `_feed`."""
+        lane, mode, texts, taken = self.lane, self.lane_mode, [], []
+        for token in ids:
+            token = int(token)
+            try:
+                entry = lane[token]
+            except IndexError:
+                entry = False
+            if entry is None:
+                entry = self.codec.lane_entry(mode, token)
+            if entry is False:
+                break
+            texts.append(entry[0])
+            taken.append(token)
+        if taken:
+            self.ids += taken
+            self.lane_parts += texts
+        head = NOTHING
+        if texts and mode.channel is not None:
+            text = "".join(texts)
+            head = TurnDelta(text) if mode.channel == "content" else TurnDelta("", text)
+        if len(taken) == len(ids):
+            return head
+        rest = self._feed(ids[len(taken) :])
+        self._find_lane()
+        return rest if head is NOTHING else head + rest
+
+    def _find_lane(self) -> None:
+        found = self.lanes() if self.decoder is None else None  # a character's bytes still arriving: no lane
+        if found is None:
+            self.lane = None
+            return
+        self.lane_mode, self.lane_parts = found
+        self.lane = self.codec.lane_table(self.lane_mode)
+
+    def _feed(self, ids) -> TurnDelta:
+        pieces, dropped = self.pieces, self.dropped
+        start = len(self.ids)
         new = []
         for token in ids:
             token = int(token)
@@ -335,19 +425,28 @@ class TokenStream:
                 if pieces is not None:
                     self.decoder = None
         text = ("".join(new) if len(new) != 1 else new[0]) if self.streams else self._window_text()
-        if not text:
-            return TurnDelta()
-        self.sent.append(text)
-        return self.scanner.feed(text)
+        self.sent.append((start, len(self.ids), text))
+        return self.scanner.feed(text) if text else TurnDelta()
 
     def finish(self) -> tuple[TurnDelta, ParsedTurn]:
         rest = ""
         if not self.whole_pieces:  # bytes that never completed a character come last
-            whole, sent = self.codec.decode(self.ids), "".join(self.sent)
+            whole, sent = self.codec.decode(self.ids), self._sent_text()
             rest = whole[len(sent) :] if whole.startswith(sent) else ""
-        first = self.scanner.feed(rest) if rest else TurnDelta()
+        first = self.scanner.feed(rest) if rest else None
         last, turn = self.scanner.finish()
-        return first + last, turn
+        self.lane = None
+        return (last if first is None else first + last), turn
+
+    def _sent_text(self) -> str:
+        """The text the scanner was given: each `_feed`'s, and the table's text of the ids the fast path took."""
+        parts, at = [], 0
+        for start, end, text in self.sent:
+            parts += [self.pieces[i] for i in self.ids[at:start]]
+            parts.append(text)
+            at = end
+        parts += [self.pieces[i] for i in self.ids[at:]]
+        return "".join(parts)
 
     def _window_text(self) -> str:
         """The text the ids since the last call add; "" while a character's bytes are still arriving."""

@@ -7,6 +7,7 @@ import json
 from agentrl.chat.turn import ToolCall
 
 SEPARATORS = " \t\r\n;,"
+DECODER = json.JSONDecoder()  # stateless: one for every parse
 
 
 def call_from_object(payload, argument_keys: tuple[str, ...] = ("arguments", "parameters")) -> ToolCall | str:
@@ -34,7 +35,7 @@ def call_from_object(payload, argument_keys: tuple[str, ...] = ("arguments", "pa
 def calls_from_json(text: str, argument_keys: tuple[str, ...] = ("arguments", "parameters")) -> list[ToolCall | str]:
     """JSON objects (or lists of them) one after another, apart by whitespace, ';' or ',' -> their calls; text
     that is not JSON (a call cut short) ends the list with an error naming where, after the calls before it."""
-    decoder, found, at = json.JSONDecoder(), [], 0
+    decoder, found, at = DECODER, [], 0
     while True:
         while at < len(text) and (text[at] in SEPARATORS or text[at] in "[]"):  # a list's calls one by one, so a
             at += 1  # list cut short keeps its complete calls

@@ -21,14 +21,15 @@ KEYWORD = re.compile(r'\s*(\w+)\s*=\s*("(?:[^"\\]|\\.)*"|[^,]*)\s*(?:,|$)')
 
 
 CALL_OPENINGS = tuple(f'{bracket}"{key}":' for bracket in ("{", "[{") for key in ("name", "type", "function"))
+OPENING_PREFIXES = frozenset(opening[:end] for opening in CALL_OPENINGS for end in range(len(opening) + 1))
 
 
 def _json_or_content(text: str) -> str | None:
     """A turn that opens like a JSON call is captured to its end; any other text is content from the start."""
     compact = "".join(text[:40].split())
-    if any(compact.startswith(opening) for opening in CALL_OPENINGS):
+    if compact.startswith(CALL_OPENINGS):
         return "json"
-    if any(opening.startswith(compact) for opening in CALL_OPENINGS):
+    if compact in OPENING_PREFIXES:
         return None  # "{" or '{"na': not yet known
     return "content"
 

@@ -104,6 +104,9 @@ class Scanner:
         self.errors: list[str] = []
         self.buffer = ""
         self.searched = 0  # buffer[:searched] holds no exit marker of the current capture mode
+        # a capture mode's body pieces in which no marker can start, after a fully searched buffer (joined to it
+        # when the scanner next has to look: one join instead of a string concatenation per streamed token)
+        self.body: list[str] = []
         self.opened_with = ""  # the marker that entered the current mode
         self.last_channel: str | None = None
         self.state: dict = {}  # what a family's hooks keep between modes (harmony: the message's recipient)
@@ -130,6 +133,31 @@ class Scanner:
 
     # ---- feeding ----------------------------------------------------------------------------
 
+    def lane(self) -> tuple[Mode, list[str]] | None:
+        """Where the next piece goes if no exit marker of the current mode can start in it (and, in a text mode, it
+        does not end in whitespace): the mode and the list the piece is appended to, with nothing else to do and
+        an empty delta, or the piece itself as the delta of the mode's channel. A text mode's text going on where
+        it left off (nothing held) appends to its channel's parts; a capture mode searched to its end, to its body.
+        None where the next piece needs `feed`. Valid until the next `feed` or `finish` (TokenStream's fast path
+        for ids whose text is known)."""
+        if self.done:
+            return None
+        mode = self.modes[self.mode]
+        if mode.decide is not None:
+            return None
+        channel = mode.channel
+        if channel is None:
+            return (mode, self.body) if self.searched == len(self.buffer) else None
+        sink = self.sinks.get(channel)
+        if self.buffer or sink is None or not sink.started or sink.held or self.last_channel != channel:
+            return None
+        return mode, sink.parts
+
+    def _join_body(self) -> None:
+        self.buffer += "".join(self.body)
+        self.searched = len(self.buffer)  # the body's pieces hold no marker's first character
+        self.body.clear()
+
     def feed(self, text: str) -> TurnDelta:
         if self.done:
             raise RuntimeError("feed() after finish(); start a new stream for the next turn")
@@ -143,8 +171,7 @@ class Scanner:
             if plain:
                 channel = mode.channel
                 if channel is None:  # a capture mode's body goes on (nothing held that may grow into a marker)
-                    self.buffer += text
-                    self.searched = len(self.buffer)
+                    self.body.append(text)
                     return TurnDelta()
                 sink = self.sinks.get(channel)
                 # the common case of a streamed token: text going on where its channel's text left off (nothing is
@@ -154,6 +181,8 @@ class Scanner:
                         sink.parts.append(text)
                         return TurnDelta(text) if channel == "content" else TurnDelta("", text)
                 return self._plain(channel, text)
+        if self.body:
+            self._join_body()
         self.buffer += text
         self._run(final=False)
         return self._take()
@@ -166,6 +195,8 @@ class Scanner:
     def finish(self) -> tuple[TurnDelta, ParsedTurn]:
         """The last delta and the whole turn."""
         if not self.done:
+            if self.body:
+                self._join_body()
             self._run(final=True)
             mode = self.modes[self.mode]
             if mode.channel is None:

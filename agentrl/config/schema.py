@@ -170,7 +170,8 @@ class ChatConfig(Section):
         "appends the template's ids for what follows (one sample per episode: what the model saw, the on-policy "
         "choice; its reasoning trained); `new_sample` renders the whole conversation through the template for the "
         "next turn's prompt and trains the tokens before it as a sample of their own (what a client re-sending the "
-        "history would get; the gateway's behaviour). Append-only templates never meet the choice.",
+        "history would get). The same for the env loop and the training gateway (agent programs' sessions). "
+        "Append-only templates never meet the choice.",
     )
     train_reasoning: bool = Field(
         True,

@@ -31,6 +31,7 @@ from agentrl.errors import UserError
 from agentrl.gateway.sessions import Session, SessionError, SessionTable
 from agentrl.gateway.stitch import PromptStitcher
 from agentrl.gateway.trace import SessionCall
+from agentrl.models.chat_format import REWRITTEN
 
 GATEWAY_DIR = "gateway"  # in run_dir: one rollout-N.json per rollout rank while it trains
 CLAIM_WAIT_S = 30.0
@@ -41,7 +42,8 @@ class Gateway:
     """The policy under training over HTTP on a rollout rank, as `agent` (the config's agent section) describes it:
     its address (`port` overrides agent.port: each rollout rank of a node listens on its own), the served model
     name, whether tools are listed, the body limit; `chat_format`: the config's chat.format (None: the family
-    detected from the tokenizer)."""
+    detected from the tokenizer); `rewritten`: chat.rewritten, what a session's request that extends an earlier
+    reply the template renders differently gets (agentrl/gateway/stitch.py)."""
 
     def __init__(
         self,
@@ -51,11 +53,15 @@ class Gateway:
         agent: AgentConfig | None = None,
         port: int | None = None,
         chat_format: str | None = None,
+        rewritten: str = "keep",
     ):
         from agentrl.serve.completions import Completions
         from agentrl.serve.generation import LocalBackend
 
         agent = agent or AgentConfig()
+        if rewritten not in REWRITTEN:
+            raise ValueError(f"chat.rewritten must be one of {', '.join(REWRITTEN)}, got {rewritten!r}")
+        self.rewritten = rewritten
         host, port = agent.host, agent.port if port is None else port
         self.host = host
         self.max_body_bytes = agent.max_body_bytes  # larger request bodies get 413
@@ -142,7 +148,7 @@ class Gateway:
         def hook_for(request: Request):
             session = session_of(request)
             if session.stitcher is None:
-                session.stitcher = PromptStitcher(self.completions.renderer)
+                session.stitcher = PromptStitcher(self.completions.renderer, self.rewritten)
             return _SessionCalls(session, session.stitcher)
 
         app.include_router(openai_router(self.completions, hook_for), prefix="/sessions/{session_id}/v1")

@@ -1,27 +1,18 @@
 """Prompts that reuse a session's own tokens: nothing the model generated is re-tokenized.
 
 An agent sends its whole history with every call. When a request repeats an earlier call's messages
-<<<<<<< HEAD
 and that call's reply (its content and tool calls; the reasoning a client sends back or drops aside), then adds
 messages (tool results, the user's next turn), its prompt is that call's prompt ids, the ids the engine
 generated (closed with the template's end of turn where a length limit cut them), then the template's tokens for
 the new messages alone, as the family's codec finds them (`ChatCodec.continuation_start`: GLM's stop token,
 the next role, is not repeated). The call then extends the last one token for token and both train as one sample
 (agentrl/gateway/trace.py). Where the template renders the history differently once the new messages follow
-(it drops earlier reasoning, rewrites an end token: docs/chat-formats.md), and for any other request (a rewritten
-history, a sub-agent's), the prompt is rendered from scratch and starts a sample of its own. The new messages'
+(it drops earlier reasoning, rewrites an end token: docs/chat-formats.md), chat.rewritten decides, as in the env
+loop: `keep` stitches all the same (the model's tokens as it generated them, then the template's tokens for the new
+messages), `new_sample` renders the prompt from scratch and starts a sample of its own. Any other request (a
+rewritten history, a sub-agent's) is rendered from scratch and starts a sample of its own. The new messages'
 content is tokenized as text (agentrl/models/content_tokens.py): a control string in a tool result is never a
 turn marker.
-=======
-and that call's reply, then adds messages (tool results, the user's next turn), its prompt is that
-call's prompt ids, the ids the engine generated (closed with the end-of-turn token where a length
-limit cut them), then the template's tokens for the new messages alone, found by rendering the
-template with and without them (as the env route's chat format does). The call then extends the last
-one token for token and both train as one sample (agentrl/gateway/trace.py). Any other request (a
-rewritten history, a sub-agent's) is rendered from scratch and starts a sample of its own. The new
-messages' content is tokenized as text (agentrl/models/content_tokens.py): a control string in a
-tool result is never a turn marker.
->>>>>>> reshape
 """
 
 from __future__ import annotations
@@ -31,6 +22,7 @@ import json
 from dataclasses import dataclass
 
 from agentrl.chat import NotAppendOnly
+from agentrl.models.chat_format import REWRITTEN
 
 
 @dataclass
@@ -44,10 +36,17 @@ class _Turn:
 
 
 class PromptStitcher:
-    def __init__(self, renderer):
-        self.renderer = renderer  # agentrl.serve.render.ChatRenderer
+    """One session's prompts: `renderer` (agentrl.serve.render.ChatRenderer) renders; `rewritten` is chat.rewritten,
+    what a request that extends an earlier reply the template renders differently gets (`keep`: stitched all the
+    same; `new_sample`: rendered from scratch)."""
+
+    def __init__(self, renderer, rewritten: str = "keep"):
+        if rewritten not in REWRITTEN:
+            raise ValueError(f"rewritten must be one of {', '.join(REWRITTEN)}, got {rewritten!r}")
+        self.renderer = renderer
         self.codec = renderer.codec
         self.tokenizer = renderer.tokenizer
+        self.keep_rewritten = rewritten == "keep"
         self.turns: list[_Turn] = []
         self.stitched = 0
         self.rewritten = 0  # requests that extended an earlier reply the template then renders differently
@@ -66,9 +65,12 @@ class PromptStitcher:
                 suffix = self._suffix_ids(plain, n, tools, turn)
             except NotAppendOnly:
                 rewritten = True
-                continue
+                if not self.keep_rewritten:
+                    continue
+                suffix = self._suffix_ids(plain, n, tools, turn, keep_rewritten=True)
             if suffix is not None:
                 self.stitched += 1
+                self.rewritten += rewritten
                 return turn.prompt_ids + self._closed(turn, plain[: n + 1], tools) + suffix
         self.rewritten += rewritten
         return self.renderer.prompt_ids(messages, tools)
@@ -81,14 +83,16 @@ class PromptStitcher:
         placed, placed_tools = self.renderer.tools_placed(history, tools)
         return turn.output_ids + self.codec.closing_ids(placed, placed_tools)
 
-    def _suffix_ids(self, plain: list[dict], n: int, tools, turn: _Turn) -> list[int] | None:
+    def _suffix_ids(
+        self, plain: list[dict], n: int, tools, turn: _Turn, keep_rewritten: bool = False
+    ) -> list[int] | None:
         """The template's tokens after the assistant message at `n`; NotAppendOnly where the template renders the
-        history differently once the new messages follow (the request then starts a sample of its own)."""
+        history differently once the new messages follow, unless `keep_rewritten` (chat.rewritten=keep)."""
         full, spans = self.renderer.rendered(plain, tools, generation_prompt=True)
         placed, placed_tools = self.renderer.tools_placed(plain, tools)
         at = n + 1 + len(placed) - len(plain)  # after the turn, past a system message the tools listing added
         ended_with = turn.output_ids[-1] if turn.ended else None
-        text, start = self.codec.continuation_start(placed[:at], placed[at:], placed_tools, ended_with)
+        text, start = self.codec.continuation_start(placed[:at], placed[at:], placed_tools, ended_with, keep_rewritten)
         if text != full:
             return None
         return self.renderer.content.ids(full, spans, start=start)

@@ -144,7 +144,7 @@ class RolloutWorker:
 
             port = agent.port + rollout_index if agent.port else 0
             self.gateway = Gateway(
-                self.engine, self.chat.tokenizer, rollout.max_episode_tokens, agent, port, chat.format
+                self.engine, self.chat.tokenizer, rollout.max_episode_tokens, agent, port, chat.format, chat.rewritten
             )
             self.gateway.start(self.loop)
             self.gateway.announce(Path(run_dir), rollout_index)

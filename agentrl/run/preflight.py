@@ -181,6 +181,8 @@ def check_chat_format(config, say=print) -> str:
     except (ChatTemplateError, ValueError, KeyError, ImportError, AttributeError, TypeError) as error:
         where = f"chat.format={named}" if named else f"model.path={path}"
         raise ChatFormatUnusable(f"{where}: {_text(error)}") from None
+    if probe.renders_tools:  # a template that ignores tools= gets them as agentrl's own system text
+        refuse_unrendered_tools(codec, config)
     checks = (("tool results", probe.append_only_after_tool), ("a user message", probe.append_only_after_user))
     rewrites = [kind for kind, kept in checks if not kept]
     kept = (
@@ -195,6 +197,42 @@ def check_chat_format(config, say=print) -> str:
         flush=True,
     )
     return name
+
+
+def refuse_unrendered_tools(codec, config) -> None:
+    """The env's tools, as an episode offers them, rendered through the chat template once before any rank trains:
+    a tool schema the template raises on or leaves out is a one-line ChatFormatUnusable naming the tool, the family
+    and the fix (else every episode would fail on it, or the model would never see the tool)."""
+    from agentrl.chat.tool_schemas import unrendered_tool
+
+    tools = env_tools(config)
+    found = unrendered_tool(codec, tools) if tools else None
+    if found is None:
+        return
+    raise ChatFormatUnusable(
+        f"env.id={config.env.id!r}: tool {found.name!r} cannot go into the prompt: {found.problem}. Change that "
+        f"tool's JSON schema to one the {codec.family.name} template renders (its parameters' types, names, "
+        "descriptions), or set model.path to a model whose chat template renders it"
+    )
+
+
+def env_tools(config) -> list[dict]:
+    """The tools the configured env offers an episode: its `tools` after a reset with the first row of data.train
+    (else data.val, else no options), as the env host reads them; none for an agent program, whose tools come
+    with each request (the gateway renders them per request)."""
+    if config.agent.enabled:
+        return []
+    from agentrl.data.loading import load_rows
+    from agentrl.env.registry import make
+
+    spec, field = (config.data.train, "data.train") if config.data.train else (config.data.val, "data.val")
+    options = load_rows(spec, field)[0] if spec else None
+    env = make(config.env.id, **config.env.kwargs)
+    try:
+        env.reset(seed=0) if options is None else env.reset(seed=0, options=options)
+        return list(getattr(env, "tools", None) or [])
+    finally:
+        env.close()
 
 
 class ChatFormatUnusable(ConfigError):

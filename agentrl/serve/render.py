@@ -18,6 +18,7 @@ from pathlib import Path
 from agentrl.chat import ChatTemplateError, ParsedTurn, ToolCall, load_codec
 from agentrl.chat.detect import model_type_of
 from agentrl.chat.hermes import CLOSE, OPEN, HermesFamily
+from agentrl.chat.tool_schemas import tool_name, unrendered_tool
 from agentrl.models.chat_format import PROBE_TOOL, tools_as_text
 from agentrl.models.content_tokens import ContentError, content_tokenizer, spans_without
 from agentrl.serve.protocol import APIError, ChatMessage
@@ -94,6 +95,8 @@ class ChatRenderer:
             )
         except ContentError as error:
             raise APIError(str(error), param="messages") from None
+        if tools and not all(tool_name(tool) in text for tool in tools):
+            self._refuse_unrendered(plain, tools)
         if listed and spans and not isinstance(self.family, HermesFamily):
             # the call format line is agentrl's own text: its markup stays the family's special tokens
             spans = spans_without(spans, text, self.call_format())
@@ -139,7 +142,19 @@ class ChatRenderer:
         try:
             return self.codec.render(plain, tools, generation_prompt)
         except ChatTemplateError as error:  # the template's own checks (role order, ...)
+            if tools:
+                self._refuse_unrendered(plain, tools)
             raise APIError(str(error), param="messages") from None
+
+    def _refuse_unrendered(self, plain: list[dict], tools: list[dict]) -> None:
+        """A 400 naming the request's tool that the template raises on or leaves out, if one is."""
+        found = unrendered_tool(self.codec, tools, plain)
+        if found is not None:
+            raise APIError(
+                f"tool {found.name!r} cannot go into the prompt: {found.problem}; change its JSON schema to one the "
+                f"{self.family.name} template renders (its parameters' types, names, descriptions)",
+                param="tools",
+            )
 
     def plain_message(self, message: ChatMessage) -> dict:
         """A request's message as the template takes it: an assistant message written by the family (its calls,

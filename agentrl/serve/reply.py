@@ -142,6 +142,10 @@ class StopCut:
         self.held = text[keep:]
         return self.scanner.feed(text[:keep]) if keep else TurnDelta()
 
+    def lane(self):
+        """The scanner's lane (`Scanner.lane`) where no stop string is watched for."""
+        return None if self.stops else self.scanner.lane()
+
     def finish(self) -> tuple[TurnDelta, ParsedTurn]:
         first = self.scanner.feed(self.held) if self.held else TurnDelta()
         self.held = ""

@@ -57,6 +57,50 @@ def test_streaming_one_token_at_a_time_gives_the_whole_parse(family, text, expec
     assert_deltas_join_to([*deltas, last], streamed)
 
 
+@pytest.mark.parametrize(("family", "text", "expected"), CASES, ids=CASE_IDS)
+def test_streaming_ids_in_runs_of_any_length_gives_the_whole_parse(family, text, expected):
+    """Runs of 1-5 ids a feed (numpy ids among them), characters split across ids before and after the turn's text,
+    two streams of one codec side by side (their lane tables shared): each gives the whole parse, and the lane's
+    table took the plain ids."""
+    import numpy as np
+
+    chat = codec(family)
+    ids = chat.encode(f"{text} 🤔数学" if not expected.calls else text)
+    expected = chat.parse_ids(ids, tools=TOOLS)
+    rng = random.Random(f"{family}{text}")
+    streams = [chat.stream(tools=TOOLS), chat.stream(tools=TOOLS)]
+    fed = [[] for _ in streams]
+    at = [0, 0]
+    while min(at) < len(ids):
+        which = rng.randrange(2) if max(at) < len(ids) else at.index(min(at))
+        size = rng.randint(1, 5)
+        run = ids[at[which] : at[which] + size]
+        fed[which].append(streams[which].feed([np.int64(i) for i in run] if rng.random() < 0.3 else run))
+        at[which] += len(run)
+    for stream, deltas in zip(streams, fed, strict=True):
+        last, streamed = stream.finish()
+        assert streamed == expected
+        assert_deltas_join_to([*deltas, last], streamed)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_streamed_token_on_a_lane_takes_the_tables_delta_without_a_scan(family):
+    """Content that goes on, one id a feed: after its first ids, each id is looked up in the lane table of the
+    content mode (the same delta object for the same id, no scanner call) and the turn is still the whole parse."""
+    chat = codec(family)
+    head = {"harmony": "<|channel|>final<|message|>"}.get(family, "")
+    ids = chat.encode(head + "It is 5. It is 5. It is 5. It is 5.")
+    stream = chat.stream(tools=TOOLS)
+    deltas = [stream.feed([token]) for token in ids]
+    last, turn = stream.finish()
+    assert turn == chat.parse_ids(ids, tools=TOOLS) and turn.content == "It is 5. It is 5. It is 5. It is 5."
+    assert_deltas_join_to([*deltas, last], turn)
+    half = len(ids) // 2
+    own = [deltas[i].content == chat.decode([ids[i]]) for i in range(len(ids))]  # the id's text, sent as it came
+    repeated = [i for i in range(half, len(ids)) if ids[i] in ids[half:i] and own[i]]
+    assert repeated and all(deltas[i] is deltas[ids.index(ids[i], half)] for i in repeated)
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_a_malformed_call_becomes_an_error_the_model_can_act_on(family):
     text, words = MALFORMED[family]

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 
+from agentrl.chat.errors import NotAppendOnly
 from agentrl.engine.base import Engine, GenerateOutput, SamplingParams
 from agentrl.gateway.trace import samples_from_calls
 from agentrl.models.families import build_family_model
@@ -256,15 +257,15 @@ def stream_reply(client, options):
     return content, reasoning, calls, finish
 
 
-def gateway_calls(folder, engine, conversation):
-    """Run `conversation(client, family)` in a training gateway session over `engine`; the session's calls and
-    the gateway's renderer and stitcher."""
+def gateway_calls(folder, engine, conversation, rewritten="keep"):
+    """Run `conversation(client, family)` in a training gateway session over `engine` (chat.rewritten
+    `rewritten`); the session's calls and the gateway's renderer and stitcher."""
     from agentrl.gateway.server import Gateway
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
-    gateway = Gateway(engine, load_tokenizer(folder), 4096)
+    gateway = Gateway(engine, load_tokenizer(folder), 4096, rewritten=rewritten)
     loop.call_soon_threadsafe(gateway.start, loop)
     deadline = time.monotonic() + 30
     while gateway.server is None or not gateway.server.started:
@@ -302,7 +303,8 @@ def test_a_gateway_session_stitches_the_models_own_tokens_where_the_familys_temp
     """The tool results follow the call turn's own generated ids, as the family's template writes them (every
     family's template is append-only there); after the user's follow-up, a template that rewrites the history
     (docs/chat-formats.md: Qwen3 and GLM drop earlier reasoning, Mistral moves the tools, harmony rewrites the
-    answer's end) starts a new sample rendered from scratch, the others go on in one sample."""
+    answer's end) starts a new sample rendered from scratch with chat.rewritten=new_sample, the others go on in one
+    sample."""
     from agentrl.serve.protocol import ChatMessage
 
     tokenizer = load_tokenizer(model_dirs[family])
@@ -310,7 +312,7 @@ def test_a_gateway_session_stitches_the_models_own_tokens_where_the_familys_temp
 
     replies, _, _ = script(ChatRenderer(tokenizer), family)
     engine = ScriptedEngine([replies[0], replies[1], replies[1]])
-    calls, renderer, stitcher = gateway_calls(model_dirs[family], engine, tool_round_then_follow_up)
+    calls, renderer, stitcher = gateway_calls(model_dirs[family], engine, tool_round_then_follow_up, "new_sample")
     first, second, third = calls
     assert first.tool_calls > 0 and first.reply["tool_calls"]
     before = first.prompt_ids + first.output_ids
@@ -332,6 +334,42 @@ def test_a_gateway_session_stitches_the_models_own_tokens_where_the_familys_temp
         assert third.prompt_ids[: len(second.prompt_ids + second.output_ids)] == second.prompt_ids + second.output_ids
         assert [sample.calls for sample in samples] == [3] and stitcher.rewritten == 0
     assert stitcher.stitched == (1 if rewritten else 2)
+
+
+@pytest.mark.parametrize("family", sorted(REWRITTEN_AFTER_USER))
+def test_chat_rewritten_keep_stitches_the_models_own_tokens_where_the_template_rewrites_the_history(model_dirs, family):
+    """chat.rewritten=keep in the gateway, as in the env loop: after the user's follow-up, the prompt is the answer
+    turn's sample (its reasoning as the model generated it, where the template drops it) and the template's ids for
+    the new message; the session trains as one sample. The rendering from scratch differs (it is rewritten)."""
+    from agentrl.serve.protocol import ChatMessage
+    from agentrl.serve.render import ChatRenderer
+
+    replies, _, answer_turn = script(ChatRenderer(load_tokenizer(model_dirs[family])), family)
+    engine = ScriptedEngine([replies[0], replies[1], replies[1]])
+    calls, renderer, stitcher = gateway_calls(model_dirs[family], engine, tool_round_then_follow_up, "keep")
+    _, second, third = calls
+    before = second.prompt_ids + second.output_ids
+    assert third.prompt_ids[: len(before)] == before  # the answer turn's own ids, kept
+    history = [renderer.plain_message(ChatMessage.model_validate(m)) for m in third.request.messages]
+    placed, tools = renderer.tools_placed(history, TOOLS)
+    ended = second.output_ids[-1]
+    between = renderer.codec.continuation_ids(placed[:-1], placed[-1:], tools, ended_with=ended, keep_rewritten=True)
+    assert third.prompt_ids[len(before) :] == between and "1 + 1" in renderer.codec.decode(between)
+    with pytest.raises(NotAppendOnly):  # the template does rewrite it: new_sample would start a sample here
+        renderer.codec.continuation_ids(placed[:-1], placed[-1:], tools, ended_with=ended)
+    assert third.prompt_ids != renderer.prompt_ids(third.request.messages, TOOLS)
+    if family == "qwen3":  # the thinking fixture: the answer's reasoning stays in the prompt as generated
+        assert answer_turn.reasoning and answer_turn.reasoning in renderer.codec.decode(third.prompt_ids)
+        assert answer_turn.reasoning not in renderer.codec.decode(renderer.prompt_ids(third.request.messages, TOOLS))
+    (sample,) = samples_from_calls(calls)
+    assert sample.calls == 3 and (stitcher.stitched, stitcher.rewritten) == (2, 1)
+
+
+def test_the_gateway_refuses_an_unknown_chat_rewritten_choice(model_dirs):
+    from agentrl.gateway.server import Gateway
+
+    with pytest.raises(ValueError, match=r"chat\.rewritten must be one of keep, new_sample, got 'drop'"):
+        Gateway(ScriptedEngine(), load_tokenizer(model_dirs["qwen3"]), 4096, rewritten="drop")
 
 
 def boost_stop(model, prompt: list[int], stop: int, step: int = 2) -> None:
