@@ -98,7 +98,7 @@ def _check_agent_policies(config) -> None:
             "game: seats policies in an env's games, but with agent: the agent program calls each policy by its name "
             "(model=NAME); remove game:"
         )
-    if "model_name" in config.agent.model_fields_set:
+    if config.agent.model_name != type(config.agent).model_fields["model_name"].default:  # a saved config has it
         raise ValueError(
             f"agent.model_name={config.agent.model_name!r}: with policies: the gateway serves each policy under its "
             f"own name ({', '.join(config.policies)}); remove agent.model_name"
