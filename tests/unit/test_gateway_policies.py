@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -84,8 +85,10 @@ def gateway(tmp_path_factory):
         engine.shutdown()
 
 
-def play(gateway, code: str, timeout_s: float = 60.0):
-    agent = SimpleNamespace(command=[sys.executable, "-c", code], service=False, timeout_s=timeout_s, cwd=None)
+def play(gateway, code: str | None, timeout_s: float = 60.0):
+    """One session of the agent `code` (None: a service claims it)."""
+    command = None if code is None else [sys.executable, "-c", code]
+    agent = SimpleNamespace(command=command, service=code is None, timeout_s=timeout_s, claim_timeout_s=30.0, cwd=None)
     episodes = {name: Episode(group=n, task_seed=0, task_id="t") for n, name in enumerate(VERSIONS)}
     sampling = {name: SamplingParams(max_new_tokens=4, temperature=1.0) for name in VERSIONS}
     return gateway.loop_thread.run(run_policy_session(gateway, agent, episodes, sampling))
@@ -110,6 +113,32 @@ def test_each_call_trains_into_the_policy_it_named_with_that_policys_reward(gate
     assert proposer.reward == 1.0 and proposer.success and proposer.turn_rewards == [0.0, 0.0]
     assert solver.reward == 0.75 and solver.turn_rewards == [0.5]
     assert result.rewards == {"proposer": 1.0, "solver": 0.75} and result.unknown_models == []
+
+
+def test_a_long_lived_service_calls_both_policies_in_the_session_it_claims(gateway):
+    import httpx
+
+    def service():
+        with httpx.Client(timeout=60) as client:
+            auth = {"Authorization": f"Bearer {gateway.table.service_key}"}
+            session = client.post(f"{gateway.url}/sessions/claim", headers=auth).json()
+            headers = {"Authorization": f"Bearer {session['api_key']}"}
+            for model in ("solver", "proposer"):
+                body = {"model": model, "messages": [{"role": "user", "content": f"to {model}"}], "max_tokens": 3}
+                client.post(f"{session['base_url']}/chat/completions", json=body, headers=headers).raise_for_status()
+            root = session["base_url"].removesuffix("/v1")
+            client.post(f"{root}/reward", json={"reward": 0.5, "policy": "solver"}, headers=headers).raise_for_status()
+            client.post(f"{root}/end", json={"reward": -1.0}, headers=headers).raise_for_status()
+
+    thread = threading.Thread(target=service)
+    thread.start()
+    result = play(gateway, None)
+    thread.join(30)
+    assert result.error is None, result.error
+    assert result.rewards == {"proposer": -1.0, "solver": 0.5}  # the session's outcome, unless a policy has its own
+    for name, episode in result.episodes.items():
+        assert generated_versions(episode) == {VERSIONS[name]} and episode.turn_calls == [int(name == "proposer")]
+        assert f"to {name}" in gateway.tokenizer.decode(episode.tokens[: episode.prompt_len])
 
 
 def test_the_models_endpoint_lists_every_policy(gateway):
