@@ -1,5 +1,7 @@
 """The rollout side of a multi-policy job: one engine per policy (and one per pool snapshot in play), the env client,
-and `collect(step)`: this rank's share of the step's games, each seat's episode sorted into its policy's batch.
+and `collect(step)`: this rank's share of the step's games, each seat's episode sorted into its policy's batch. With
+agent programs (agent:) the rank's gateway serves every policy by name instead, and each session's calls of a policy
+are that policy's episode (agentrl/gateway/policy_episode.py).
 
 Groups: a policy's episodes of one task and one seat share a group (task index x players + seat), so a seat that
 moves first is compared with games where the same policy also moved first. Self-play with `game.opponents` seats
