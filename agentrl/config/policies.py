@@ -1,5 +1,6 @@
-"""A multi-policy config (`policies:` and `game:`): its checks (every seat has a policy, every trained policy has a
-seat and trainer ranks, and what this first version cannot run with several policies is refused), and each policy
+"""A multi-policy config (`policies:` and `game:`, or `agent:` calling policies by name): its checks (every seat has a
+policy, every trained policy has a seat or, with agent:, is served by name, and has trainer ranks, and what this
+first version cannot run with several policies is refused), and each policy
 seen as a single-policy config (its model, algorithm and optimizer in place of the top-level ones, its own run
 folder run_dir/policies/NAME), so the single-policy parts (trainer, checkpoints, logger) serve it as they are."""
 
@@ -13,7 +14,11 @@ from agentrl.sections import ConfigError
 _REFUSALS = (
     (lambda c: c.rollout.max_staleness > 0, "rollout.max_staleness: set rollout.max_staleness=0 (lockstep)"),
     (lambda c: c.rollout.dispatch == "dynamic", "rollout.dispatch=dynamic: set rollout.dispatch=static"),
-    (lambda c: c.agent.enabled, "agent: (agent programs through the gateway): remove the agent: section"),
+    (
+        lambda c: bool(c.env.reward_fn) or c.reward.enabled,
+        "env.reward_fn or reward: (a score of one transcript): "
+        "score each game in the env, or with agent: post each policy's reward to the session's /reward",
+    ),
     (lambda c: c.eval.enabled, "eval: (single-policy evaluation): remove eval: and use game.evaluate for matches"),
     (lambda c: bool(c.data.train or c.data.val), "data.train/data.val: play the env's seeds (leave data: empty)"),
     (lambda c: c.parallelism.fsdp, "parallelism.fsdp=true: set parallelism.fsdp=false"),
@@ -28,19 +33,21 @@ def check_policies(config) -> None:
     policies, game = config.policies, config.game
     if not policies:
         raise ValueError("game: seats policies, but policies: is empty; name them, e.g. policies: {learner: {}}")
-    if game is None:
+    if config.agent.enabled:
+        _check_agent_policies(config)
+    elif game is None:
         raise ValueError(
             "policies: needs game.players, which says which policy plays each player id the env names "
             "(e.g. game: {players: {'0': learner, '1': learner}})"
         )
     known = ", ".join(policies)
-    for player, name in game.players.items():
+    for player, name in game.players.items() if game is not None else ():
         if name not in policies:
             raise ValueError(
                 f"game.players.{player}={name!r} names no policy (policies: {known}); name one of them or add "
                 f"policies.{name}"
             )
-    seated = set(game.players.values())
+    seated = set(game.players.values()) if game is not None else set(policies)
     for name, policy in policies.items():
         if name not in seated:
             raise ValueError(f"policies.{name} plays no seat; seat it in game.players or remove it")
@@ -67,7 +74,7 @@ def check_policies(config) -> None:
         )
     if not any(policy.train for policy in policies.values()):
         raise ValueError("no policy trains (every policies.NAME.train=false); set train: true on one")
-    if game.opponents or game.evaluate is not None:
+    if game is not None and (game.opponents or game.evaluate is not None):
         learners = set(game.players.values())
         if len(learners) != 1 or not policies[next(iter(learners))].train:
             raise ValueError(
@@ -125,6 +132,30 @@ def check_shared_bases(config) -> None:
             )
 
 
+def _check_agent_policies(config) -> None:
+    """Agent programs (agent:) call each policy by name through the gateway: no game seats them, the gateway's one
+    model name is the policies' names, and each policy trains with an episode-level algorithm."""
+    from agentrl.config.schema import TURN_LEVEL_ALGORITHMS
+
+    if config.game is not None:
+        raise ValueError(
+            "game: seats policies in an env's games, but with agent: the agent program calls each policy by its name "
+            "(model=NAME); remove game:"
+        )
+    if config.agent.model_name != type(config.agent).model_fields["model_name"].default:  # a saved config has it
+        raise ValueError(
+            f"agent.model_name={config.agent.model_name!r}: with policies: the gateway serves each policy under its "
+            f"own name ({', '.join(config.policies)}); remove agent.model_name"
+        )
+    for name, policy in config.policies.items():
+        options = policy.algorithm or config.algorithm
+        if options.name in TURN_LEVEL_ALGORITHMS:
+            raise ValueError(
+                f"policies.{name}: algorithm {options.name} needs env episodes turn by turn; agent programs train with "
+                "the episode-level algorithms (grpo, dr_grpo, rloo, reinforce_pp, gspo, cispo)"
+            )
+
+
 POLICIES_FOLDER = "policies"
 
 
@@ -144,6 +175,11 @@ def policy_view(config, name: str):
     return config.model_copy(update=update)
 
 
+def opponents_of(config) -> list:
+    """game.opponents, or none where no game is named (agent programs pick policies by name)."""
+    return config.game.opponents if config.game is not None else []
+
+
 def trained_policies(config) -> list[str]:
     return [name for name, policy in config.policies.items() if policy.train]
 
@@ -151,7 +187,7 @@ def trained_policies(config) -> list[str]:
 def learner_of(config) -> str | None:
     """The self-play learner (the one policy every player maps to) when game.opponents or game.evaluate is set."""
     game = config.game
-    if not (game.opponents or game.evaluate is not None):
+    if game is None or not (game.opponents or game.evaluate is not None):
         return None
     return next(iter(game.players.values()))
 

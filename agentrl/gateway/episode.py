@@ -18,26 +18,8 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
     gateway refused it, or it printed one) fails: counted in episode/failed, no training signal.
     The samples after the first are in `episode.more_samples`."""
     task = task_row(episode)
-    session = gateway.table.open(task)
-    session.sampling = sampling
-    started = time.perf_counter()
-    try:
-        if agent.command is not None:
-            run = await run_agent(agent.command, task, session.base_url, session.key, agent.timeout_s, cwd=agent.cwd)
-            error, printed = run.error, (run.reward, run.success)
-        else:
-            gateway.table.offer(session)
-            error = await _service_run(session, agent)
-            printed = (None, None)
-    finally:
-        gateway.table.close(session)
-        if timers is not None:
-            timers.env += time.perf_counter() - started  # the agent's own time, the model's calls included
+    session, error, printed = await run_session(gateway, agent, task, timers, sampling=sampling)
     calls = session.calls
-    if session.refused is not None:  # the root cause, before the crash or hang it may have led to
-        error = session.refused
-    if error is None and not calls:
-        error = "the agent never called the model (no chat or completion request reached its session URL)"
     if error is not None:
         return failed(episode, error)
     samples = samples_from_calls(calls)
@@ -72,25 +54,58 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
             'the agent gave no reward: POST {"reward": x} to its session\'s /reward, print {"reward": x} as its '
             "last stdout line, or set env.reward_fn (or reward.judge, reward.model) to score the transcript",
         )
-    first, *more = samples
-    _fill(episode, first, session.turn_rewards)
     if reward_fn is not None:
         episode.add_metrics(score.metrics)
+    fill_episode(episode, samples, calls, session.turn_rewards, reward, success)
+    episode.text = "\n".join(f">>> {reply}" for reply, _ in transcript)
+    return episode
+
+
+async def run_session(gateway, agent, task: dict, timers=None, sampling=None, policy_sampling=None):
+    """One run of the agent (a command, or a service that claims the session) on a session of its own for `task`,
+    every call sampled with `sampling` (or, on a multi-policy gateway, its policy's in `policy_sampling`):
+    (the closed session, why the run failed or None, the (reward, success) its last stdout line printed)."""
+    session = gateway.table.open(task)
+    session.sampling = sampling
+    session.policy_sampling = dict(policy_sampling or {})
+    started = time.perf_counter()
+    try:
+        if agent.command is not None:
+            run = await run_agent(agent.command, task, session.base_url, session.key, agent.timeout_s, cwd=agent.cwd)
+            error, printed = run.error, (run.reward, run.success)
+        else:
+            gateway.table.offer(session)
+            error = await _service_run(session, agent)
+            printed = (None, None)
+    finally:
+        gateway.table.close(session)
+        if timers is not None:
+            timers.env += time.perf_counter() - started  # the agent's own time, the model's calls included
+    if session.refused is not None:  # the root cause, before the crash or hang it may have led to
+        error = session.refused
+    if error is None and not session.calls:
+        error = "the agent never called the model (no chat or completion request reached its session URL)"
+    return session, error, printed
+
+
+def fill_episode(episode: Episode, samples: list, calls: list, turn_rewards: dict, reward: float, success) -> None:
+    """`episode` (and its `more_samples`) from the session's `samples` of `calls`, with the episode's reward and
+    success (None: the reward is above 0)."""
+    first, *more = samples
+    _fill(episode, first, turn_rewards)
     episode.reward, episode.success = float(reward), bool(success) if success is not None else reward > 0
     episode.finish = "terminated"
     episode.turns = len(calls)
     episode.add_metrics({"tool_calls": sum(call.tool_calls for call in calls)})
     episode.weight_version = min(call.weight_version for call in calls)
     episode.messages = _messages(calls)
-    episode.text = "\n".join(f">>> {reply}" for reply, _ in transcript)
     episode.more_samples = []
     for index, sample in enumerate(more, start=1):
         extra = Episode(group=episode.group, task_seed=episode.task_seed, task_id=episode.task_id, sample=index)
-        _fill(extra, sample, session.turn_rewards)
+        _fill(extra, sample, turn_rewards)
         extra.reward, extra.success, extra.finish = episode.reward, episode.success, episode.finish
         extra.turns, extra.weight_version = sample.calls, episode.weight_version
         episode.more_samples.append(extra)
-    return episode
 
 
 async def _service_run(session, agent) -> str | None:

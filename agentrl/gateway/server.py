@@ -2,7 +2,8 @@
 
     POST /sessions/{id}/v1/chat/completions, /completions; GET /sessions/{id}/v1/models
     POST /sessions/{id}/reward   {"reward": float, "success": bool?, "call": int?}  (the agent's own score; with
-                                 "call", the reward of that model call's turn, 0 first, -1 the latest)
+                                 "call", the reward of that model call's turn, 0 first, -1 the latest; with
+                                 "policy": NAME on a multi-policy gateway, that policy's own reward)
     POST /sessions/{id}/end      {"reward"?, "success"?}  (a service's agent is done)
     POST /sessions/claim         (a long-lived agent service, with the gateway's service key: the next session)
     GET  /health
@@ -10,6 +11,7 @@
 It runs on the rollout worker's asyncio loop, beside the engine: calls from every session batch in the
 same engine. While training, every call samples at the rollout's temperature, top-p and top-k whatever
 the agent asks (the trainer's logprobs are at that temperature), and at most rollout.max_new_tokens.
+A multi-policy job serves every policy under its name (`model`), each on its own engine (policy_router.py).
 """
 
 from __future__ import annotations
@@ -43,7 +45,9 @@ class Gateway:
     its address (`port` overrides agent.port: each rollout rank of a node listens on its own), the served model
     name, whether tools are listed, the body limit; `chat_format`: the config's chat.format (None: the family
     detected from the tokenizer); `rewritten`: chat.rewritten, what a session's request that extends an earlier
-    reply the template renders differently gets (agentrl/gateway/stitch.py)."""
+    reply the template renders differently gets (agentrl/gateway/stitch.py). With `policies` ({name: (engine,
+    tokenizer)}, a multi-policy job) it serves each policy under its name instead (`engine` and `tokenizer` unused):
+    a call's `model` picks the policy."""
 
     def __init__(
         self,
@@ -54,9 +58,9 @@ class Gateway:
         port: int | None = None,
         chat_format: str | None = None,
         rewritten: str = "keep",
+        policies: dict[str, tuple] | None = None,
     ):
-        from agentrl.serve.completions import Completions
-        from agentrl.serve.generation import LocalBackend
+        from agentrl.gateway.policy_router import PolicyRouter
 
         agent = agent or AgentConfig()
         if rewritten not in REWRITTEN:
@@ -65,22 +69,16 @@ class Gateway:
         host, port = agent.host, agent.port if port is None else port
         self.host = host
         self.max_body_bytes = agent.max_body_bytes  # larger request bodies get 413
-        backend = LocalBackend(engine, tokenizer)
-        try:
-            self.completions = Completions(
-                backend,
-                tokenizer,
-                agent.model_name,
-                max_model_len,
-                list_tools=agent.list_tools,  # false: the request's tools are parsed for, not shown to the model
-                chat_format=chat_format,
+        if policies:
+            served = {
+                name: _completions(served_engine, served_tokenizer, name, max_model_len, agent.list_tools, chat_format)
+                for name, (served_engine, served_tokenizer) in policies.items()
+            }
+            self.completions = PolicyRouter(served)
+        else:
+            self.completions = _completions(
+                engine, tokenizer, agent.model_name, max_model_len, agent.list_tools, chat_format
             )
-        except KeyError as error:
-            if chat_format is None:
-                raise
-            raise UserError(f"chat.format: {error.args[0]}") from None  # the registry lists the known names
-        except (ValueError, ImportError, TypeError) as error:  # ChatTemplateError, UnknownChatFormat, a bad path
-            raise UserError(f"the training gateway cannot serve {tokenizer.name_or_path}: {error}") from None
         self.socket = _bind(host, port)
         self.port = self.socket.getsockname()[1]
         self.table = SessionTable(f"http://{_url_host(host)}:{self.port}")
@@ -130,6 +128,7 @@ class Gateway:
     # ---- the HTTP app -----------------------------------------------------------------------------------
 
     def app(self) -> FastAPI:
+        from agentrl.gateway.policy_router import PolicyRouter
         from agentrl.serve.app import install_error_handlers, openai_router
         from agentrl.serve.guard import RequestGuard
         from agentrl.serve.protocol import APIError
@@ -147,16 +146,20 @@ class Gateway:
 
         def hook_for(request: Request):
             session = session_of(request)
+            if isinstance(self.completions, PolicyRouter):
+                return _PolicyCalls(session, self.completions, self.rewritten)
             if session.stitcher is None:
                 session.stitcher = PromptStitcher(self.completions.renderer, self.rewritten)
             return _SessionCalls(session, session.stitcher)
 
         app.include_router(openai_router(self.completions, hook_for), prefix="/sessions/{session_id}/v1")
 
+        policies = self.completions.names if isinstance(self.completions, PolicyRouter) else None
+
         @app.post("/sessions/{session_id}/reward")
         async def reward(session_id: str, request: Request) -> Response:
             session = session_of(request)
-            _take_reward(await request.body(), session)
+            _take_reward(await request.body(), session, policies)
             return JSONResponse({"ok": True})
 
         @app.post("/sessions/{session_id}/end")
@@ -190,11 +193,13 @@ class Gateway:
 
 class _SessionCalls:
     """The `on_call` hook of one session's request (and its prompt stitching). The tools it gets are the ones the
-    prompt lists (none with the gateway's list_tools false: Completions decides)."""
+    prompt lists (none with the gateway's list_tools false: Completions decides). `policy`: the policy the call
+    named, on a multi-policy gateway (its calls are recorded as that policy's)."""
 
-    def __init__(self, session: Session, stitcher: PromptStitcher):
+    def __init__(self, session: Session, stitcher: PromptStitcher, policy: str | None = None):
         self.session = session
         self.stitcher = stitcher
+        self.policy = policy
 
     def __call__(self, record) -> None:
         reply = record.reply or {}
@@ -214,6 +219,7 @@ class _SessionCalls:
             tool_calls=len(reply.get("tool_calls") or []),
             request=record.request,
             reply=record.reply,
+            policy=self.policy,
         )
         self.session.record(call)
         self.stitcher.remember(record)
@@ -224,7 +230,7 @@ class _SessionCalls:
     def sampling_for(self, asked):
         """The episode's sampling (the rollout's, or evaluation's) whatever the agent asks; its token cap too, and
         its output grammar (tool_choice, response_format): the trainer's logprobs are unconstrained anyway."""
-        own = self.session.sampling
+        own = self.session.policy_sampling.get(self.policy, self.session.sampling)
         if own is None:
             return asked
         return replace(
@@ -235,14 +241,36 @@ class _SessionCalls:
         )
 
 
-def _take_reward(raw: bytes, session: Session) -> None:
+class _PolicyCalls:
+    """The hook of one session's request on a multi-policy gateway: `for_policy(name)` is the hook of the policy the
+    call names (its own prompt stitching and sampling in this session)."""
+
+    def __init__(self, session: Session, router, rewritten: str = "keep"):
+        self.session, self.router, self.rewritten = session, router, rewritten
+
+    def for_policy(self, name: str) -> _SessionCalls:
+        stitcher = self.session.policy_stitchers.get(name)
+        if stitcher is None:
+            stitcher = PromptStitcher(self.router.served[name].renderer, self.rewritten)
+            self.session.policy_stitchers[name] = stitcher
+        return _SessionCalls(self.session, stitcher, name)
+
+
+def _take_reward(raw: bytes, session: Session, policies: list[str] | None = None) -> None:
     """Apply a /reward body to the session: the episode's reward (and success), or with "call" a reward added to
-    that call's turn. A body it refuses fails the session's episode, as `_reward_body`."""
+    that call's turn, or (a multi-policy gateway, `policies` its names) with "policy" that policy's own reward. A
+    body it refuses fails the session's episode, as `_reward_body`."""
     from agentrl.serve.protocol import APIError
     from agentrl.trajectory import RewardError, finite_reward
 
     with _failing_the_session(session):
         reward, success, call = _parse_reward_body(raw, True, len(session.calls))
+        policy = _policy_named(raw, call, policies)
+        if policy is not None:
+            session.policy_rewards[policy] = reward
+            if success is not None:
+                session.policy_success[policy] = success
+            return
         if call is None:
             session.reward, session.success = reward, success
             return
@@ -301,6 +329,32 @@ def _parse_reward_body(raw: bytes, required: bool, calls: int | None) -> tuple[f
     return reward_value, success, call
 
 
+def _policy_named(raw: bytes, call: int | None, policies: list[str] | None) -> str | None:
+    """The policy a /reward body names in "policy" on a multi-policy gateway (None: the reward is the session's, for
+    every policy that acted); one it does not serve is refused, naming those it does. A single-policy gateway
+    ignores "policy", as it always did."""
+    from agentrl.serve.protocol import APIError
+
+    body = json.loads(raw)
+    policy = body.get("policy") if isinstance(body, dict) else None
+    if policies is None or policy is None:
+        return None
+    if call is not None:
+        raise APIError(
+            '"call" and "policy" both name whose reward it is: a call\'s reward goes to the policy that made it; '
+            "send one of them",
+            param="policy",
+            code="invalid_reward",
+        )
+    if policy not in policies:
+        raise APIError(
+            f'"policy" is {policy!r:.80}, which this job does not train or serve; name one of {", ".join(policies)}',
+            param="policy",
+            code="invalid_reward",
+        )
+    return policy
+
+
 def _call_index(call, calls: int | None) -> int | None:
     """The session's call a per-turn reward is for, 0 first (a negative index counts back from the latest), or
     None; an index of no call made so far is refused, naming the range."""
@@ -334,6 +388,28 @@ def _call_index(call, calls: int | None) -> int | None:
             code="invalid_reward",
         )
     return call % calls
+
+
+def _completions(engine, tokenizer, name: str, max_model_len: int, list_tools: bool, chat_format: str | None):
+    """One model's OpenAI endpoints, served as `name`; UserError naming the fix where its chat template is unusable."""
+    from agentrl.serve.completions import Completions
+    from agentrl.serve.generation import LocalBackend
+
+    try:
+        return Completions(
+            LocalBackend(engine, tokenizer),
+            tokenizer,
+            name,
+            max_model_len,
+            list_tools=list_tools,  # false: the request's tools are parsed for, not shown to the model
+            chat_format=chat_format,
+        )
+    except KeyError as error:
+        if chat_format is None:
+            raise
+        raise UserError(f"chat.format: {error.args[0]}") from None  # the registry lists the known names
+    except (ValueError, ImportError, TypeError) as error:  # ChatTemplateError, UnknownChatFormat, a bad path
+        raise UserError(f"the training gateway cannot serve {tokenizer.name_or_path}: {error}") from None
 
 
 class _QuietServer(uvicorn.Server):

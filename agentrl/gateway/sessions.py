@@ -36,6 +36,13 @@ class Session:
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # the agent (service) said it is done
     stitcher: object = None  # the gateway's PromptStitcher of this session, made at its first call
     sampling: object = None  # the episode's SamplingParams: every call samples with them
+    # Several policies (a multi-policy gateway): each policy's stitcher and SamplingParams, the outcome rewards and
+    # successes posted for one policy ({"reward": x, "policy": NAME}), and the model names no policy has, as asked.
+    policy_stitchers: dict = field(default_factory=dict)
+    policy_sampling: dict = field(default_factory=dict)
+    policy_rewards: dict = field(default_factory=dict)
+    policy_success: dict = field(default_factory=dict)
+    unknown_models: list = field(default_factory=list)
 
     def record(self, call) -> None:
         self.calls.append(call)

@@ -5,7 +5,8 @@ and the weight version. A call whose prompt starts with the previous call's prom
 token for token, continues the same sample: the tokens in between (the template's turn end and the
 tool results or user message) enter with loss mask 0. Any other call starts a new sample, as when an
 agent summarizes its history, drops its reasoning or runs a sub-agent. Every sample of a session
-shares its episode's reward and group.
+shares its episode's reward and group. With several policies (docs/multi-agent.md), each call names the policy that
+generated it, and each policy's calls form samples of their own.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class SessionCall:
     tool_calls: int = 0  # calls the reply made (in the chat format's tool-call markup)
     request: object = field(default=None, repr=False)  # the OpenAI request (its messages, for dumps)
     reply: dict | None = field(default=None, repr=False)  # chat: the assistant message the agent got
+    policy: str | None = None  # the policy that generated it (a multi-policy gateway), else None
 
 
 @dataclass
@@ -62,11 +64,14 @@ class Sample:
         self.calls += 1
 
 
-def samples_from_calls(calls: list[SessionCall]) -> list[Sample]:
+def samples_from_calls(calls: list[SessionCall], policy: str | None = None) -> list[Sample]:
     """The session's samples in call order: a call extends the open sample whose tokens its prompt starts with
-    (the newest such sample, so interleaved sub-agents each keep theirs), else it opens a new one."""
+    (the newest such sample, so interleaved sub-agents each keep theirs), else it opens a new one. With `policy`,
+    only that policy's calls (each keeps its index among all the session's calls)."""
     samples: list[Sample] = []
     for index, call in enumerate(calls):
+        if policy is not None and call.policy != policy:
+            continue
         prompt = [int(i) for i in call.prompt_ids]
         target = next((s for s in reversed(samples) if _extends(prompt, s.tokens)), None)
         if target is None:

@@ -1,5 +1,7 @@
 """The rollout side of a multi-policy job: one engine per policy (and one per pool snapshot in play), the env client,
-and `collect(step)`: this rank's share of the step's games, each seat's episode sorted into its policy's batch.
+and `collect(step)`: this rank's share of the step's games, each seat's episode sorted into its policy's batch. With
+agent programs (agent:) the rank's gateway serves every policy by name instead, and each session's calls of a policy
+are that policy's episode (agentrl/gateway/policy_episode.py).
 
 Groups: a policy's episodes of one task and one seat share a group (task index x players + seat), so a seat that
 moves first is compared with games where the same policy also moved first. Self-play with `game.opponents` seats
@@ -16,9 +18,11 @@ from dataclasses import replace
 
 from agentrl.config import Config
 from agentrl.config.policies import learner_of, policy_dir, policy_view, shared_bases
+from agentrl.config.schema import GameConfig
 from agentrl.data.tasks import SeededTasks, Task
 from agentrl.engine import make_engine, make_shared_base_engine
 from agentrl.engine.base import SamplingParams
+from agentrl.gateway.policy_episode import run_policy_session
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.loading import load_tokenizer
 from agentrl.policies.game import GameResult, Seat, run_game
@@ -36,7 +40,9 @@ class MultiPolicyWorker:
     """Rollout rank `index` of `count`: engines for every policy on `device`, games against `env_client`."""
 
     def __init__(self, config: Config, env_client, index: int, count: int, device: str):
-        rollout, game = config.rollout, config.game
+        rollout = config.rollout
+        # agent programs (agent:) name no game: each policy is one seat of its own, with no opponents
+        game = config.game or GameConfig(players={name: name for name in config.policies})
         self.config, self.game, self.env, self.index, self.count = config, game, env_client, index, count
         self.device = device
         self.players = list(game.players)
@@ -78,6 +84,9 @@ class MultiPolicyWorker:
         self.programs = {o.program: load_program(o.program) for o in programs if o.kind == "program"}
         self.loop = asyncio.new_event_loop()
         self._reported: dict[str, int] = {}  # adapter bytes reported by policy (_adapter_bytes)
+        self.gateway = None  # agent programs (agent:): every policy served by name over HTTP on this rank
+        if config.agent.enabled:
+            self.gateway = policy_gateway(config, self.engines, self.chats, index, self.loop)
 
     # weights
     def weights_taken(self, name: str, version: int) -> None:
@@ -147,6 +156,8 @@ class MultiPolicyWorker:
         rc = self.config.rollout
         indices = [task_index(rc.tasks_per_step, 0, self.first_task, j) for j in range(self.share)]
         tasks = self.tasks.take(step, indices)
+        if self.gateway is not None:
+            return self._collect_sessions(indices, tasks)
         games = []
         for task_number, task in zip(indices, tasks, strict=True):
             for position in range(rc.group_size):
@@ -171,6 +182,42 @@ class MultiPolicyWorker:
         stats.update({"time/rollout": wall, "time/generate": generate, "time/env": max(0.0, wall - generate)})
         stats.update(self._adapter_bytes())
         return by_policy, stats, outcomes
+
+    def _collect_sessions(self, indices: list[int], tasks) -> tuple[dict, dict, list]:
+        """`collect` with agent programs: one session per game, the agent calling policies by name; each policy's
+        calls are its episode (group: task x policies + the policy's number), its samples after the first too."""
+        names = list(self.views)
+        timers = LoopTimers()
+        runs = []
+        for task_number, task in zip(indices, tasks, strict=True):
+            for _ in range(self.config.rollout.group_size):
+                episodes = {
+                    name: Episode(task_number * len(names) + number, task.seed, task.id, task_options=task.options)
+                    for number, name in enumerate(names)
+                }
+                runs.append(run_policy_session(self.gateway, self.config.agent, episodes, self.sampling, timers))
+        busy = self._busy()
+        started = time.perf_counter()
+
+        async def everything():
+            return await asyncio.gather(*runs)
+
+        results = self.loop.run_until_complete(everything())
+        wall = time.perf_counter() - started
+        by_policy: dict[str, list[Episode]] = {name: [] for name in names if self.config.policies[name].train}
+        stats: dict[str, float] = {"game/games": float(len(results)), "gateway/unknown_model_calls": 0.0}
+        seats = dict.fromkeys(names)
+        for result in results:
+            for name, episode in result.episodes.items():
+                if name in by_policy:
+                    by_policy[name] += [episode, *episode.more_samples]
+            rewards = {name: result.rewards.get(name, 0.0) for name in names}
+            _count_game(stats, "game", seats, GameResult(rewards, success=result.success, error=result.error), None,
+                        None)  # fmt: skip
+            stats["gateway/unknown_model_calls"] += len(result.unknown_models)
+        generate = self._busy() - busy
+        stats.update({"time/rollout": wall, "time/generate": generate, "time/env": max(0.0, wall - generate)})
+        return by_policy, stats, []
 
     def evaluate(self, step: int) -> dict[str, float]:
         """Held-out matches (game.evaluate): this rank's share of `games` per program, the learner alternating seats,
@@ -247,8 +294,28 @@ class MultiPolicyWorker:
         return {"weights": weights, "adapters": adapters}
 
     def close(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop(self.loop)
         if self.env is not None:
             self.env.shutdown()
+
+
+def policy_gateway(config: Config, engines: dict, chats: dict, index: int, loop):
+    """Rollout rank `index`'s gateway serving every policy by name, started on `loop` and announced in run_dir."""
+    from pathlib import Path
+
+    from agentrl.gateway.server import Gateway
+
+    agent = config.agent
+    port = agent.port + index if agent.port else 0
+    served = {name: (engine, chats[name].tokenizer) for name, engine in engines.items()}
+    max_len = config.rollout.max_episode_tokens
+    gateway = Gateway(
+        None, None, max_len, agent, port, config.chat.format, rewritten=config.chat.rewritten, policies=served
+    )
+    gateway.start(loop)
+    gateway.announce(Path(config.run_dir), index)
+    return gateway
 
 
 def _count_game(stats: dict, prefix: str, seats: dict, result: GameResult, label, learner) -> None:

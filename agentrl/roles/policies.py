@@ -134,7 +134,9 @@ def run_policy_rollout(config: Config, layout: Layout, comms: PolicyComms, start
     from agentrl.roles.env import env_host
 
     env_rank = layout.env_rank_for(layout.rank)
-    if env_rank is None:
+    if config.agent.enabled:
+        env_client = None  # agent programs play the env's part, through this rank's gateway
+    elif env_rank is None:
         env_client = LocalEnvClient(env_host(config))
     else:
         env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
@@ -176,7 +178,7 @@ def run_policy_rollout(config: Config, layout: Layout, comms: PolicyComms, start
 
 def evaluation_due(config: Config, step: int) -> bool:
     """Held-out matches at this step: every game.evaluate.every steps and at the last step."""
-    spec = config.game.evaluate
+    spec = config.game.evaluate if config.game is not None else None
     return spec is not None and (step % spec.every == 0 or step == config.steps - 1)
 
 
@@ -189,7 +191,8 @@ def run_single(config: Config, layout: Layout, start_step: int) -> tuple[int, di
         make_side(config, name, layout.device, layout.role_comm, None, start_step, True)
         for name in trained_policies(config)
     ]
-    worker = MultiPolicyWorker(config, LocalEnvClient(env_host(config, check=False)), 0, 1, layout.device)
+    env_client = None if config.agent.enabled else LocalEnvClient(env_host(config, check=False))
+    worker = MultiPolicyWorker(config, env_client, 0, 1, layout.device)
     worker.restore_pool(start_step)
     for side in sides:
         side.weights = InProcessPolicyCopy(worker, side.name)

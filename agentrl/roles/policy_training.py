@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from agentrl import transport
 from agentrl.config import Config
-from agentrl.config.policies import learner_of, policy_view
+from agentrl.config.policies import learner_of, opponents_of, policy_view
 from agentrl.metrics import episode_metrics, episode_sums
 from agentrl.policies.ratings import EloRatings
 from agentrl.policies.worker import game_metrics
@@ -57,7 +57,7 @@ def make_side(config: Config, name: str, device: str, comm, group, start_step: i
         checkpoint.load_state(
             resumed_from, trainer.optimizer, trainer.scheduler, trainer.model, extra_state=side.extra_state
         )
-    pooled = any(o.kind == "pool" for o in config.game.opponents)
+    pooled = any(o.kind == "pool" for o in opponents_of(config))
     if ratings is not None and pooled and start_step % config.game.pool.every == 0:
         ratings.add_snapshot(start_step)  # the rollout ranks snapshot the version they start on
     if leader:
@@ -73,7 +73,7 @@ def policy_train_loop(config: Config, sides: list[PolicySide], collect: Collect,
     of the job (a stop is agreed among them all). The steps done."""
     startup_gc.settle()
     done = start_step
-    pool = config.game.pool if any(o.kind == "pool" for o in config.game.opponents) else None
+    pool = config.game.pool if any(o.kind == "pool" for o in opponents_of(config)) else None
     for step in range(start_step, config.steps):
         started = time.perf_counter()
         batches = collect(step)

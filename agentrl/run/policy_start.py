@@ -25,23 +25,15 @@ def ensure_policy_models(config: Config) -> None:
 
 def game_texts(config: Config, games: int = 64) -> list[str]:
     """Observations of a few games played with random small numbers as actions: the tiny tokenizer's corpus."""
-    from agentrl.env.registry import make
+    from agentrl.run.start import env_texts
 
-    rng = random.Random(0)
-    env = make(config.env.id, **config.env.kwargs)
-    texts = []
-    for seed in range(games):
-        observation, _ = env.reset(seed=seed)
-        texts.append(observation)
-        for _ in range(config.rollout.max_turns * len(config.game.players)):
-            action = str(rng.randint(1, 4) if rng.random() < 0.8 else rng.randint(0, 99))
-            observation, _, terminated, truncated, _ = env.step(action)
-            texts += [action, observation]
-            if terminated or truncated:
-                break
-    if config.env.system_prompt:
-        texts.append(config.env.system_prompt)
-    return texts
+    players = len(config.game.players) if config.game is not None else len(config.policies)
+    return env_texts(config, games, config.rollout.max_turns * players, small_number)
+
+
+def small_number(rng: random.Random) -> str:
+    """Mostly a take of 1 to 4 (a game's moves), sometimes any number to 99."""
+    return str(rng.randint(1, 4) if rng.random() < 0.8 else rng.randint(0, 99))
 
 
 def policies_resume_step(config: Config) -> int:

@@ -164,9 +164,13 @@ def data_positions(config: Config, start_step: int, shards: int) -> list[int]:
     return positions
 
 
-def env_texts(config: Config, episodes: int = 64) -> list[str]:
-    """Observations and random digit actions from a few env episodes (on data.train's first rows, if set): the
-    tiny tokenizer's corpus."""
+def random_number(rng: random.Random) -> str:
+    return str(rng.randint(0, 99))
+
+
+def env_texts(config: Config, episodes: int = 64, turns: int | None = None, action=random_number) -> list[str]:
+    """Observations and random actions (`action(rng)`, numbers to 99 by default) from a few env episodes of at most
+    `turns` steps (rollout.max_turns by default), on data.train's first rows if set: the tiny tokenizer's corpus."""
     if config.env.id.startswith("verifiers:"):  # no TextEnv: the taskset's own text (agentrl/env/adapters/verifiers.py)
         from agentrl.env.adapters.verifiers import taskset_texts
 
@@ -183,10 +187,10 @@ def env_texts(config: Config, episodes: int = 64) -> list[str]:
     for seed in range(episodes):
         observation, _ = env.reset(seed=seed) if rows is None else env.reset(seed=seed, options=rows[seed])
         texts.append(observation)
-        for _ in range(config.rollout.max_turns):
-            action = str(rng.randint(0, 99))
-            observation, _, terminated, truncated, _ = env.step(action)
-            texts += [action, observation]
+        for _ in range(config.rollout.max_turns if turns is None else turns):
+            taken = action(rng)
+            observation, _, terminated, truncated, _ = env.step(taken)
+            texts += [taken, observation]
             if terminated or truncated:
                 break
     if config.env.system_prompt:

@@ -63,10 +63,7 @@ def openai_router(completions: Completions, hook_for: HookFor | None = None) -> 
     async def model(request: Request) -> Response:
         if hook_for is not None:
             hook_for(request)
-        model_id = request.path_params["model_id"]
-        if model_id != completions.model_name:
-            raise APIError(f"The model `{model_id}` does not exist", status=404, param="model", code="model_not_found")
-        return Response(_dumps(completions.model_card()), media_type="application/json")
+        return Response(_dumps(completions.card(request.path_params["model_id"])), media_type="application/json")
 
     # Starlette routes, not FastAPI path operations: each request skips FastAPI's parameter solving, which
     # these handlers do not use (they parse and check the body themselves), about 0.2 ms per call.

@@ -103,6 +103,12 @@ class Completions:
     def models(self) -> dict:
         return {"object": "list", "data": [self.model_card()]}
 
+    def card(self, model_id: str) -> dict:
+        """GET /models/{model_id}: the card of the model served, 404 for any other."""
+        if model_id != self.model_name:
+            raise APIError(f"The model `{model_id}` does not exist", status=404, param="model", code="model_not_found")
+        return self.model_card()
+
     def model_card(self) -> dict:
         return {
             "id": self.model_name,

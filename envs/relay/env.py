@@ -9,16 +9,8 @@ nothing), so the solver has a problem to learn from while the proposer still wri
 
 from __future__ import annotations
 
-import re
-
 from agentrl.env.api import TextEnv
-
-NUMBER = re.compile(r"\d+")
-
-
-def first_number(text: str) -> int | None:
-    match = NUMBER.search(text)
-    return int(match.group()) if match else None
+from envs.relay.rules import outcome, posed_problem
 
 
 class RelayEnv(TextEnv):
@@ -42,22 +34,15 @@ class RelayEnv(TextEnv):
     def step(self, action):
         if self.turn == "proposer":
             self.turn = "solver"
-            posed = first_number(action)
-            self.posed = posed is not None and 1 <= posed <= self.numbers
+            posed = posed_problem(action, self.numbers)
+            self.posed = posed is not None
             self.problem = posed if self.posed else int(self.np_random.integers(1, self.numbers + 1))
             info = {"player": "solver", "state_key": self.problem}
             return f"add one to {self.problem}", 0.0, False, False, info
         if self.turn != "solver":
             raise RuntimeError("step() after the game ended; call reset() to start a new one")
         self.turn = "done"
-        answer = first_number(action)
-        solved = answer == self.problem + 1
-        reached = self.posed and answer == self.target
-        rewards = {"proposer": float(reached), "solver": float(solved)}
-        info = {
-            "player": None,
-            "success": reached,
-            "rewards": rewards,
-            "successes": {"proposer": reached, "solver": solved},
-        }
+        rewards, successes = outcome(self.target, self.problem, self.posed, action)
+        reached = successes["proposer"]
+        info = {"player": None, "success": reached, "rewards": rewards, "successes": successes}
         return ("right" if reached else "wrong"), rewards["solver"], True, False, info

@@ -107,6 +107,23 @@ def test_settings_a_multi_policy_job_cannot_run_are_refused(tiny_model_dir):
         )
 
 
+def test_agent_programs_call_policies_by_name_and_their_bad_settings_are_refused(tiny_model_dir):
+    agent = {"agent": {"command": "python agent.py"}, "game": None}
+    config = relay_config(tiny_model_dir, **agent)
+    assert config.agent.enabled and config.game is None and list(config.policies) == ["proposer", "solver"]
+    with pytest.raises(ConfigError, match=r"with agent: the agent program calls each policy by its name .*"):
+        relay_config(tiny_model_dir, agent={"command": "python agent.py"})
+    with pytest.raises(ConfigError, match=r"agent.model_name='learner': .*own name \(proposer, solver\); remove"):
+        relay_config(tiny_model_dir, **{**agent, "agent": {"command": "python agent.py", "model_name": "learner"}})
+    saved = config.model_dump(mode="json")  # run_dir/config.yaml, with agent.model_name's default written out
+    assert from_dict({**saved, "agent": {**saved["agent"], "model_name": "policy"}}).agent.enabled
+    gigpo = {"proposer": {}, "solver": {"algorithm": {"name": "gigpo"}}}
+    with pytest.raises(ConfigError, match=r"policies.solver: algorithm gigpo needs env episodes turn by turn"):
+        relay_config(tiny_model_dir, **agent, policies=gigpo)
+    with pytest.raises(ConfigError, match=r"cannot run with env.reward_fn or reward: .*post each policy's reward"):
+        relay_config(tiny_model_dir, **agent, env={"id": "relay", "reward_fn": "tests.unit.reward_fns:exact_answer"})
+
+
 # --- one game ---------------------------------------------------------------------------------------------------
 
 
