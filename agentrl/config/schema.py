@@ -28,7 +28,10 @@ class LayoutConfig(Section):
     trainer: int = Field(1, ge=1, description="Ranks that train the policy (torch.distributed among them).")
     rollout: int = Field(1, ge=1, description="Ranks that run an inference engine and the multi-turn agent loop.")
     env: int = Field(
-        0, ge=0, description="Ranks that host environments; 0 runs each rollout rank's environments in-process."
+        0,
+        ge=0,
+        description="Ranks that host environments (with agent.command: that run the agent programs); 0 runs each "
+        "rollout rank's environments (agent programs) in-process.",
     )
     colocate: bool = Field(
         False, description="Rollout ranks share the trainer ranks' GPUs (rollout rank i on trainer rank i's GPU)."
@@ -1080,10 +1083,10 @@ class Config(Section):
                 "with the episode-level algorithms (grpo, dr_grpo, dapo, rloo, reinforce_pp, gspo, cispo), or with "
                 "turn_rloo on the per-turn rewards they post to /reward"
             )
-        if self.agent.enabled and self.layout.env:
+        if self.agent.service and self.layout.env:
             raise ValueError(
-                f"layout.env={self.layout.env} hosts envs, but agent: runs agent programs instead of an env; "
-                "set layout.env=0"
+                f"layout.env={self.layout.env} ranks run agent programs (agent.command), but agent.service=true is a "
+                "program of its own that claims the sessions; set layout.env=0"
             )
         self._note_async_correction()
         if self.chat.rewritten == "new_sample" and self.algorithm.name in TURN_LEVEL_ALGORITHMS:

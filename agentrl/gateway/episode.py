@@ -6,14 +6,18 @@ from __future__ import annotations
 import asyncio
 import time
 
+from agentrl.gateway.agent_host import run_agent_remotely
 from agentrl.gateway.agent_process import run_agent
 from agentrl.gateway.trace import samples_from_calls
 from agentrl.scoring import ScoreFailed
 from agentrl.trajectory import Episode, RewardError, finite_reward
 
 
-async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_fn=None, timers=None) -> Episode:
-    """Fill `episode` from one run of the agent (`agent`: the config's AgentConfig). A run that crashes, passes
+async def run_agent_episode(
+    gateway, agent, episode: Episode, sampling, reward_fn=None, timers=None, env_client=None
+) -> Episode:
+    """Fill `episode` from one run of the agent (`agent`: the config's AgentConfig), its command started here or,
+    with `env_client` (layout.env), on that env rank (agentrl/gateway/agent_host.py). A run that crashes, passes
     agent.timeout_s, never calls the model, ends without a reward or gives one that is not a finite number (the
     gateway refused it, or it printed one) fails: counted in episode/failed, no training signal.
     The samples after the first are in `episode.more_samples`."""
@@ -22,7 +26,10 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
     session.sampling = sampling
     started = time.perf_counter()
     try:
-        if agent.command is not None:
+        if agent.command is not None and env_client is not None:
+            run = await run_agent_remotely(env_client, session.id, task, session.base_url, session.key)
+            error, printed = run.error, (run.reward, run.success)
+        elif agent.command is not None:
             run = await run_agent(agent.command, task, session.base_url, session.key, agent.timeout_s, cwd=agent.cwd)
             error, printed = run.error, (run.reward, run.success)
         else:

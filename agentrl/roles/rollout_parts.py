@@ -22,7 +22,7 @@ from agentrl.run.start import RunStart
 
 @dataclass
 class RolloutParts:
-    """A rollout rank's parts: `env_client` (None where agent programs play the env's part), `sync` (None in a
+    """A rollout rank's parts: `env_client` (None where this rank runs agent programs itself), `sync` (None in a
     single process, which copies weights in-process), `tasks`, `worker` and `evaluator` (None without `eval:`)."""
 
     env_client: object | None
@@ -37,12 +37,12 @@ def rollout_parts(config: Config, layout: Layout, start: RunStart) -> RolloutPar
     single = layout.single_process
     index, count = (0, 1) if single else (layout.rollout_ranks.index(layout.rank), len(layout.rollout_ranks))
     env_rank = None if single else layout.env_rank_for(layout.rank)
-    if config.agent.enabled:
-        env_client = None  # agent programs play the env's part, through this rank's gateway
-    elif env_rank is None:
-        env_client = LocalEnvClient(env_host(config, check=not single))
+    if env_rank is not None:
+        env_client = remote_env_client(config, layout, env_rank)
+    elif config.agent.enabled:
+        env_client = None  # agent programs play the env's part, started by this rank, through its gateway
     else:
-        env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
+        env_client = LocalEnvClient(env_host(config, check=not single))
     sync = None if single else weight_sync(config, layout)  # a process-group sync connects at its first receive
     tasks = task_source(config, index if start.shards > 1 else 0, start.shards, start.data_start)
     worker = rollout_worker(config, env_client, index, count, layout.device, tasks)
@@ -52,6 +52,18 @@ def rollout_parts(config: Config, layout: Layout, start: RunStart) -> RolloutPar
     if config.eval.enabled:
         evaluator = Evaluator(worker, index, count, eval_config=config.eval, data_val=config.data.val)
     return RolloutParts(env_client, sync, tasks, worker, evaluator)
+
+
+def remote_env_client(config: Config, layout: Layout, env_rank: int) -> MPIEnvClient:
+    """The client of this rollout rank's env rank, which hosts its envs or (agent:) runs its agent programs."""
+    timeout_s = config.runtime.env_step_timeout_s
+    if config.agent.enabled:
+        from agentrl.gateway.agent_host import check_gateway_reachable
+
+        if layout.hosts is not None:  # real nodes (simulated ones share this machine's loopback)
+            check_gateway_reachable(config.agent, layout.hosts[layout.rank], layout.hosts[env_rank])
+        timeout_s = max(timeout_s, config.agent.timeout_s)  # a call is a whole episode of the program
+    return MPIEnvClient(layout.world, env_rank, timeout_s)
 
 
 def rollout_worker(config: Config, env_client, index: int, count: int, device: str = "cpu", tasks=None):
