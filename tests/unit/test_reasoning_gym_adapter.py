@@ -11,8 +11,7 @@ pytest.importorskip("reasoning_gym", reason="pip install 'agentrl[reasoning-gym]
 
 from agentrl.env import make
 from agentrl.env.check import check_env
-from tests.mpi.helpers import scalars
-from tests.unit.ecosystem_runs import train_two_steps
+from tests.unit.ecosystem_runs import assert_clean_steps, evaluate, train, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 SUMS = {
@@ -119,11 +118,13 @@ def test_without_the_package_the_error_names_the_extra():
 )
 @pytest.mark.timeout(600)  # a real run: the package's import and a model's build
 def test_agentrl_train_runs_two_steps_on_a_dataset(name, kwargs, tmp_path):
-    run_dir = train_two_steps(f"reasoning_gym:{name}", kwargs, tmp_path)
-    logged = scalars(run_dir)
-    assert [step for step, _ in logged["train/loss"]] == [0, 1]
-    assert all(failed == 0 for _, failed in logged["episode/failed"])
+    config = write_config(tmp_path, f"reasoning_gym:{name}", kwargs)
+    logged = train(config)
+    assert_clean_steps(logged, steps=2, episodes=8)
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
+    if name == "basic_arithmetic":  # and agentrl eval of the trained model on 4 held-out questions
+        report = evaluate(config, "eval.seeds=[1000000,4]", "eval.n=1")
+        assert report["metrics"]["episodes"] == 4 and report["metrics"]["failed"] == 0
 
 
 def sum_of(question: str) -> int:

@@ -13,8 +13,7 @@ ta = pytest.importorskip("textarena", reason="pip install 'agentrl[textarena]' (
 from agentrl.env import make  # noqa: E402
 from agentrl.env.check import check_env  # noqa: E402
 from agentrl.env.host import EnvHost  # noqa: E402
-from tests.mpi.helpers import scalars  # noqa: E402
-from tests.unit.ecosystem_runs import train_two_steps  # noqa: E402
+from tests.unit.ecosystem_runs import assert_clean_steps, evaluate, train, write_config  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -219,11 +218,13 @@ def test_textarenas_own_games_that_break_their_api_fail_the_episode_with_the_rea
 )
 @pytest.mark.timeout(600)  # a real run: the package's import and a model's build
 def test_agentrl_train_runs_two_steps_on_a_game(game, kwargs, tmp_path):
-    run_dir = train_two_steps(f"textarena:{game}", kwargs, tmp_path, max_turns=4)
-    logged = scalars(run_dir)
-    assert [step for step, _ in logged["train/loss"]] == [0, 1]
-    assert all(failed == 0 for _, failed in logged["episode/failed"])
+    config = write_config(tmp_path, f"textarena:{game}", kwargs, **{"rollout.max_turns": 4})
+    logged = train(config)
+    assert_clean_steps(logged, steps=2, episodes=8)
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
+    if game == "GuessTheNumber-v0":  # and agentrl eval of the trained model on 4 games of the evaluation seeds
+        report = evaluate(config, "eval.seeds=[1000000,4]", "eval.n=1")
+        assert report["metrics"]["episodes"] == 4 and report["metrics"]["failed"] == 0
 
 
 @pytest.mark.parametrize("invalid_move_reward", [None, 0.0])
