@@ -209,22 +209,17 @@ def test_textarenas_own_games_that_break_their_api_fail_the_episode_with_the_rea
     assert host.counts()["failed"] == 1
 
 
-@pytest.mark.parametrize(
-    ("game", "kwargs"),
-    [
-        ("GuessTheNumber-v0", {"min_number": 1, "max_number": 7, "max_turns": 4, "bracket_actions": True}),
-        ("Mastermind-v0", {"code_length": 2, "num_numbers": 4, "max_turns": 4}),
-    ],
-)
-@pytest.mark.timeout(600)  # a real run: the package's import and a model's build
-def test_agentrl_train_runs_two_steps_on_a_game(game, kwargs, tmp_path):
-    config = write_config(tmp_path, f"textarena:{game}", kwargs, **{"rollout.max_turns": 4})
+@pytest.mark.timeout(600)  # real runs: the package's import and a model's build
+def test_agentrl_train_runs_two_steps_on_a_game_and_agentrl_eval_plays_the_trained_model(tmp_path):
+    """Mastermind in one process (GuessTheNumber trains on an env rank: tests/mpi/test_ecosystem_envs_mpi.py)."""
+    kwargs = {"code_length": 2, "num_numbers": 4, "max_turns": 4}
+    config = write_config(tmp_path, "textarena:Mastermind-v0", kwargs, **{"rollout.max_turns": 4})
     logged = train(config)
     assert_clean_steps(logged, steps=2, episodes=8)
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
-    if game == "GuessTheNumber-v0":  # and agentrl eval of the trained model on 4 games of the evaluation seeds
-        report = evaluate(config, "eval.seeds=[1000000,4]", "eval.n=1")
-        assert report["metrics"]["episodes"] == 4 and report["metrics"]["failed"] == 0
+    report = evaluate(config, "eval.seeds=[1000000,4]", "eval.n=1")  # 4 games of the evaluation seeds
+    assert report["metrics"]["episodes"] == 4 and report["metrics"]["failed"] == 0
+    assert 1.0 <= report["metrics"]["turns_mean"] <= 4.0
 
 
 @pytest.mark.parametrize("invalid_move_reward", [None, 0.0])
