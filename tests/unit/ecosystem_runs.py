@@ -47,6 +47,7 @@ def agentrl(command: str, config: Path, *args: str, ranks: int = 1, env: dict | 
         paths = [entry for entry in (environment.get("PYTHONPATH"), str(REPO)) if entry]
         environment["PYTHONPATH"] = os.pathsep.join(paths)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=config.parent, env=environment)
+    print(result.stdout[-4000:])  # shown where a test fails: the failed episodes' reasons are printed there
     assert result.returncode == 0, (
         f"agentrl {command} exited {result.returncode}\n{result.stdout[-2000:]}\n" + (result.stderr[-4000:])
     )
@@ -68,6 +69,16 @@ def evaluate(config: Path, *overrides: str, **launch) -> dict:
     out = config.parent / "eval"
     agentrl("eval", config, "--checkpoint", str(run_dir_of(config)), f"--out={out}", *overrides, **launch)
     return json.loads((out / "report.json").read_text())
+
+
+# evaluation at the end of a 2-step run, in its own process (the Evaluator `agentrl eval` runs): 4 episodes
+EVAL_AT_THE_END = {"eval.every": 2, "eval.seeds": [1000000, 4], "eval.n": 1}
+
+
+def assert_evaluated(logged: dict, step: int, episodes: int) -> None:
+    """An evaluation at `step` of `episodes` episodes, none failed."""
+    assert logged["eval/episodes"] == [(step, float(episodes))]
+    assert logged["eval/failed"] == [(step, 0.0)]
 
 
 def assert_clean_steps(logged: dict, steps: int, episodes: int) -> None:

@@ -11,7 +11,7 @@ pytest.importorskip("reasoning_gym", reason="pip install 'agentrl[reasoning-gym]
 
 from agentrl.env import make
 from agentrl.env.check import check_env
-from tests.unit.ecosystem_runs import assert_clean_steps, evaluate, train, write_config
+from tests.unit.ecosystem_runs import EVAL_AT_THE_END, assert_clean_steps, assert_evaluated, train, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 SUMS = {
@@ -109,17 +109,15 @@ def test_without_the_package_the_error_names_the_extra():
     assert "'agentrl[reasoning-gym]'" in result.stderr
 
 
-@pytest.mark.timeout(600)  # real runs: the package's import and a model's build
-def test_agentrl_train_runs_two_steps_on_a_dataset_and_agentrl_eval_scores_the_trained_model(tmp_path):
-    """letter_counting in one process (basic_arithmetic trains on an env rank: tests/mpi/test_ecosystem_envs_mpi.py)."""
+@pytest.mark.timeout(600)  # a real run: the package's import and a model's build
+def test_agentrl_train_runs_two_steps_on_a_dataset_and_evaluates_the_trained_model(tmp_path):
+    """letter_counting in one process (basic_arithmetic trains on an env rank: tests/mpi/test_ecosystem_envs_mpi.py);
+    the run's evaluation at its end asks 4 questions of the evaluation seeds."""
     kwargs = {"min_words": 1, "max_words": 2, "answer_tag": None}
-    config = write_config(tmp_path, "reasoning_gym:letter_counting", kwargs)
-    logged = train(config)
+    logged = train(write_config(tmp_path, "reasoning_gym:letter_counting", kwargs, **EVAL_AT_THE_END))
     assert_clean_steps(logged, steps=2, episodes=8)
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
-    report = evaluate(config, "eval.seeds=[1000000,4]", "eval.n=1")  # 4 questions of the evaluation seeds
-    assert report["metrics"]["episodes"] == 4 and report["metrics"]["failed"] == 0
-    assert 0.0 <= report["metrics"]["reward_mean"] <= 1.0
+    assert_evaluated(logged, step=2, episodes=4)
 
 
 def sum_of(question: str) -> int:

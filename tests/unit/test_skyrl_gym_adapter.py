@@ -9,7 +9,7 @@ import pytest
 from agentrl.env import make
 from agentrl.env.check import check_env
 from agentrl.env.host import EnvHost
-from tests.unit.ecosystem_runs import assert_clean_steps, evaluate, train, write_config
+from tests.unit.ecosystem_runs import assert_clean_steps, assert_evaluated, train, write_config
 
 pytest.importorskip("skyrl_gym", reason="skyrl-gym is in the dev extra (pip install -e '.[dev]')")
 
@@ -120,8 +120,9 @@ def test_two_training_steps_on_a_skyrl_env(name, tmp_path):
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
     settings = {**SKYRL_RUN, "data.train": str(data), "model.tiny.vocab_size": 256}
-    config = write_config(tmp_path, f"skyrl_gym:{name}", kwargs, **settings)
-    assert_clean_steps(train(config, timeout=240), steps=2, episodes=8)
-    if name == "gsm8k":  # and agentrl eval on held-out rows, with the trained checkpoint
-        report = evaluate(config, f"data.val={data}", "eval.split=val", "eval.n=1", timeout=240)
-        assert report["metrics"]["episodes"] == len(rows)
+    if name == "gsm8k":  # and the run's evaluation at its end, on the rows as data.val
+        settings |= {"data.val": str(data), "eval.split": "val", "eval.every": 2, "eval.n": 1}
+    logged = train(write_config(tmp_path, f"skyrl_gym:{name}", kwargs, **settings), timeout=240)
+    assert_clean_steps(logged, steps=2, episodes=8)
+    if name == "gsm8k":
+        assert_evaluated(logged, step=2, episodes=len(rows))
