@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field
 
 from agentrl.algorithms.base import PolicyGradient, PolicyGradientOptions
-from agentrl.algorithms.gigpo import checked_turns, per_turn_tokens
+from agentrl.algorithms.gigpo import checked_turns, discounted_turn_returns, per_turn_tokens
 
 
 def turn_returns(turn_episode: np.ndarray, turn_position: np.ndarray, turn_reward: np.ndarray, gamma: float):
@@ -31,14 +31,7 @@ def turn_returns(turn_episode: np.ndarray, turn_position: np.ndarray, turn_rewar
     episode, position = turn_episode[order], turn_position[order]
     if len(order) > 1 and np.any((np.diff(episode) == 0) & (np.diff(position) == 0)):
         raise ValueError("an episode has two turns at the same position: give each of its turns its own call index")
-    reward = turn_reward[order]
-    returns = np.zeros(len(order), dtype=np.float64)
-    running = 0.0
-    for m in reversed(range(len(order))):
-        if m + 1 == len(order) or episode[m + 1] != episode[m]:
-            running = 0.0
-        running = float(reward[m]) + gamma * running
-        returns[m] = running
+    returns = discounted_turn_returns(episode, turn_reward[order], gamma)  # in turn order now
     out = np.empty_like(returns)
     out[order] = returns
     return out
