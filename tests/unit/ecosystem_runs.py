@@ -47,7 +47,7 @@ def agentrl(command: str, config: Path, *args: str, ranks: int = 1, env: dict | 
         paths = [entry for entry in (environment.get("PYTHONPATH"), str(REPO)) if entry]
         environment["PYTHONPATH"] = os.pathsep.join(paths)
     result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd=config.parent, env=environment)
-    print(result.stdout[-4000:])  # shown where a test fails: the failed episodes' reasons are printed there
+    print(result.stdout[-4000:], result.stderr[-4000:])  # shown where a test fails: failed episodes' reasons
     assert result.returncode == 0, (
         f"agentrl {command} exited {result.returncode}\n{result.stdout[-2000:]}\n" + (result.stderr[-4000:])
     )
@@ -77,12 +77,12 @@ EVAL_AT_THE_END = {"eval.every": 2, "eval.seeds": [1000000, 4], "eval.n": 1}
 
 def assert_evaluated(logged: dict, step: int, episodes: int) -> None:
     """An evaluation at `step` of `episodes` episodes, none failed."""
-    assert logged["eval/episodes"] == [(step, float(episodes))]
-    assert logged["eval/failed"] == [(step, 0.0)]
+    assert logged["eval/episodes"] == [(step, float(episodes))], logged["eval/episodes"]
+    assert logged["eval/failed"] == [(step, 0.0)], logged["eval/failed"]
 
 
 def assert_clean_steps(logged: dict, steps: int, episodes: int) -> None:
     """`steps` steps trained, `episodes` episodes each, none failed."""
-    assert [step for step, _ in logged["train/loss"]] == list(range(steps))
-    assert [count for _, count in logged["episode/count"]] == [float(episodes)] * steps
-    assert [failed for _, failed in logged["episode/failed"]] == [0.0] * steps
+    assert [step for step, _ in logged["train/loss"]] == list(range(steps)), logged["train/loss"]
+    assert [count for _, count in logged["episode/count"]] == [float(episodes)] * steps, logged["episode/count"]
+    assert [failed for _, failed in logged["episode/failed"]] == [0.0] * steps, logged["episode/failed"]
