@@ -122,7 +122,7 @@ def test_two_training_steps_on_a_skyrl_env(name, tmp_path):
     settings = {**SKYRL_RUN, "data.train": str(data), "model.tiny.vocab_size": 256}
     if name == "gsm8k":  # and the run's evaluation at its end, on the rows as data.val
         settings |= {"data.val": str(data), "eval.split": "val", "eval.every": 2, "eval.n": 1}
-    logged = train(write_config(tmp_path, f"skyrl_gym:{name}", kwargs, **settings), timeout=240)
+    logged = train(write_config(tmp_path, f"skyrl_gym:{name}", kwargs, **settings), timeout=400)
     assert_clean_steps(logged, steps=2, episodes=8)
     if name == "gsm8k":
         assert_evaluated(logged, step=2, episodes=len(rows))
