@@ -85,34 +85,12 @@ def test_a_folder_built_before_a_tiny_field_existed_is_taken_as_built_with_its_d
         ensure_model(ModelConfig(path=str(path), tiny={"hidden_size": 32, "output_scale": 0.5}), lambda: TEXTS)
 
 
-class CountedEnv:
-    """A text env that counts the episodes it holds open (as a server's sessions would be)."""
-
-    open_episodes = 0
-
-    def __init__(self):
-        self.holding = False
-
-    def reset(self, *, seed=None, options=None):
-        self.close()
-        CountedEnv.open_episodes += 1
-        self.holding = True
-        return f"pick a number {seed}", {}
-
-    def step(self, action):
-        return f"you said {action}", 0.0, True, False, {}
-
-    def close(self):
-        if self.holding:
-            CountedEnv.open_episodes -= 1
-            self.holding = False
-
-
 def test_the_tokenizers_corpus_is_read_from_episodes_it_closes_after():
     from agentrl.config.load import from_dict
     from agentrl.run.start import env_texts
+    from tests.fault_envs import SessionCountingEnv
 
-    config = from_dict({"model": {"path": "m"}, "env": {"id": f"{__name__}:CountedEnv"}, "rollout": {"max_turns": 2}})
+    config = from_dict({"model": {"path": "m"}, "env": {"id": "tests.fault_envs:SessionCountingEnv"}})
     texts = env_texts(config, episodes=3)
-    assert texts[:3] == ["pick a number 0", texts[1], f"you said {texts[1]}"] and "pick a number 2" in texts
-    assert CountedEnv.open_episodes == 0  # an openenv:http env would otherwise keep its server session for the run
+    assert len(texts) > 3 and all(isinstance(text, str) for text in texts)
+    assert SessionCountingEnv.open_sessions == 0  # an openenv:http env would otherwise keep its server session
