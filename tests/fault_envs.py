@@ -60,3 +60,26 @@ class SlowOnRankEnv(GuessNumberEnv):
     def step(self, action):
         time.sleep(self.delay_s)
         return super().step(action)
+
+
+class SessionCountingEnv(GuessNumberEnv):
+    """guess_number that holds a session from each reset until close (or the next reset), as an openenv:http env
+    holds one of its server's: `open_sessions` counts those of every instance."""
+
+    open_sessions = 0
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.holding = False
+
+    def reset(self, *, seed=None, options=None):
+        self.close()
+        SessionCountingEnv.open_sessions += 1
+        self.holding = True
+        return super().reset(seed=seed, options=options)
+
+    def close(self):
+        if self.holding:
+            SessionCountingEnv.open_sessions -= 1
+            self.holding = False
+        super().close()

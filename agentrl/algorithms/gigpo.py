@@ -62,6 +62,24 @@ class Turns(NamedTuple):
     reward: np.ndarray
 
 
+def checked_turns(
+    turn_episode, turn_key, key_name: str, turn_reward, episodes: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A batch's flat per-turn arrays as (int64, int64, float64): each turn's episode index (below `episodes`), its
+    key (`key_name`: its state, its position) and its reward; a ValueError naming the fields when they do not fit."""
+    turn_episode = np.asarray(turn_episode, dtype=np.int64)
+    turn_key = np.asarray(turn_key, dtype=np.int64)
+    turn_reward = np.asarray(turn_reward, dtype=np.float64)
+    if not (len(turn_episode) == len(turn_key) == len(turn_reward)):
+        raise ValueError(
+            f"turn_episode, {key_name}, turn_reward have lengths {len(turn_episode)}, {len(turn_key)}, "
+            f"{len(turn_reward)}: pass one entry per turn in each"
+        )
+    if len(turn_episode) and (turn_episode.min() < 0 or turn_episode.max() >= episodes):
+        raise ValueError(f"turn_episode must index the {episodes} episodes (0..{episodes - 1})")
+    return turn_episode, turn_key, turn_reward
+
+
 def gigpo_advantages(
     rewards: np.ndarray,
     groups: np.ndarray,
@@ -93,18 +111,11 @@ def gigpo_advantages(
     rewards = np.asarray(rewards, dtype=np.float64)
     groups = np.asarray(groups)
     valid = np.ones(rewards.shape, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
-    turn_episode = np.asarray(turns.episode, dtype=np.int64)
-    turn_state = np.asarray(turns.state, dtype=np.int64)
-    turn_reward = np.asarray(turns.reward, dtype=np.float64)
-    if not (len(turn_episode) == len(turn_state) == len(turn_reward)):
-        raise ValueError(
-            f"turn_episode, turn_state, turn_reward have lengths {len(turn_episode)}, {len(turn_state)}, "
-            f"{len(turn_reward)}: pass one entry per turn in each"
-        )
+    turn_episode, turn_state, turn_reward = checked_turns(
+        turns.episode, turns.state, "turn_state", turns.reward, len(rewards)
+    )
     if len(turn_episode) == 0:
         return np.zeros(0, dtype=np.float32)
-    if turn_episode.min() < 0 or turn_episode.max() >= len(rewards):
-        raise ValueError(f"turn_episode must index the {len(rewards)} episodes (0..{len(rewards) - 1})")
     runs = 1 + int(np.count_nonzero(np.diff(turn_episode)))
     if runs != len(np.unique(turn_episode)):
         raise ValueError("an episode's turns must be contiguous in turn_episode: order the turns episode by episode")

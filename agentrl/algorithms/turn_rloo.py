@@ -21,7 +21,7 @@ import numpy as np
 from pydantic import Field
 
 from agentrl.algorithms.base import PolicyGradient, PolicyGradientOptions
-from agentrl.algorithms.gigpo import per_turn_tokens
+from agentrl.algorithms.gigpo import checked_turns, discounted_turn_returns, per_turn_tokens
 
 
 def turn_returns(turn_episode: np.ndarray, turn_position: np.ndarray, turn_reward: np.ndarray, gamma: float):
@@ -31,14 +31,7 @@ def turn_returns(turn_episode: np.ndarray, turn_position: np.ndarray, turn_rewar
     episode, position = turn_episode[order], turn_position[order]
     if len(order) > 1 and np.any((np.diff(episode) == 0) & (np.diff(position) == 0)):
         raise ValueError("an episode has two turns at the same position: give each of its turns its own call index")
-    reward = turn_reward[order]
-    returns = np.zeros(len(order), dtype=np.float64)
-    running = 0.0
-    for m in reversed(range(len(order))):
-        if m + 1 == len(order) or episode[m + 1] != episode[m]:
-            running = 0.0
-        running = float(reward[m]) + gamma * running
-        returns[m] = running
+    returns = discounted_turn_returns(episode, turn_reward[order], gamma)  # in turn order now
     out = np.empty_like(returns)
     out[order] = returns
     return out
@@ -69,18 +62,11 @@ def turn_loo_advantages(
         raise ValueError(f"baseline must be 'reached' or 'padded', got {baseline!r}")
     groups = np.asarray(groups)
     valid = np.ones(len(groups), dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
-    turn_episode = np.asarray(turn_episode, dtype=np.int64)
-    turn_position = np.asarray(turn_position, dtype=np.int64)
-    turn_reward = np.asarray(turn_reward, dtype=np.float64)
-    if not (len(turn_episode) == len(turn_position) == len(turn_reward)):
-        raise ValueError(
-            f"turn_episode, turn_position, turn_reward have lengths {len(turn_episode)}, {len(turn_position)}, "
-            f"{len(turn_reward)}: pass one entry per turn in each"
-        )
+    turn_episode, turn_position, turn_reward = checked_turns(
+        turn_episode, turn_position, "turn_position", turn_reward, len(groups)
+    )
     if len(turn_episode) == 0:
         return np.zeros(0, dtype=np.float32)
-    if turn_episode.min() < 0 or turn_episode.max() >= len(groups):
-        raise ValueError(f"turn_episode must index the {len(groups)} episodes (0..{len(groups) - 1})")
     if turn_position.min() < 0:
         raise ValueError("turn_position must be >= 0 (0: an episode's first turn)")
     returns = turn_returns(turn_episode, turn_position, turn_reward, gamma)

@@ -80,12 +80,11 @@ def _evaluate_role(config, layout, target: Target, started: float) -> dict | Non
 
         report = _write(config, target, receive_results(layout)(target.step), layout, started)
     elif layout.role is Role.ROLLOUT:
-        from agentrl.env.client import MPIEnvClient
         from agentrl.evaluation.report import send_results
-        from agentrl.roles.rollout_parts import scorer_client
+        from agentrl.roles.rollout_parts import remote_env_client, scorer_client
 
         env_rank = layout.env_rank_for(layout.rank)
-        client = None if env_rank is None else MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
+        client = None if env_rank is None else remote_env_client(config, layout, env_rank)
         scorer = scorer_client(config, layout)
         evaluator = _evaluator(config, layout, target, client, scorer)
         send_results(layout, target.step, evaluator.run(target.step, config.eval.dump_episodes))

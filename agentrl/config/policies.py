@@ -147,6 +147,11 @@ def _check_agent_policies(config) -> None:
             f"agent.model_name={config.agent.model_name!r}: with policies: the gateway serves each policy under its "
             f"own name ({', '.join(config.policies)}); remove agent.model_name"
         )
+    if config.layout.env:
+        raise ValueError(
+            f"layout.env={config.layout.env}: a multi-policy job's agent programs run on its rollout ranks, not on env "
+            "ranks; set layout.env=0"
+        )
     for name, policy in config.policies.items():
         options = policy.algorithm or config.algorithm
         if options.name in TURN_LEVEL_ALGORITHMS:

@@ -28,7 +28,10 @@ class LayoutConfig(Section):
     trainer: int = Field(1, ge=1, description="Ranks that train the policy (torch.distributed among them).")
     rollout: int = Field(1, ge=1, description="Ranks that run an inference engine and the multi-turn agent loop.")
     env: int = Field(
-        0, ge=0, description="Ranks that host environments; 0 runs each rollout rank's environments in-process."
+        0,
+        ge=0,
+        description="Ranks that host environments (with agent.command: that run the agent programs); 0 runs each "
+        "rollout rank's environments (agent programs) in-process.",
     )
     scorer: int = Field(
         0,
@@ -1175,10 +1178,10 @@ class Config(Section):
                 f"layout.scorer={self.layout.scorer}: scorer ranks serve single-policy runs only, and this config has "
                 "policies; set layout.scorer=0"
             )
-        if self.agent.enabled and self.layout.env:
+        if self.agent.service and self.layout.env:
             raise ValueError(
-                f"layout.env={self.layout.env} hosts envs, but agent: runs agent programs instead of an env; "
-                "set layout.env=0"
+                f"layout.env={self.layout.env} ranks run agent programs (agent.command), but agent.service=true is a "
+                "program of its own that claims the sessions; set layout.env=0"
             )
         self._note_async_correction()
         if self.chat.rewritten == "new_sample" and self.algorithm.name in TURN_LEVEL_ALGORITHMS:

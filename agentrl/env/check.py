@@ -47,9 +47,21 @@ def inspect_env(env_id: str, kwargs: dict, episodes: int = 3, max_steps: int = 5
         return report
     if not spaces_are_text(env):
         report.warnings.append(f"{env_id} {not_text(env)}")
-    _check_episodes(env, env_id, kwargs, episodes, max_steps, report, rows)
+    try:
+        _check_episodes(env, env_id, kwargs, episodes, max_steps, report, rows)
+    finally:  # an env may hold a server's session (openenv:http://...) until it is closed
+        report.problems += close_problems(env)
     report.problems = sorted(set(report.problems), key=report.problems.index)
     return report
+
+
+def close_problems(env) -> list[str]:
+    """Close `env`; what its close() raised, as a problem."""
+    try:
+        env.close()
+    except Exception as error:  # report, do not crash: this is a checker
+        return [f"close() raised {type(error).__name__}: {error}"]
+    return []
 
 
 def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: int, report: EnvReport, rows) -> None:
@@ -66,7 +78,11 @@ def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: in
         problems.append(f"reset() must return (str, dict), got {first!r:.80}")
         return
     problems += check_observation(env, first[0], "reset")
-    again = reset_env(make(env_id, **kwargs), 123, rows)
+    second = make(env_id, **kwargs)
+    try:
+        again = reset_env(second, 123, rows)
+    finally:
+        problems += close_problems(second)
     if again[0] != first[0]:
         problems.append("reset(seed=123) twice gave different observations: seed the env via super().reset(seed=seed)")
     rng = random.Random(0)

@@ -6,19 +6,23 @@ from __future__ import annotations
 import asyncio
 import time
 
+from agentrl.gateway.agent_host import run_agent_remotely
 from agentrl.gateway.agent_process import run_agent
 from agentrl.gateway.trace import samples_from_calls
 from agentrl.scoring import ScoreFailed
 from agentrl.trajectory import Episode, RewardError, finite_reward
 
 
-async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_fn=None, timers=None) -> Episode:
-    """Fill `episode` from one run of the agent (`agent`: the config's AgentConfig). A run that crashes, passes
+async def run_agent_episode(
+    gateway, agent, episode: Episode, sampling, reward_fn=None, timers=None, env_client=None
+) -> Episode:
+    """Fill `episode` from one run of the agent (`agent`: the config's AgentConfig), its command started here or,
+    with `env_client` (layout.env), on that env rank (agentrl/gateway/agent_host.py). A run that crashes, passes
     agent.timeout_s, never calls the model, ends without a reward or gives one that is not a finite number (the
     gateway refused it, or it printed one) fails: counted in episode/failed, no training signal.
     The samples after the first are in `episode.more_samples`."""
     task = task_row(episode)
-    session, error, printed = await run_session(gateway, agent, task, timers, sampling=sampling)
+    session, error, printed = await run_session(gateway, agent, task, timers, sampling=sampling, env_client=env_client)
     calls = session.calls
     if error is not None:
         return failed(episode, error)
@@ -61,8 +65,9 @@ async def run_agent_episode(gateway, agent, episode: Episode, sampling, reward_f
     return episode
 
 
-async def run_session(gateway, agent, task: dict, timers=None, sampling=None, policy_sampling=None):
-    """One run of the agent (a command, or a service that claims the session) on a session of its own for `task`,
+async def run_session(gateway, agent, task: dict, timers=None, sampling=None, policy_sampling=None, env_client=None):
+    """One run of the agent (a command started here or, with `env_client`, on that env rank; or a service that
+    claims the session) on a session of its own for `task`,
     every call sampled with `sampling` (or, on a multi-policy gateway, its policy's in `policy_sampling`):
     (the closed session, why the run failed or None, the (reward, success) its last stdout line printed)."""
     session = gateway.table.open(task)
@@ -70,7 +75,10 @@ async def run_session(gateway, agent, task: dict, timers=None, sampling=None, po
     session.policy_sampling = dict(policy_sampling or {})
     started = time.perf_counter()
     try:
-        if agent.command is not None:
+        if agent.command is not None and env_client is not None:
+            run = await run_agent_remotely(env_client, session.id, task, session.base_url, session.key)
+            error, printed = run.error, (run.reward, run.success)
+        elif agent.command is not None:
             run = await run_agent(agent.command, task, session.base_url, session.key, agent.timeout_s, cwd=agent.cwd)
             error, printed = run.error, (run.reward, run.success)
         else:

@@ -1,5 +1,5 @@
-"""The env role: host this rank's envs and answer batched reset/step/close requests from its rollout ranks
-until each says goodbye."""
+"""The env role: host this rank's envs (or run its rollout ranks' agent programs) and answer batched requests from
+its rollout ranks until each says goodbye."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 from agentrl import transport
 from agentrl.config import Config
 from agentrl.env.host import EnvHost
+from agentrl.gateway.agent_host import AgentHost
 from agentrl.layout import Layout
 from agentrl.node_wakeup import Doorbell
 from agentrl.run import preempt, startup_gc
@@ -20,7 +21,9 @@ def run_env(config: Config, layout: Layout) -> None:
     leader = layout.trainer_ranks[0]
     seed = config.seed + layout.rank
     seed_everything(seed, torch_too=False)
-    host = env_host(config)  # builds one env, so its plugin's imports (torch or not) have happened
+    # agent programs run here, each against its rollout rank's gateway; an env host builds one env first, so its
+    # plugin's imports (torch or not) have happened
+    host = AgentHost(config.agent) if config.agent.enabled else env_host(config)
     set_threads(config, layout, only_if_loaded=True)
     seed_torch(seed, only_if_loaded=True)
     startup_gc.settle()
@@ -47,7 +50,7 @@ def env_host(config: Config, check: bool = True) -> EnvHost:
 
 def serve(
     comm,
-    host: EnvHost,
+    host: EnvHost | AgentHost,
     clients: list[int],
     after_batch: Callable[[], None] | None = None,
     polling: transport.Polling | None = transport.ENV_REQUEST_POLLING,

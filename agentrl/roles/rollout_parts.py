@@ -23,8 +23,8 @@ from agentrl.scoring.remote import RemoteScorer
 
 @dataclass
 class RolloutParts:
-    """A rollout rank's parts: `env_client` (None where agent programs play the env's part), `scorer` (the client of
-    its scorer rank; None without layout.scorer), `sync` (None in a single process, which copies weights
+    """A rollout rank's parts: `env_client` (None where this rank runs agent programs itself), `scorer` (the client
+    of its scorer rank; None without layout.scorer), `sync` (None in a single process, which copies weights
     in-process), `tasks`, `worker` and `evaluator` (None without `eval:`)."""
 
     env_client: object | None
@@ -40,12 +40,12 @@ def rollout_parts(config: Config, layout: Layout, start: RunStart) -> RolloutPar
     single = layout.single_process
     index, count = (0, 1) if single else (layout.rollout_ranks.index(layout.rank), len(layout.rollout_ranks))
     env_rank = None if single else layout.env_rank_for(layout.rank)
-    if config.agent.enabled:
-        env_client = None  # agent programs play the env's part, through this rank's gateway
-    elif env_rank is None:
-        env_client = LocalEnvClient(env_host(config, check=not single))
+    if env_rank is not None:
+        env_client = remote_env_client(config, layout, env_rank)
+    elif config.agent.enabled:
+        env_client = None  # agent programs play the env's part, started by this rank, through its gateway
     else:
-        env_client = MPIEnvClient(layout.world, env_rank, config.runtime.env_step_timeout_s)
+        env_client = LocalEnvClient(env_host(config, check=not single))
     scorer = scorer_client(config, layout)
     sync = None if single else weight_sync(config, layout)  # a process-group sync connects at its first receive
     tasks = task_source(config, index if start.shards > 1 else 0, start.shards, start.data_start)
@@ -62,6 +62,18 @@ def scorer_client(config: Config, layout: Layout) -> RemoteScorer | None:
     """This rollout rank's way to its scorer rank, or None where the `reward` section scores in-process."""
     scorer_rank = None if layout.single_process else layout.scorer_rank_for(layout.rank)
     return None if scorer_rank is None else RemoteScorer(layout.world, scorer_rank, config.reward)
+
+
+def remote_env_client(config: Config, layout: Layout, env_rank: int) -> MPIEnvClient:
+    """The client of this rollout rank's env rank, which hosts its envs or (agent:) runs its agent programs."""
+    timeout_s = config.runtime.env_step_timeout_s
+    if config.agent.enabled:
+        from agentrl.gateway.agent_host import check_gateway_reachable
+
+        if layout.hosts is not None:  # real nodes (simulated ones share this machine's loopback)
+            check_gateway_reachable(config.agent, layout.hosts[layout.rank], layout.hosts[env_rank])
+        timeout_s = max(timeout_s, config.agent.timeout_s)  # a call is a whole episode of the program
+    return MPIEnvClient(layout.world, env_rank, timeout_s)
 
 
 def rollout_worker(config: Config, env_client, index: int, count: int, device: str = "cpu", tasks=None, scorer=None):

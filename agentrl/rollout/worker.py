@@ -346,7 +346,8 @@ class RolloutWorker:
         if self.gateway is not None:
             from agentrl.gateway.episode import run_agent_episode
 
-            return run_agent_episode(self.gateway, self.agent_config, episode, sampling, self.reward_fn, timers)
+            agent = self.agent_config
+            return run_agent_episode(self.gateway, agent, episode, sampling, self.reward_fn, timers, self.env)
         rules = EpisodeRules(sampling, self.limits, self.reward_fn, self.train_reasoning)
         return run_episode(self.engine, self.env, self.chat, rules, episode, key, timers)
 

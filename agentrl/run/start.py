@@ -175,28 +175,37 @@ def env_texts(config: Config, episodes: int = 64, turns: int | None = None, acti
         from agentrl.env.adapters.verifiers import taskset_texts
 
         return taskset_texts(config.env.id, config.env.kwargs)
-    rng = random.Random(0)
-    texts = []
-    env = make(config.env.id, **config.env.kwargs)
     rows = None
     if config.data.train:
         from agentrl.data.loading import load_rows
 
         rows = load_rows(config.data.train)
         episodes = min(episodes, len(rows))
+    env = make(config.env.id, **config.env.kwargs)
+    try:  # closed after: an env may hold a server's session (openenv:http://...) for as long as it is open
+        texts = _episode_texts(env, episodes, rows, config.rollout.max_turns if turns is None else turns, action)
+        tools = list(getattr(env, "tools", None) or [])
+    finally:
+        env.close()
+    if config.env.system_prompt:
+        texts.append(config.env.system_prompt)
+    if tools:
+        texts.append(tools_as_text(tools))
+    return texts
+
+
+def _episode_texts(env, episodes: int, rows: list[dict] | None, max_turns: int, action) -> list[str]:
+    rng = random.Random(0)
+    texts = []
     for seed in range(episodes):
         observation, _ = env.reset(seed=seed) if rows is None else env.reset(seed=seed, options=rows[seed])
         texts.append(observation)
-        for _ in range(config.rollout.max_turns if turns is None else turns):
+        for _ in range(max_turns):
             taken = action(rng)
             observation, _, terminated, truncated, _ = env.step(taken)
             texts += [taken, observation]
             if terminated or truncated:
                 break
-    if config.env.system_prompt:
-        texts.append(config.env.system_prompt)
-    if getattr(env, "tools", None):
-        texts.append(tools_as_text(env.tools))
     return texts
 
 

@@ -1,6 +1,7 @@
 """`mpirun agentrl train` with an agent program instead of an env: each rollout rank serves its gateway, starts the
-agent per episode, and trains on the sessions' exact tokens; in lockstep with evaluation and dumps, and running
-ahead with dynamic dispatch. The agent sometimes rewrites its history, so episodes of several samples train too."""
+agent per episode (or has its env rank start it, layout.env), and trains on the sessions' exact tokens; in lockstep
+with evaluation and dumps, running ahead with dynamic dispatch, and with the programs on an env rank. The agent
+sometimes rewrites its history, so episodes of several samples train too."""
 
 import json
 
@@ -13,9 +14,11 @@ from tests.unit.serve_server import build_serve_model
 pytestmark = [pytest.mark.mpi, pytest.mark.timeout(600)]
 
 AGENT = """
-import json, sys
+import json, os, sys
 from openai import OpenAI
 task = json.load(sys.stdin)
+with open("agent_ranks.txt", "a") as ranks:  # in agent.cwd: which rank started this program
+    ranks.write((os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK", "?")) + "\\n")
 client = OpenAI(max_retries=0)
 messages = [{"role": "user", "content": task["question"]}]
 reply = client.chat.completions.create(model="policy", messages=messages).choices[0].message
@@ -43,8 +46,9 @@ def agent_files(tmp_path_factory):
     [
         {"eval.every": 2, "eval.split": "val", "rollout.dump_episodes": "true"},
         {"rollout.max_staleness": 1, "rollout.dispatch": "dynamic"},
+        {"layout.rollout": 1, "layout.env": 1},
     ],
-    ids=["lockstep-eval-dumps", "ahead-dynamic"],
+    ids=["lockstep-eval-dumps", "ahead-dynamic", "on-an-env-rank"],
 )
 def test_an_agent_program_trains_through_the_gateway(tmp_path, agent_files, mode):
     folder, model = agent_files
@@ -61,6 +65,7 @@ def test_an_agent_program_trains_through_the_gateway(tmp_path, agent_files, mode
             "data.val": folder / "val.jsonl",
             "agent.command": f"'python {folder / 'agent.py'}'",
             "agent.timeout_s": 120,
+            "agent.cwd": tmp_path,
             **mode,
         },
     )
@@ -74,6 +79,8 @@ def test_an_agent_program_trains_through_the_gateway(tmp_path, agent_files, mode
         assert 2 <= value <= 18
     rewards = [value for _, value in logged["episode/reward_mean"]]
     assert all(0.0 <= r <= 1.0 for r in rewards)
+    started_by = set((tmp_path / "agent_ranks.txt").read_text().split())
+    assert started_by == {"2"} if mode.get("layout.env") else started_by <= {"1", "2"}  # trainer 0, rollout, env
     if "eval.every" in mode:
         assert [step for step, _ in logged["eval/success"]] == [2]
         assert [value for _, value in logged["eval/failed"]] == [0.0]

@@ -228,3 +228,11 @@ def test_check_env_points_a_plain_gymnasium_env_to_toy_text(capsys):
     assert main(["check-env", "gymnasium.envs.toy_text.blackjack:BlackjackEnv"]) == 1
     out = capsys.readouterr().out
     assert "WARN" in out and "env.kwargs.game=Blackjack-v1" in out
+
+
+def test_check_env_closes_every_env_it_opens():
+    from agentrl.env.check import check_env
+    from tests.fault_envs import SessionCountingEnv
+
+    assert check_env("tests.fault_envs:SessionCountingEnv", {}) == []
+    assert SessionCountingEnv.open_sessions == 0  # an openenv:http server would otherwise keep two sessions a check

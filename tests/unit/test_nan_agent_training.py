@@ -4,19 +4,13 @@ session's /reward. Those episodes fail and are counted; the others train; no upd
 
 from __future__ import annotations
 
-import json
 import math
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.conftest import ROOT
-from tests.mpi.helpers import scalars
-from tests.unit.serve_server import build_serve_model
+from tests.unit.agent_runs import train_agent
 
 pytest.importorskip("openai")
 
@@ -49,44 +43,19 @@ STEPS = 2
 
 
 def test_a_nan_agent_in_a_group_trains_to_the_end_with_finite_weights(tmp_path):
-    model = build_serve_model(tmp_path / "tiny")
-    rows = [{"question": f"What is {i} + 1?", "answer": i + 1} for i in range(8)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (tmp_path / "agent.py").write_text(AGENT)
-    run_dir = tmp_path / "run"
-    overrides = {
-        "run_dir": run_dir,
-        "layout.rollout": 1,
-        "layout.env": 0,
-        "model.path": model,
-        "steps": STEPS,
-        "rollout.tasks_per_step": 2,
-        "rollout.group_size": 4,
-        "rollout.max_new_tokens": 6,
-        "data.train": tmp_path / "train.jsonl",
-        "agent.command": f"{sys.executable} {tmp_path / 'agent.py'}",
-        "agent.timeout_s": 120,
-        "eval.every": 0,
-        "checkpoint.every": 0,
-        "logging.progress": "false",
-        "optimizer.lr": 0.05,  # large steps: weights gone NaN would show at once
-    }
-    command = [sys.executable, "-m", "agentrl.cli", "train", "launch/configs/quickstart.yaml"]
-    command += [f"{key}={value}" for key, value in overrides.items()]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "COUNTER": str(tmp_path / "runs")}
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-5000:]}"
+    # large steps: weights gone NaN would show at once
+    run = train_agent(tmp_path, AGENT, STEPS, env={"COUNTER": str(tmp_path / "runs")}, **{"optimizer.lr": 0.05})
     assert len((tmp_path / "runs").read_text()) == 8 * STEPS  # every episode ran its agent once
 
-    logged = scalars(run_dir)
+    logged, run_dir, model = run.logged, run.run_dir, run.model
     assert [value for _, value in logged["episode/count"]] == [8.0] * STEPS
     assert [value for _, value in logged["episode/failed"]] == [2.0] * STEPS
     assert [value for _, value in logged["train/skipped_nonfinite"]] == [0.0] * STEPS
     for name in ("train/loss", "train/grad_norm", "episode/reward_mean"):
         assert all(math.isfinite(value) for _, value in logged[name]), name
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
-    assert "last stdout line must be a finite number, got nan" in result.stdout + result.stderr
-    assert "the gateway refused the agent's reward" in result.stdout + result.stderr
+    assert "last stdout line must be a finite number, got nan" in run.output
+    assert "the gateway refused the agent's reward" in run.output
 
     (final,) = (run_dir / "checkpoints").iterdir()
     weights = {}

@@ -14,11 +14,11 @@ import threading
 import time
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agentrl.env import make
 from agentrl.env.check import check_env
 from agentrl.env.host import EnvHost
+from tests.unit.ecosystem_runs import ON_AN_ENV_RANK, assert_clean_steps, evaluate, train, write_config
 
 pytest.importorskip("openenv.core", reason="pip install 'agentrl[openenv]'")
 pytestmark = [pytest.mark.openenv, pytest.mark.timeout(900)]
@@ -87,7 +87,10 @@ def test_the_echo_template_in_process_passes_check_env_and_a_never_ending_one_fa
     assert not failed.ok and "set env.kwargs.truncate_after" in failed.error and host.counts()["failed"] == 1
 
 
-def test_the_echo_template_behind_its_server_passes_check_env(echo_package):
+@pytest.fixture(scope="module")
+def echo_server(echo_package):
+    """openenv:http://127.0.0.1:PORT: the echo template behind openenv-core's own server (create_app), in a thread,
+    with sessions for 8 episodes at once."""
     import uvicorn
     from echo_env.models import EchoAction, EchoObservation
     from echo_env.server.echo_env_environment import EchoEnvironment
@@ -100,19 +103,20 @@ def test_the_echo_template_behind_its_server_passes_check_env(echo_package):
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while not server.started and time.monotonic() < deadline:
-            time.sleep(0.1)
-        url = f"openenv:http://127.0.0.1:{port}"
-        env = make(url, truncate_after=2)
-        assert env.reset(seed=1)[0] == "Echo Env environment ready!"
-        assert env.step("abc")[1] == pytest.approx(0.3)
-        env.close()
-        assert check_env(url, {"truncate_after": 2}) == []
-    finally:
-        server.should_exit = True
-        thread.join(30)
+    deadline = time.monotonic() + 60
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.1)
+    yield f"openenv:http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def test_the_echo_template_behind_its_server_passes_check_env(echo_server):
+    env = make(echo_server, truncate_after=2)
+    assert env.reset(seed=1)[0] == "Echo Env environment ready!"
+    assert env.step("abc")[1] == pytest.approx(0.3)
+    env.close()
+    assert check_env(echo_server, {"truncate_after": 2}) == []
 
 
 def test_dipg_from_its_pypi_package_grades_answers_and_passes_check_env(tmp_path):
@@ -126,45 +130,23 @@ def test_dipg_from_its_pypi_package_grades_answers_and_passes_check_env(tmp_path
     assert check_env(DIPG, kwargs) == []
 
 
-CONFIG = """
-run_dir: {run_dir}
-steps: 2
-seed: 0
-model:
-  path: {model}
-  tiny: {{hidden_size: 32, num_layers: 2, num_heads: 4, vocab_size: 256}}
-env:
-  id: {env_id}
-  kwargs: {kwargs}
-rollout: {{tasks_per_step: 2, group_size: 4, max_turns: 2, max_new_tokens: 8, max_episode_tokens: 256}}
-trainer: {{micro_batch_size: 8}}
-runtime: {{env_step_timeout_s: 120}}
-checkpoint: {{every: 0}}
-logging: {{progress: false}}
-"""
+OPENENV_RUN = {"rollout.max_turns": 2, "runtime.env_step_timeout_s": 120, "model.tiny.vocab_size": 256}
 
 
-@pytest.mark.parametrize("which", ["echo", "dipg"])
-def test_two_training_steps_on_an_openenv_environment(which, echo_package, tmp_path):
-    if which == "dipg":
-        pytest.importorskip("med_safety_gym", reason="pip install openenv-dipg-safety")
-    env_id, kwargs = (ECHO, {"truncate_after": 2}) if which == "echo" else (DIPG, {"env_kwargs": dipg_kwargs(tmp_path)})
-    run_dir = tmp_path / "run"
-    config = tmp_path / "config.yaml"
-    fields = {"run_dir": run_dir, "model": tmp_path / "model", "env_id": env_id, "kwargs": json.dumps(kwargs)}
-    config.write_text(CONFIG.format(**fields))
-    environment = {"PYTHONPATH": str(echo_package), "OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"}
-    trained = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=800,
-        cwd=tmp_path,
-        env=environment,
-    )
-    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-4000:]
-    events = EventAccumulator(str(run_dir / "tb"))
-    events.Reload()
-    assert [event.value for event in events.Scalars("episode/count")] == [8.0, 8.0]
-    assert [event.value for event in events.Scalars("episode/failed")] == [0.0, 0.0]
-    assert len(events.Scalars("train/loss")) == 2
+@pytest.mark.timeout(1800)
+def test_two_training_steps_on_dipg_in_process_then_agentrl_eval(tmp_path):
+    pytest.importorskip("med_safety_gym", reason="pip install openenv-dipg-safety")
+    config = write_config(tmp_path, DIPG, {"env_kwargs": dipg_kwargs(tmp_path)}, **OPENENV_RUN)
+    assert_clean_steps(train(config, timeout=800), steps=2, episodes=8)
+    report = evaluate(config, "eval.seeds=[0,4]", "eval.n=1", timeout=800)
+    assert report["metrics"]["episodes"] == 4 and report["metrics"]["failed"] == 0
+
+
+@pytest.mark.timeout(1800)
+def test_two_training_steps_on_an_env_rank_against_the_echo_server(echo_server, tmp_path):
+    """mpirun -n 3: the env rank opens one WebSocket session of the server per episode; the server's 8 sessions
+    hold a step's 8 episodes."""
+    config = write_config(tmp_path, echo_server, {"truncate_after": 2}, **OPENENV_RUN, **ON_AN_ENV_RANK)
+    logged = train(config, ranks=3, timeout=800)
+    assert_clean_steps(logged, steps=2, episodes=8)
+    assert [turns for _, turns in logged["episode/turns_mean"]] == [2.0, 2.0]  # cut off by truncate_after

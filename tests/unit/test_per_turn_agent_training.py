@@ -4,16 +4,9 @@ session's /reward by call index, and no reward for the episode."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-
 import pytest
 
-from tests.conftest import ROOT
-from tests.mpi.helpers import scalars
-from tests.unit.serve_server import build_serve_model
+from tests.unit.agent_runs import train_agent
 
 pytest.importorskip("openai")
 
@@ -40,35 +33,7 @@ STEPS = 2
 
 
 def test_an_agent_posting_per_turn_rewards_trains_with_turn_rloo(tmp_path):
-    model = build_serve_model(tmp_path / "tiny")
-    rows = [{"question": f"What is {i} + 1?", "answer": i + 1} for i in range(8)]
-    (tmp_path / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
-    (tmp_path / "agent.py").write_text(AGENT)
-    run_dir = tmp_path / "run"
-    overrides = {
-        "run_dir": run_dir,
-        "layout.rollout": 1,
-        "layout.env": 0,
-        "model.path": model,
-        "steps": STEPS,
-        "rollout.tasks_per_step": 2,
-        "rollout.group_size": 4,
-        "rollout.max_new_tokens": 6,
-        "data.train": tmp_path / "train.jsonl",
-        "agent.command": f"{sys.executable} {tmp_path / 'agent.py'}",
-        "agent.timeout_s": 120,
-        "algorithm.name": "turn_rloo",
-        "eval.every": 0,
-        "checkpoint.every": 0,
-        "logging.progress": "false",
-    }
-    command = [sys.executable, "-m", "agentrl.cli", "train", "launch/configs/quickstart.yaml"]
-    command += [f"{key}={value}" for key, value in overrides.items()]
-    environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    result = subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert result.returncode == 0, f"stdout:\n{result.stdout[-3000:]}\nstderr:\n{result.stderr[-5000:]}"
-
-    logged = scalars(run_dir)
+    logged = train_agent(tmp_path, AGENT, STEPS, **{"algorithm.name": "turn_rloo"}).logged
     assert [value for _, value in logged["episode/failed"]] == [0.0] * STEPS
     # every episode's reward is the sum of its turns' rewards: 0.5 per call
     for (_, reward), (_, turns) in zip(logged["episode/reward_mean"], logged["episode/turns_mean"], strict=True):

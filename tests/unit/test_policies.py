@@ -122,6 +122,8 @@ def test_agent_programs_call_policies_by_name_and_their_bad_settings_are_refused
         relay_config(tiny_model_dir, **agent, policies=gigpo)
     with pytest.raises(ConfigError, match=r"cannot run with env.reward_fn or reward: .*post each policy's reward"):
         relay_config(tiny_model_dir, **agent, env={"id": "relay", "reward_fn": "tests.unit.reward_fns:exact_answer"})
+    with pytest.raises(ConfigError, match=r"layout.env=1: a multi-policy job's agent programs run on its rollout"):
+        relay_config(tiny_model_dir, **agent, layout={"trainer": 2, "rollout": 1, "env": 1})
 
 
 # --- one game ---------------------------------------------------------------------------------------------------

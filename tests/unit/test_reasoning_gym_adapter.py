@@ -11,8 +11,7 @@ pytest.importorskip("reasoning_gym", reason="pip install 'agentrl[reasoning-gym]
 
 from agentrl.env import make
 from agentrl.env.check import check_env
-from tests.mpi.helpers import scalars
-from tests.unit.ecosystem_runs import train_two_steps
+from tests.unit.ecosystem_runs import EVAL_AT_THE_END, assert_clean_steps, assert_evaluated, train, write_config
 
 REPO = Path(__file__).resolve().parents[2]
 SUMS = {
@@ -110,20 +109,15 @@ def test_without_the_package_the_error_names_the_extra():
     assert "'agentrl[reasoning-gym]'" in result.stderr
 
 
-@pytest.mark.parametrize(
-    ("name", "kwargs"),
-    [
-        ("basic_arithmetic", {**SUMS, "answer_tag": None}),
-        ("letter_counting", {"min_words": 1, "max_words": 2, "answer_tag": None}),
-    ],
-)
 @pytest.mark.timeout(600)  # a real run: the package's import and a model's build
-def test_agentrl_train_runs_two_steps_on_a_dataset(name, kwargs, tmp_path):
-    run_dir = train_two_steps(f"reasoning_gym:{name}", kwargs, tmp_path)
-    logged = scalars(run_dir)
-    assert [step for step, _ in logged["train/loss"]] == [0, 1]
-    assert all(failed == 0 for _, failed in logged["episode/failed"])
+def test_agentrl_train_runs_two_steps_on_a_dataset_and_evaluates_the_trained_model(tmp_path):
+    """letter_counting in one process (basic_arithmetic trains on an env rank: tests/mpi/test_ecosystem_envs_mpi.py);
+    the run's evaluation at its end asks 4 questions of the evaluation seeds."""
+    kwargs = {"min_words": 1, "max_words": 2, "answer_tag": None}
+    logged = train(write_config(tmp_path, "reasoning_gym:letter_counting", kwargs, **EVAL_AT_THE_END))
+    assert_clean_steps(logged, steps=2, episodes=8)
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
+    assert_evaluated(logged, step=2, episodes=4)
 
 
 def sum_of(question: str) -> int:

@@ -3,15 +3,13 @@ here) serve rows in SkyRL's format, pass check-env, train two steps of a tiny mo
 
 import json
 import sqlite3
-import subprocess
-import sys
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agentrl.env import make
 from agentrl.env.check import check_env
 from agentrl.env.host import EnvHost
+from tests.unit.ecosystem_runs import assert_clean_steps, assert_evaluated, train, write_config
 
 pytest.importorskip("skyrl_gym", reason="skyrl-gym is in the dev extra (pip install -e '.[dev]')")
 
@@ -111,22 +109,8 @@ def test_bad_rows_and_episodes_that_never_end_fail_their_episode_with_the_reason
     assert broken.counts()["failed"] == 1 and host.counts()["failed"] == 1
 
 
-CONFIG = """
-run_dir: {run_dir}
-steps: 2
-seed: 0
-model:
-  path: {model}
-  tiny: {{hidden_size: 32, num_layers: 2, num_heads: 4, vocab_size: 256}}
-data: {{train: {data}}}
-env:
-  id: skyrl_gym:{name}
-  kwargs: {kwargs}
-rollout: {{tasks_per_step: 2, group_size: 4, max_turns: 3, max_new_tokens: 12, max_episode_tokens: 384}}
-trainer: {{micro_batch_size: 8}}
-checkpoint: {{every: 0}}
-logging: {{progress: false}}
-"""
+# gsm8k's and text2sql's prompts are long: room for them, and a tokenizer of more pieces
+SKYRL_RUN = {"rollout.max_turns": 3, "rollout.max_new_tokens": 12, "rollout.max_episode_tokens": 384}
 
 
 @pytest.mark.parametrize("name", ["gsm8k", "text2sql"])
@@ -135,43 +119,10 @@ def test_two_training_steps_on_a_skyrl_env(name, tmp_path):
     kwargs = {} if name == "gsm8k" else {"env_config": {"db_path": str(tmp_path / "db")}}
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = tmp_path / "config.yaml"
-    run_dir = tmp_path / "run"
-    fields = {"run_dir": run_dir, "model": tmp_path / "model", "data": data, "name": name, "kwargs": json.dumps(kwargs)}
-    config.write_text(CONFIG.format(**fields))
-    trained = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        cwd=tmp_path,
-    )
-    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-4000:]
-    events = EventAccumulator(str(run_dir / "tb"))
-    events.Reload()
-    assert [event.value for event in events.Scalars("episode/count")] == [8.0, 8.0]
-    assert [event.value for event in events.Scalars("episode/failed")] == [0.0, 0.0]
-    assert len(events.Scalars("train/loss")) == 2
-    if name == "gsm8k":  # and agentrl eval on held-out rows, with the trained checkpoint
-        evaluated = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "agentrl.cli",
-                "eval",
-                str(config),
-                "--checkpoint",
-                str(run_dir / "checkpoints" / "step_000002"),
-                f"data.val={data}",
-                "eval.split=val",
-                "eval.n=1",
-                f"--out={tmp_path / 'eval'}",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=240,
-            cwd=tmp_path,
-        )
-        assert evaluated.returncode == 0, evaluated.stdout[-2000:] + evaluated.stderr[-4000:]
-        report = json.loads((tmp_path / "eval" / "report.json").read_text())
-        assert report["metrics"]["episodes"] == len(rows)
+    settings = {**SKYRL_RUN, "data.train": str(data), "model.tiny.vocab_size": 256}
+    if name == "gsm8k":  # and the run's evaluation at its end, on the rows as data.val
+        settings |= {"data.val": str(data), "eval.split": "val", "eval.every": 2, "eval.n": 1}
+    logged = train(write_config(tmp_path, f"skyrl_gym:{name}", kwargs, **settings), timeout=400)
+    assert_clean_steps(logged, steps=2, episodes=8)
+    if name == "gsm8k":
+        assert_evaluated(logged, step=2, episodes=len(rows))

@@ -13,8 +13,13 @@ ta = pytest.importorskip("textarena", reason="pip install 'agentrl[textarena]' (
 from agentrl.env import make  # noqa: E402
 from agentrl.env.check import check_env  # noqa: E402
 from agentrl.env.host import EnvHost  # noqa: E402
-from tests.mpi.helpers import scalars  # noqa: E402
-from tests.unit.ecosystem_runs import train_two_steps  # noqa: E402
+from tests.unit.ecosystem_runs import (  # noqa: E402
+    EVAL_AT_THE_END,
+    assert_clean_steps,
+    assert_evaluated,
+    train,
+    write_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -210,20 +215,17 @@ def test_textarenas_own_games_that_break_their_api_fail_the_episode_with_the_rea
     assert host.counts()["failed"] == 1
 
 
-@pytest.mark.parametrize(
-    ("game", "kwargs"),
-    [
-        ("GuessTheNumber-v0", {"min_number": 1, "max_number": 7, "max_turns": 4, "bracket_actions": True}),
-        ("Mastermind-v0", {"code_length": 2, "num_numbers": 4, "max_turns": 4}),
-    ],
-)
 @pytest.mark.timeout(600)  # a real run: the package's import and a model's build
-def test_agentrl_train_runs_two_steps_on_a_game(game, kwargs, tmp_path):
-    run_dir = train_two_steps(f"textarena:{game}", kwargs, tmp_path, max_turns=4)
-    logged = scalars(run_dir)
-    assert [step for step, _ in logged["train/loss"]] == [0, 1]
-    assert all(failed == 0 for _, failed in logged["episode/failed"])
+def test_agentrl_train_runs_two_steps_on_a_game_and_evaluates_the_trained_model(tmp_path):
+    """Mastermind in one process (GuessTheNumber trains on an env rank: tests/mpi/test_ecosystem_envs_mpi.py); the
+    run's evaluation at its end plays 4 games of the evaluation seeds."""
+    kwargs = {"code_length": 2, "num_numbers": 4, "max_turns": 4}
+    logged = train(
+        write_config(tmp_path, "textarena:Mastermind-v0", kwargs, **{"rollout.max_turns": 4}, **EVAL_AT_THE_END)
+    )
+    assert_clean_steps(logged, steps=2, episodes=8)
     assert all(0.0 <= value <= 1.0 for _, value in logged["episode/reward_mean"])
+    assert_evaluated(logged, step=2, episodes=4)
 
 
 @pytest.mark.parametrize("invalid_move_reward", [None, 0.0])

@@ -83,3 +83,14 @@ def test_a_folder_built_before_a_tiny_field_existed_is_taken_as_built_with_its_d
     ensure_model(ModelConfig(path=str(path), tiny={"hidden_size": 32}), lambda: TEXTS)
     with pytest.raises(UserError, match=r"output_scale: 1\.0 there, 0\.5 in the config"):
         ensure_model(ModelConfig(path=str(path), tiny={"hidden_size": 32, "output_scale": 0.5}), lambda: TEXTS)
+
+
+def test_the_tokenizers_corpus_is_read_from_episodes_it_closes_after():
+    from agentrl.config.load import from_dict
+    from agentrl.run.start import env_texts
+    from tests.fault_envs import SessionCountingEnv
+
+    config = from_dict({"model": {"path": "m"}, "env": {"id": "tests.fault_envs:SessionCountingEnv"}})
+    texts = env_texts(config, episodes=3)
+    assert len(texts) > 3 and all(isinstance(text, str) for text in texts)
+    assert SessionCountingEnv.open_sessions == 0  # an openenv:http env would otherwise keep its server session

@@ -7,15 +7,21 @@ Marked `verifiers`: verifiers is about 90 MB and pins openai<3 (not in the dev e
 under uv, which fetches the program's packages from PyPI once; `pip install 'agentrl[verifiers]'`, `pytest -m
 verifiers`."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from agentrl.config.load import from_dict
+from tests.mpi.helpers import scalars
+from tests.unit.ecosystem_runs import (
+    ON_AN_ENV_RANK,
+    agentrl,
+    assert_clean_steps,
+    evaluate,
+    run_dir_of,
+    train,
+    write_config,
+)
 
 pytest.importorskip("verifiers.v1", reason="pip install 'agentrl[verifiers]'")
 pytestmark = [pytest.mark.verifiers, pytest.mark.timeout(1800)]
@@ -55,54 +61,43 @@ def test_check_env_builds_the_env_and_its_tasks_and_names_a_missing_taskset(caps
     assert "taskset 'nosuch_taskset' not found" in capsys.readouterr().out
 
 
-CONFIG = """
-run_dir: {run_dir}
-steps: {steps}
-seed: 0
-model:
-  path: {model}
-  tiny: {{hidden_size: 32, num_layers: 2, num_heads: 4, vocab_size: 256}}
-env:
-  id: verifiers:{taskset}
-agent: {{timeout_s: 900}}
-rollout: {{tasks_per_step: 2, group_size: 2, max_new_tokens: 8, max_episode_tokens: 512}}
-trainer: {{micro_batch_size: 8}}
-runtime: {{abort_on_failed_fraction: null}}
-checkpoint: {{every: 0}}
-logging: {{progress: false}}
-"""
+# one model call per turn, of up to 8 tokens; verifiers' episodes take minutes on a loaded machine
+VERIFIERS_RUN = {
+    "model.tiny.vocab_size": 256,
+    "agent.timeout_s": 900,
+    "rollout.group_size": 2,
+    "rollout.max_new_tokens": 8,
+    "rollout.max_episode_tokens": 512,
+    "runtime.abort_on_failed_fraction": None,
+}
+WITH_TASKSETS = {"PYTHONPATH": str(TASKSETS)}
 
 
-def train(tmp_path, taskset, steps):
-    run_dir = tmp_path / "run"
-    config = tmp_path / "config.yaml"
-    config.write_text(CONFIG.format(run_dir=run_dir, steps=steps, model=tmp_path / "model", taskset=taskset))
-    environment = {**os.environ, "PYTHONPATH": str(TASKSETS), "OMP_NUM_THREADS": "1"}
-    trained = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=1700,
-        cwd=tmp_path,
-        env=environment,
-    )
-    assert trained.returncode == 0, trained.stdout[-2000:] + trained.stderr[-4000:]
-    events = EventAccumulator(str(run_dir / "tb"))
-    events.Reload()
-    return events, trained
+def run_config(tmp_path, taskset: str, steps: int, **settings):
+    return write_config(tmp_path, f"verifiers:{taskset}", steps=steps, **VERIFIERS_RUN, **settings)
 
 
 @pytest.mark.parametrize("taskset", ["agentrl_vf_addition", "agentrl_vf_followup"])
 def test_two_training_steps_on_a_verifiers_environment(taskset, tmp_path):
-    events, _ = train(tmp_path, taskset, steps=2)
-    assert [event.value for event in events.Scalars("episode/count")] == [4.0, 4.0]
-    assert [event.value for event in events.Scalars("episode/failed")] == [0.0, 0.0]
-    assert len(events.Scalars("train/loss")) == 2
-    turns = [event.value for event in events.Scalars("episode/turns_mean")]
+    logged = train(run_config(tmp_path, taskset, steps=2), env=WITH_TASKSETS, timeout=1700)
+    assert_clean_steps(logged, steps=2, episodes=4)
+    turns = [value for _, value in logged["episode/turns_mean"]]
     assert turns == ([1.0, 1.0] if taskset == "agentrl_vf_addition" else [2.0, 2.0])  # one model call per turn
 
 
 def test_a_rubric_that_raises_fails_its_episodes_with_the_reason(tmp_path):
-    events, trained = train(tmp_path, "agentrl_vf_broken", steps=1)
-    assert [event.value for event in events.Scalars("episode/failed")] == [4.0]
+    config = run_config(tmp_path, "agentrl_vf_broken", steps=1)
+    trained = agentrl("train", config, env=WITH_TASKSETS, timeout=1700)
+    assert [failed for _, failed in scalars(run_dir_of(config))["episode/failed"]] == [4.0]
     assert "this rubric is broken on purpose" in trained.stdout + trained.stderr
+
+
+def test_a_step_with_the_episodes_on_an_env_rank_then_agentrl_eval(tmp_path):
+    """mpirun -n 3: the env rank starts the verifiers program of each episode against the rollout rank's gateway;
+    then `agentrl eval` of the trained model (one process) on two tasks."""
+    config = run_config(tmp_path, "agentrl_vf_addition", steps=1, **ON_AN_ENV_RANK)
+    logged = train(config, ranks=3, env=WITH_TASKSETS, timeout=1700)
+    assert_clean_steps(logged, steps=1, episodes=4)
+    assert [value for _, value in logged["episode/turns_mean"]] == [1.0]
+    report = evaluate(config, "eval.seeds=[0,2]", "eval.n=1", env=WITH_TASKSETS, timeout=1700)
+    assert report["metrics"]["episodes"] == 2 and report["metrics"]["failed"] == 0
