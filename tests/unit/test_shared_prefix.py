@@ -13,6 +13,10 @@ Tolerance: float32 sums in another order. Gradients: |a - b| <= 1e-5 x max|b| + 
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -22,6 +26,8 @@ from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import shared_prefix
 from agentrl.trainer.policy_trainer import _rows
 from agentrl.trajectory import Episode, num_episodes, pack
+from tests.conftest import ROOT
+from tests.mpi.helpers import QUICKSTART, assert_ok, scalars, small_run
 
 ROLLOUT = {"max_new_tokens": 4, "max_turns": 3, "max_episode_tokens": 64, "temperature": 0.9, "group_size": 8}
 
@@ -163,3 +169,33 @@ def test_config_refuses_what_keeps_no_cache():
     for parallelism, layout in (({"fsdp": True}, {"trainer": 2}), ({"activation_checkpointing": True}, {})):
         with pytest.raises(ValueError, match=r"trainer.shared_prefix=true .* set parallelism\.\w+=false or trainer"):
             from_dict({**base, "parallelism": parallelism, "layout": layout})
+
+
+@pytest.mark.timeout(900)  # two real runs; seconds each on an idle machine, minutes on a loaded one
+def test_agentrl_train_gives_the_same_run_with_and_without(tmp_path, tiny_model_dir):
+    """`agentrl train` (one process, the quickstart game, 2 groups of 8), 3 steps each way: every rollout scalar the
+    same, every training scalar within float rounding (the weights differ by it after the first step)."""
+    runs = {}
+    for shared in ("true", "false"):
+        overrides = small_run(
+            tmp_path / shared,
+            tiny_model_dir,
+            **{"rollout.tasks_per_step": 2, "rollout.group_size": 8, "trainer.micro_batch_size": 16, "eval.every": 0},
+            **{"trainer.shared_prefix": shared},
+        )
+        command = [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides]
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        assert_ok(subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600, cwd=ROOT))
+        runs[shared] = scalars(tmp_path / shared / "run")
+    positions = [value for _, value in runs["true"].pop("train/shared_prefix_positions")]
+    assert len(positions) == 3 and max(positions) < 0.9
+    assert set(runs["true"]) == set(runs["false"])
+    compared = [tag for tag in runs["false"] if not tag.startswith(("time/", "perf/"))]
+    assert any(tag.startswith("rollout/") for tag in compared) and "train/loss" in compared
+    for tag in compared:
+        got, want = runs["true"][tag], runs["false"][tag]
+        assert [step for step, _ in got] == [step for step, _ in want], tag
+        if tag.startswith("train/"):
+            assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-4, abs=1e-6), tag
+        else:
+            assert got == want, tag
