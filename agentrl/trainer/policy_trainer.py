@@ -2,7 +2,8 @@
 
 The algorithm (agentrl/algorithms/) turns the batch into per-token advantages and a
 micro-batch's log-probs into a loss; this module does everything that is the same for
-all of them: micro-batches, the old policy's log-probs when asked, the frozen reference,
+all of them: micro-batches (forwarded as whole rows, or with each group's shared prefix once:
+`trainer.shared_prefix`, agentrl/trainer/shared_prefix.py), the old policy's log-probs when asked, the frozen reference,
 gradient sync and clipping, the optimizer, and skipping an update whose loss or gradient norm
 is not finite (agentrl/trainer/nonfinite.py). Losses are normalised by global counts of the
 whole mini-batch and gradients are summed over trainer ranks: by hand (one flattened
@@ -330,7 +331,7 @@ class PolicyTrainer:
                 logits = self._logits(self.model, ids, attention, prefix_plan)[:, :-1].float()
             return token_logprobs(logits, ids[:, 1:], temperature)
 
-        return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False))
+        return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False), shared=True)
 
     def _extra_outputs(self, batch, name: str) -> np.ndarray:
         """`prepare`'s forward: extra model `name` over this rank's shard, before the step's updates (flat)."""
@@ -347,11 +348,12 @@ class PolicyTrainer:
         return self._per_token(batch, outputs, lambda ids: module(input_ids=ids))
 
     @torch.no_grad()
-    def _per_token(self, batch, compute, idle) -> np.ndarray:
+    def _per_token(self, batch, compute, idle, shared: bool = False) -> np.ndarray:
         """compute(ids, attention, prefix plan) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at
         first tokens).
 
-        Sharded, every rank runs as many forwards as the busiest one: `idle(ids)` on one token.
+        The plan is None unless `shared` (the policy's own forward) and trainer.shared_prefix. Sharded, every rank
+        runs as many forwards as the busiest one: `idle(ids)` on one token.
         """
         out = np.zeros(len(batch["tokens"]), dtype=np.float32)
         n = num_episodes(batch)
@@ -362,7 +364,7 @@ class PolicyTrainer:
         for start in starts:
             episodes = np.arange(start, min(n, start + micro_size))
             ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
-            prefix_plan = self._prefix_plan(batch, episodes, ids, lengths)
+            prefix_plan = self._prefix_plan(batch, episodes, ids, lengths) if shared else None
             ids, attention = ids.to(self.device), attention.to(self.device)
             values = compute(ids, attention, prefix_plan).cpu().numpy()
             for row, i in enumerate(episodes):
