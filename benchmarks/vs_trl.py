@@ -19,7 +19,9 @@ of this venv); and `agentrl train`:
 - `agentrl-4`*: `mpirun -n 4`, 1 trainer, 2 rollout, 1 env (the quickstart's ranks); `agentrl-4c`: the same, continuous;
 - `agentrl-2`: `mpirun -n 2`, 1 trainer, 1 rollout with its envs in-process; `agentrl-2t`: the same, 2 torch threads
   a rank; `agentrl-2a`: the same, `rollout.max_staleness=1` (step n+1 generated while step n trains: one step
-  off-policy); `agentrl-2ac`*: `2a` with the continuous scheduler; `agentrl-3a`: 1 trainer, 2 rollout, staleness 1.
+  off-policy); `agentrl-2ac`*: `2a` with the continuous scheduler; `agentrl-3a`: 1 trainer, 2 rollout, staleness 1;
+- any of those with a `p` after it (`agentrl-1tp`, `agentrl-2acp`): the same with `trainer.shared_prefix=true` (a
+  group's prompt forwarded once in training).
 
 Both sides load the same model folder (built by agentrl from `model.tiny`, saved with save_pretrained). A warm-up
 run of each side per task (2 steps, not counted) builds it and fills the disk cache. Then the runs interleave
@@ -73,6 +75,8 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
     "agentrl-4c": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1", "rollout.engine.scheduler=continuous"]),
     "agentrl-3a": (3, ["layout.trainer=1", "layout.rollout=2", "layout.env=0", "rollout.max_staleness=1"]),
 }
+SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once in training
+AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}
 TRL = {"trl": 2, "trl-1t": 1}  # side -> torch threads
 SIDES = (*TRL, *AGENTRL)
 DEFAULT_SIDES = ("trl", "trl-1t", "agentrl-1", "agentrl-1t", "agentrl-1c", "agentrl-4", "agentrl-2ac")

@@ -748,6 +748,14 @@ class TrainerConfig(Section):
         "trainer rank, leaving weights and optimizer state untouched (`train/skipped_nonfinite` counts them); the "
         "run stops after this many in a row (1: at the first). `null`: skip them and never stop.",
     )
+    shared_prefix: bool = Field(
+        False,
+        description="Forward the token prefix a group's episodes share (the prompt; in multi-turn episodes at least "
+        "the first one) once per micro-batch, then each episode's rest on its KV cache: the same loss and gradients "
+        "up to float rounding, fewer positions computed. A micro-batch where it would not compute fewer positions "
+        "(groups of one, micro-batches that split groups) forwards whole rows. Needs the policy's KV cache: not "
+        "with parallelism.fsdp or parallelism.activation_checkpointing, nor models with sliding-window layers.",
+    )
 
     @field_validator("max_skipped_nonfinite")
     @classmethod
@@ -1148,6 +1156,13 @@ class Config(Section):
             raise ValueError(
                 "parallelism.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one there is nothing "
                 "to shard: set parallelism.fsdp=false (parallelism.mixed_precision=bf16 then uses autocast)"
+            )
+        if self.trainer.shared_prefix and (self.parallelism.fsdp or self.parallelism.activation_checkpointing):
+            which = "parallelism.fsdp" if self.parallelism.fsdp else "parallelism.activation_checkpointing"
+            raise ValueError(
+                f"trainer.shared_prefix=true continues episodes on their prefix's KV cache, which {which}=true does "
+                f"not keep (a sharded forward is a collective; a recomputed layer keeps no cache); set {which}=false "
+                "or trainer.shared_prefix=false"
             )
         engine = self.rollout.engine
         if self.layout.colocate and getattr(engine, "tp_size", 1) > 1:

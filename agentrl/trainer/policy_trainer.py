@@ -2,7 +2,8 @@
 
 The algorithm (agentrl/algorithms/) turns the batch into per-token advantages and a
 micro-batch's log-probs into a loss; this module does everything that is the same for
-all of them: micro-batches, the old policy's log-probs when asked, the frozen reference,
+all of them: micro-batches (forwarded as whole rows, or with each group's shared prefix once:
+`trainer.shared_prefix`, agentrl/trainer/shared_prefix.py), the old policy's log-probs when asked, the frozen reference,
 gradient sync and clipping, the optimizer, and skipping an update whose loss or gradient norm
 is not finite (agentrl/trainer/nonfinite.py). Losses are normalised by global counts of the
 whole mini-batch and gradients are summed over trainer ranks: by hand (one flattened
@@ -19,6 +20,7 @@ gradients synced, clipped and stepped with their own optimizers, checkpointed th
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -36,7 +38,7 @@ from agentrl.config import (
     TrainerConfig,
 )
 from agentrl.models.loading import load_causal_lm
-from agentrl.trainer import checkpoint, parallel
+from agentrl.trainer import checkpoint, parallel, shared_prefix
 from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
@@ -106,6 +108,11 @@ class PolicyTrainer:
         self.reference = None
         if self.algorithm.needs_reference:
             self.reference = self._load(model.path, reference=True).eval()
+        self.shared_prefix = trainer.shared_prefix
+        self.prefix_positions = np.zeros(2)  # this step's policy forwards: positions computed, and whole rows'
+        self.announced_whole_rows = False
+        if self.shared_prefix:
+            shared_prefix.check_model(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optimizer)
         self.scheduler = build_scheduler(
@@ -195,6 +202,7 @@ class PolicyTrainer:
             batch = _placeholder_batch()
         n = num_episodes(batch)
         valid = valid_episodes(batch)
+        self.prefix_positions[:] = 0
         prepared = self.algorithm.prepare(batch, valid, lambda name: self._extra_outputs(batch, name))
         advantages = self.algorithm.advantages(batch, valid)
         old_logp = self._old_logprobs(batch) if self.algorithm.needs_old_logprobs else batch["logprobs"]
@@ -268,6 +276,9 @@ class PolicyTrainer:
         abs_sum = torch.tensor([np.abs(advantages[trained_mask]).sum(), trained_mask.sum()], dtype=torch.float64)
         abs_sum, abs_count = self._allreduce(abs_sum).tolist()
         metrics["train/adv_abs_mean"] = abs_sum / max(abs_count, 1.0)
+        if self.shared_prefix:
+            computed, whole = self._allreduce(torch.from_numpy(self.prefix_positions.copy())).tolist()
+            metrics["train/shared_prefix_positions"] = computed / max(whole, 1.0)
         return metrics
 
     def _synced_clipped_norm(self, params, max_norm: float) -> float:
@@ -315,12 +326,12 @@ class PolicyTrainer:
         """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
         temperature = self.temperature
 
-        def logprobs(ids, attention):
+        def logprobs(ids, attention, prefix_plan):
             with self._compute():
-                logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+                logits = self._logits(self.model, ids, attention, prefix_plan)[:, :-1].float()
             return token_logprobs(logits, ids[:, 1:], temperature)
 
-        return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False))
+        return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False), shared=True)
 
     def _extra_outputs(self, batch, name: str) -> np.ndarray:
         """`prepare`'s forward: extra model `name` over this rank's shard, before the step's updates (flat)."""
@@ -330,17 +341,19 @@ class PolicyTrainer:
             raise KeyError(f"prepare asked for extra model {name!r}; extra_models returned: {known}")
         module = found[0].module
 
-        def outputs(ids, attention):
+        def outputs(ids, attention, prefix_plan):
             with self._compute():
                 return module(input_ids=ids, attention_mask=attention)[:, :-1].float()
 
         return self._per_token(batch, outputs, lambda ids: module(input_ids=ids))
 
     @torch.no_grad()
-    def _per_token(self, batch, compute, idle) -> np.ndarray:
-        """compute(ids, attention) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at first tokens).
+    def _per_token(self, batch, compute, idle, shared: bool = False) -> np.ndarray:
+        """compute(ids, attention, prefix plan) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at
+        first tokens).
 
-        Sharded, every rank runs as many forwards as the busiest one: `idle(ids)` on one token.
+        The plan is None unless `shared` (the policy's own forward) and trainer.shared_prefix. Sharded, every rank
+        runs as many forwards as the busiest one: `idle(ids)` on one token.
         """
         out = np.zeros(len(batch["tokens"]), dtype=np.float32)
         n = num_episodes(batch)
@@ -350,9 +363,10 @@ class PolicyTrainer:
         agreed = self._agreed_micro_steps(len(starts))  # before any forward: under FSDP forwards are collectives
         for start in starts:
             episodes = np.arange(start, min(n, start + micro_size))
-            ids, attention = _rows(batch, episodes, "tokens", torch.long)[:2]
+            ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
+            prefix_plan = self._prefix_plan(batch, episodes, ids, lengths) if shared else None
             ids, attention = ids.to(self.device), attention.to(self.device)
-            values = compute(ids, attention).cpu().numpy()
+            values = compute(ids, attention, prefix_plan).cpu().numpy()
             for row, i in enumerate(episodes):
                 length = int(offsets[i + 1] - offsets[i])
                 out[offsets[i] + 1 : offsets[i + 1]] = values[row, : length - 1]
@@ -360,6 +374,29 @@ class PolicyTrainer:
             with self._compute():
                 idle(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         return out
+
+    def _prefix_plan(self, batch, episodes, ids: torch.Tensor, lengths: list[int]) -> shared_prefix.PrefixPlan | None:
+        """With trainer.shared_prefix, how the micro-batch's rows share their groups' prefixes (None: whole rows)."""
+        if not self.shared_prefix:
+            return None
+        found = shared_prefix.plan(ids.numpy(), np.asarray(lengths), batch["group"][np.asarray(episodes)])
+        if found is None and not self.announced_whole_rows and _leads(self.group):
+            self.announced_whole_rows = True
+            print(
+                "agentrl: trainer.shared_prefix: a micro-batch forwards whole rows, as sharing its groups' prefixes "
+                "would not compute fewer positions (groups of one, prefixes of one token, or groups split across "
+                "micro-batches: trainer.micro_batch_size a multiple of rollout.group_size keeps them whole); said "
+                "once",
+                file=sys.stderr,
+                flush=True,
+            )
+        return found
+
+    def _logits(self, model, ids: torch.Tensor, attention: torch.Tensor, prefix_plan) -> torch.Tensor:
+        """The model's (B, T, vocab) logits of the rows: in one forward, or each shared prefix once (a plan)."""
+        if prefix_plan is None:
+            return model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+        return shared_prefix.logits(model, ids, attention.sum(dim=1).cpu().numpy(), prefix_plan)
 
     def _micro_step(
         self,
@@ -374,6 +411,10 @@ class PolicyTrainer:
     ) -> tuple[dict[str, float], float]:
         """One forward and backward; its stats' sums and its loss (NaN or inf when not finite)."""
         ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
+        prefix_plan = self._prefix_plan(batch, episodes, ids, lengths)
+        if self.shared_prefix:
+            whole = len(lengths) * max(lengths)
+            self.prefix_positions += (whole if prefix_plan is None else prefix_plan.positions, whole)
         mask = _gather_rows(batch["loss_mask"], batch["offsets"], episodes, lengths, torch.float32)
         rollout_logp = _gather_rows(batch["logprobs"], batch["offsets"], episodes, lengths, torch.float32)
         old = rollout_logp if old_logp is batch["logprobs"] else None
@@ -390,7 +431,7 @@ class PolicyTrainer:
         temperature = self.temperature
 
         with self._compute():
-            logits = self.model(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
+            logits = self._logits(self.model, ids, attention, prefix_plan)[:, :-1].float()
             outputs = {
                 extra.name: extra.module(input_ids=ids, attention_mask=attention)[:, :-1].float()
                 for extra in self.extras
@@ -400,9 +441,7 @@ class PolicyTrainer:
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad(), self._compute():
-                ref_logits = (
-                    self.reference(input_ids=ids, attention_mask=attention, use_cache=False).logits[:, :-1].float()
-                )
+                ref_logits = self._logits(self.reference, ids, attention, prefix_plan)[:, :-1].float()
                 ref_logp = token_logprobs(ref_logits, targets, temperature)
         if self.algorithm.needs_entropy_grad:
             token_entropy = entropy(logits, temperature)

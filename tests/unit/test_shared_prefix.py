@@ -1,0 +1,201 @@
+"""`trainer.shared_prefix`: forwarding each group's shared prefix once gives the whole-row path's logits, loss and
+gradients, up to float32 rounding.
+
+Batches: groups of 1 and of 8, one-turn (a prompt, then 1-4 generated tokens) and multi-turn (a prompt, then turns
+of generated tokens, eos and an observation), prompts of different lengths per group, and groups whose episodes
+also share their first reply (the shared prefix then reaches into trained tokens). Two trainers load the same
+weights, one with the option and one without, and train one step on the same batch; their metrics and their
+gradients (kept after the step, clipped alike) must agree.
+
+Tolerance: float32 sums in another order. Gradients: |a - b| <= 1e-5 x max|b| + 1e-7 per tensor (measured: under
+1e-6 relative); loss and the other metrics: 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from agentrl.config import from_dict
+from agentrl.roles.trainer_parts import policy_trainer
+from agentrl.trainer import shared_prefix
+from agentrl.trainer.policy_trainer import _rows
+from agentrl.trajectory import Episode, num_episodes, pack
+from tests.conftest import ROOT
+from tests.mpi.helpers import QUICKSTART, assert_ok, scalars, small_run
+
+ROLLOUT = {"max_new_tokens": 4, "max_turns": 3, "max_episode_tokens": 64, "temperature": 0.9, "group_size": 8}
+
+
+def make_batch(turns: int, group_size: int, groups: int = 4, seed: int = 0) -> dict[str, np.ndarray]:
+    """`groups` groups of `group_size` episodes; group g's prompt is 4 + 3g tokens; odd groups also share their first
+    reply (and, multi-turn, its observation); logprobs near the model's, so the clip is inert."""
+    rng = np.random.default_rng(seed)
+    episodes = []
+    for group in range(groups):
+        prompt = rng.integers(3, 90, size=4 + 3 * group)
+        first_reply = rng.integers(3, 90, size=2)
+        for member in range(group_size):
+            episode = Episode(group=group, task_seed=group)
+            episode.extend(prompt, mask=0)
+            for turn in range(turns):
+                shared = group % 2 == 1 and turn == 0
+                reply = first_reply if shared else rng.integers(3, 90, size=int(rng.integers(1, 5)))
+                start = len(episode.tokens)
+                episode.extend(reply, mask=1, logprobs=rng.normal(-3.0, 0.1, size=len(reply)))
+                episode.turn_spans.append((start, len(episode.tokens)))
+                episode.turn_rewards.append(0.0)
+                episode.turn_states.append(turn)
+                if turns > 1:
+                    episode.extend([2], mask=0)
+                    episode.extend(rng.integers(3, 90, size=2 if shared else int(rng.integers(1, 4))), mask=0)
+            episode.reward = float(rng.normal()) + member * 0.1
+            episodes.append(episode)
+    order = rng.permutation(len(episodes))  # a group's episodes need not be next to each other
+    return pack([episodes[i] for i in order])
+
+
+def trainer_for(model_dir, shared: bool, micro: int, algorithm=None, lora=None):
+    config = from_dict(
+        {
+            "model": {"path": str(model_dir), "lora": lora},
+            "algorithm": {"name": "grpo", **(algorithm or {})},
+            "rollout": ROLLOUT,
+            "trainer": {"micro_batch_size": micro, "shared_prefix": shared},
+            "optimizer": {"lr": 1e-3},
+        }
+    )
+    return policy_trainer(config, str(model_dir), "cpu")
+
+
+def assert_close_gradients(got: torch.nn.Module, want: torch.nn.Module) -> None:
+    for (name, a), (_, b) in zip(got.named_parameters(), want.named_parameters(), strict=True):
+        if b.grad is None:
+            assert a.grad is None, name
+            continue
+        scale = float(b.grad.abs().max())
+        diff = float((a.grad - b.grad).abs().max())
+        assert diff <= 1e-5 * scale + 1e-7, f"{name}: gradients differ by {diff} (largest {scale})"
+
+
+GLOBAL_BASELINE = {"name": "reinforce_pp"}  # groups of one: a batch-wide baseline, so advantages are not all 0
+CASES = [  # (turns, group size, micro-batch size, algorithm options, model.lora)
+    (1, 8, 32, {}, None),
+    (3, 8, 32, {}, None),
+    (3, 8, 12, {}, None),  # micro-batches that split groups
+    (1, 1, 32, GLOBAL_BASELINE, None),
+    (3, 1, 32, GLOBAL_BASELINE, None),
+    (3, 8, 32, {"kl_coef": 0.1}, None),  # the frozen reference's forward shares the prefixes too
+    (3, 8, 16, {"correction": {"mode": "tis"}}, None),  # the old policy's log-probs recomputed, sharing them
+    (3, 8, 32, {}, {"rank": 4, "alpha": 8}),  # PEFT's wrapper
+]
+
+
+@pytest.mark.parametrize(("turns", "group_size", "micro", "options", "lora"), CASES)
+def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, options, lora):
+    batch = make_batch(turns, group_size)
+    trainers = {}
+    metrics = {}
+    for shared in (True, False):
+        torch.manual_seed(0)
+        trainers[shared] = trainer_for(tiny_model_dir, shared, micro, options, lora)
+        if options.get("kl_coef"):  # move the policy off the reference, so the KL term has a gradient
+            with torch.no_grad():
+                for param in trainers[shared].params:
+                    param.add_(0.05 * torch.randn_like(param))
+        metrics[shared] = trainers[shared].train_step(batch)
+    assert metrics[False]["train/grad_norm"] > 1e-3  # a gradient to compare
+    assert_close_gradients(trainers[True].model, trainers[False].model)
+    computed = metrics[True].pop("train/shared_prefix_positions")
+    assert (computed < 0.8) if group_size > 1 else computed == 1.0  # groups of one: whole rows
+    assert set(metrics[True]) == set(metrics[False])
+    for key, want in metrics[False].items():
+        assert metrics[True][key] == pytest.approx(want, rel=1e-5, abs=1e-7), key
+
+
+def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir):
+    """The forward itself, on plans `plan` would not choose: groups of one split anywhere, prefixes cut short."""
+    trainer = trainer_for(tiny_model_dir, True, 64)
+    model = trainer.model
+    batch = make_batch(3, 3, groups=3, seed=4)
+    ids, attention, lengths = _rows(batch, np.arange(num_episodes(batch)), "tokens", torch.long)
+    lengths = np.asarray(lengths)
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+    rows = len(lengths)
+    plans = {
+        "every row its own prefix, split before its last token": (np.arange(rows), lengths - 1),
+        "every row its own prefix of one token": (np.arange(rows), np.ones(rows, np.int64)),
+        "groups, prefixes cut to 2": (batch["group"], np.full(rows, 2)),
+    }
+    for name, (owner, split) in plans.items():
+        _, owner = np.unique(owner, return_inverse=True)
+        leader = np.array([np.flatnonzero(owner == k)[0] for k in range(owner.max() + 1)])
+        plan = shared_prefix.PrefixPlan(owner, split, leader, 0, 0)
+        with torch.no_grad():
+            got = shared_prefix.logits(model, ids, lengths, plan)
+        for row, length in enumerate(lengths):
+            torch.testing.assert_close(got[row, :length], want[row, :length], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_plan_shares_the_longest_common_prefix_and_keeps_a_token_after_it():
+    ids = np.array(
+        [
+            [1, 2, 3, 4, 5, 0],
+            [1, 2, 3, 9, 0, 0],
+            [1, 2, 3, 4, 6, 7],
+            [7, 7, 7, 7, 7, 7],  # alone in group 1, with a long row
+            [1, 2, 0, 0, 0, 0],
+            [1, 2, 0, 0, 0, 0],  # group 2: identical rows of 2
+        ]
+    )
+    lengths = np.array([5, 4, 6, 6, 2, 2])
+    plan = shared_prefix.plan(ids, lengths, np.array([0, 0, 0, 1, 2, 2]))
+    # group 0 shares [1 2 3]; group 2 its first token (a row keeps one after the prefix); the lone row is cut to 3
+    assert plan.split.tolist() == [3, 3, 3, 3, 1, 1]
+    assert plan.owner.tolist() == [0, 0, 0, 1, 2, 2]
+    assert plan.positions == 3 * 3 + 6 * 3 < plan.whole_positions == 6 * 6
+    assert shared_prefix.plan(ids[:1], lengths[:1], np.array([0])) is None  # one row: nothing to share
+    assert shared_prefix.plan(ids[[3]], lengths[[3]], np.array([5])) is None
+
+
+def test_config_refuses_what_keeps_no_cache():
+    base = {"model": {"path": "m"}, "trainer": {"shared_prefix": True}}
+    for parallelism, layout in (({"fsdp": True}, {"trainer": 2}), ({"activation_checkpointing": True}, {})):
+        with pytest.raises(ValueError, match=r"trainer.shared_prefix=true .* set parallelism\.\w+=false or trainer"):
+            from_dict({**base, "parallelism": parallelism, "layout": layout})
+
+
+@pytest.mark.timeout(900)  # two real runs; seconds each on an idle machine, minutes on a loaded one
+def test_agentrl_train_gives_the_same_run_with_and_without(tmp_path, tiny_model_dir):
+    """`agentrl train` (one process, the quickstart game, 2 groups of 8), 3 steps each way: every rollout scalar the
+    same, every training scalar within float rounding (the weights differ by it after the first step)."""
+    runs = {}
+    for shared in ("true", "false"):
+        overrides = small_run(
+            tmp_path / shared,
+            tiny_model_dir,
+            **{"rollout.tasks_per_step": 2, "rollout.group_size": 8, "trainer.micro_batch_size": 16, "eval.every": 0},
+            **{"trainer.shared_prefix": shared},
+        )
+        command = [sys.executable, "-m", "agentrl.cli", "train", QUICKSTART, *overrides]
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+        assert_ok(subprocess.run(command, env=environment, capture_output=True, text=True, timeout=600, cwd=ROOT))
+        runs[shared] = scalars(tmp_path / shared / "run")
+    positions = [value for _, value in runs["true"].pop("train/shared_prefix_positions")]
+    assert len(positions) == 3 and max(positions) < 0.9
+    assert set(runs["true"]) == set(runs["false"])
+    compared = [tag for tag in runs["false"] if not tag.startswith(("time/", "perf/"))]
+    assert any(tag.startswith("rollout/") for tag in compared) and "train/loss" in compared
+    for tag in compared:
+        got, want = runs["true"][tag], runs["false"][tag]
+        assert [step for step, _ in got] == [step for step, _ in want], tag
+        if tag.startswith("train/"):
+            assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-4, abs=1e-6), tag
+        else:
+            assert got == want, tag
