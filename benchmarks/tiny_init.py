@@ -56,7 +56,7 @@ def main() -> None:
     from agentrl.config import load_config
     from agentrl.env import make
     from agentrl.models.loading import ensure_model
-    from agentrl.run.start import env_texts
+    from agentrl.run.tokenizer_corpus import env_texts
 
     header = " | ".join(f"TV {a} vs {b}" for a, b in PAIRS)
     print(f"| init_std | {header} |")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentrl.config.algorithm_kinds import TURN_LEVEL_ALGORITHMS
 from agentrl.sections import ConfigError
 
 # What a multi-policy job cannot run yet, as (is it set?, the refusal naming the fix).
@@ -135,8 +136,6 @@ def check_shared_bases(config) -> None:
 def _check_agent_policies(config) -> None:
     """Agent programs (agent:) call each policy by name through the gateway: no game seats them, the gateway's one
     model name is the policies' names, and each policy trains with an episode-level algorithm."""
-    from agentrl.config.schema import TURN_LEVEL_ALGORITHMS
-
     if config.game is not None:
         raise ValueError(
             "game: seats policies in an env's games, but with agent: the agent program calls each policy by its name "

@@ -19,6 +19,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from agentrl.config.algorithm_kinds import TURN_LEVEL_ALGORITHMS
 from agentrl.sections import AlgorithmSection, Section, format_validation_error
 
 
@@ -574,10 +575,6 @@ class RolloutConfig(Section):
         description="dispatch=dynamic: groups a rank runs at once (it claims the next task as one ends); "
         "None: half its static share, at least 1.",
     )
-
-
-# Algorithms that read an episode turn by turn (values per token, the env's states): not for agent programs.
-TURN_LEVEL_ALGORITHMS = ("ppo", "gigpo")
 
 
 class AgentConfig(Section):

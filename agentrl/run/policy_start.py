@@ -9,6 +9,7 @@ from pathlib import Path
 from agentrl.config import Config
 from agentrl.config.policies import policy_dir, policy_view, trained_policies
 from agentrl.errors import UserError
+from agentrl.run.tokenizer_corpus import env_texts
 
 
 def ensure_policy_models(config: Config) -> None:
@@ -25,8 +26,6 @@ def ensure_policy_models(config: Config) -> None:
 
 def game_texts(config: Config, games: int = 64) -> list[str]:
     """Observations of a few games played with random small numbers as actions: the tiny tokenizer's corpus."""
-    from agentrl.run.start import env_texts
-
     players = len(config.game.players) if config.game is not None else len(config.policies)
     return env_texts(config, games, config.rollout.max_turns * players, small_number)
 

@@ -87,7 +87,7 @@ def test_a_folder_built_before_a_tiny_field_existed_is_taken_as_built_with_its_d
 
 def test_the_tokenizers_corpus_is_read_from_episodes_it_closes_after():
     from agentrl.config.load import from_dict
-    from agentrl.run.start import env_texts
+    from agentrl.run.tokenizer_corpus import env_texts
     from tests.fault_envs import SessionCountingEnv
 
     config = from_dict({"model": {"path": "m"}, "env": {"id": "tests.fault_envs:SessionCountingEnv"}})
