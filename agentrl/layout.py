@@ -65,9 +65,10 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
     if world_size == 1:
         return [Role.TRAINER]  # single-process mode: this rank runs every role
     if layout.world_size != world_size:
+        scorer = f" + scorer={layout.scorer}" if layout.scorer else ""
         raise ConfigError(
             f"layout needs {layout.world_size} ranks (trainer={layout.trainer} + rollout={layout.rollout} + "
-            f"env={layout.env} + scorer={layout.scorer}) but the job has {world_size}; launch with "
+            f"env={layout.env}{scorer}) but the job has {world_size}; launch with "
             f"`mpirun -n {layout.world_size}` or change layout.* so the counts add up to {world_size}"
         )
     roles = [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env

