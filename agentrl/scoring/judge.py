@@ -15,7 +15,7 @@ import httpx
 
 from agentrl.config.schema import JudgeConfig
 from agentrl.errors import UserError
-from agentrl.scoring.parse import judge_reward
+from agentrl.scoring.parse import reply_reward
 from agentrl.scoring.score import ScoreFailed
 
 SHOWN_BODY_CHARS = 300  # of an error response quoted in a failure
@@ -51,14 +51,7 @@ class JudgeClient:
         return [self._reward(reply) for reply in replies]
 
     def _reward(self, reply: str | BaseException) -> float | ScoreFailed:
-        if isinstance(reply, ScoreFailed):
-            return reply
-        if isinstance(reply, BaseException):
-            return ScoreFailed(f"asking the judge raised {reply!r}")
-        try:
-            return judge_reward(reply, self.config.score_format, self.config.score_pattern, self.config.score_range)
-        except ScoreFailed as failure:
-            return failure
+        return reply_reward(reply, self.config, "asking the judge raised")
 
     async def _completions(self, prompts: list[str]) -> list[str]:
         body = {

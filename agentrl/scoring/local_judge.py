@@ -13,7 +13,7 @@ import asyncio
 
 from agentrl.config.schema import JudgeConfig, TorchEngineConfig
 from agentrl.errors import UserError
-from agentrl.scoring.parse import judge_reward
+from agentrl.scoring.parse import reply_reward
 from agentrl.scoring.score import ScoreFailed
 
 JUDGE_SEED = 0  # sampling stream of a judge with temperature > 0: the same on every scorer rank
@@ -94,14 +94,7 @@ class LocalJudge:
         return self.tokenizer.decode(output.output_ids.tolist(), skip_special_tokens=True)
 
     def _reward(self, reply: str | BaseException) -> float | ScoreFailed:
-        if isinstance(reply, ScoreFailed):
-            return reply
-        if isinstance(reply, BaseException):
-            return ScoreFailed(f"the judge's generation raised {reply!r}")
-        try:
-            return judge_reward(reply, self.config.score_format, self.config.score_pattern, self.config.score_range)
-        except ScoreFailed as failure:
-            return failure
+        return reply_reward(reply, self.config, "the judge's generation raised")
 
     def shutdown(self) -> None:
         self.engine.shutdown()

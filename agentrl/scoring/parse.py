@@ -55,3 +55,16 @@ def _json_score(reply: str) -> float:
 
 def _quoted(reply: str) -> str:
     return repr(reply if len(reply) <= SHOWN_CHARS else reply[:SHOWN_CHARS] + "...")
+
+
+def reply_reward(reply, config, raised: str):
+    """A judge's reply (or what asking for it raised) -> its reward, or the ScoreFailed its episode fails with;
+    `raised` starts the message of an exception ("asking the judge raised")."""
+    if isinstance(reply, ScoreFailed):
+        return reply
+    if isinstance(reply, BaseException):
+        return ScoreFailed(f"{raised} {reply!r}")
+    try:
+        return judge_reward(reply, config.score_format, config.score_pattern, config.score_range)
+    except ScoreFailed as failure:
+        return failure
