@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from agentrl.algorithms.base import Algorithm, ExtraModel, LossInputs, Prepared, Reduce, valid_episodes
-from agentrl.algorithms.losses import entropy, token_logprobs, uniform_kl
 from agentrl.config import (
     ConfigError,
     LRSchedulerConfig,
@@ -42,6 +41,7 @@ from agentrl.trainer import checkpoint, parallel, shared_prefix
 from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
+from agentrl.trainer.token_logits import TokenLogits
 from agentrl.trajectory import num_episodes
 
 
@@ -113,6 +113,7 @@ class PolicyTrainer:
         self.announced_whole_rows = False
         if self.shared_prefix:
             shared_prefix.check_model(self.model)
+            self.pair_cost = shared_prefix.pair_cost(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optimizer)
         self.scheduler = build_scheduler(
@@ -326,10 +327,10 @@ class PolicyTrainer:
         """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
         temperature = self.temperature
 
-        def logprobs(ids, attention, prefix_plan):
+        def logprobs(ids, attention, packing):
             with self._compute():
-                logits = self._logits(self.model, ids, attention, prefix_plan)[:, :-1].float()
-            return token_logprobs(logits, ids[:, 1:], temperature)
+                flat, index = self._position_logits(self.model, ids, attention, packing)
+            return TokenLogits(flat, index, temperature).logprobs(ids[:, 1:])
 
         return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False), shared=True)
 
@@ -341,7 +342,7 @@ class PolicyTrainer:
             raise KeyError(f"prepare asked for extra model {name!r}; extra_models returned: {known}")
         module = found[0].module
 
-        def outputs(ids, attention, prefix_plan):
+        def outputs(ids, attention, packing):
             with self._compute():
                 return module(input_ids=ids, attention_mask=attention)[:, :-1].float()
 
@@ -349,10 +350,11 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _per_token(self, batch, compute, idle, shared: bool = False) -> np.ndarray:
-        """compute(ids, attention, prefix plan) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at
-        first tokens).
+        """compute(ids, attention, packing) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at first
+        tokens).
 
-        The plan is None unless `shared` (the policy's own forward) and trainer.shared_prefix. Sharded, every rank
+        The packing (`shared_prefix.pack`) is None unless `shared` (the policy's own forward) and trainer.shared_prefix
+        found a plan. Sharded, every rank
         runs as many forwards as the busiest one: `idle(ids)` on one token.
         """
         out = np.zeros(len(batch["tokens"]), dtype=np.float32)
@@ -364,22 +366,24 @@ class PolicyTrainer:
         for start in starts:
             episodes = np.arange(start, min(n, start + micro_size))
             ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
-            prefix_plan = self._prefix_plan(batch, episodes, ids, lengths) if shared else None
+            packing = self._packing(batch, episodes, ids, lengths) if shared else None
             ids, attention = ids.to(self.device), attention.to(self.device)
-            values = compute(ids, attention, prefix_plan).cpu().numpy()
-            for row, i in enumerate(episodes):
-                length = int(offsets[i + 1] - offsets[i])
-                out[offsets[i] + 1 : offsets[i + 1]] = values[row, : length - 1]
+            values = compute(ids, attention, packing).cpu().numpy()
+            predicted = _inside(np.asarray(lengths) - 1)  # position t predicts token t + 1
+            columns = np.arange(predicted.shape[1])
+            out[(offsets[episodes][:, None] + 1 + columns)[predicted]] = values[:, : predicted.shape[1]][predicted]
         for _ in range(agreed - len(starts)):
             with self._compute():
                 idle(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         return out
 
-    def _prefix_plan(self, batch, episodes, ids: torch.Tensor, lengths: list[int]) -> shared_prefix.PrefixPlan | None:
-        """With trainer.shared_prefix, how the micro-batch's rows share their groups' prefixes (None: whole rows)."""
+    def _packing(self, batch, episodes, ids: torch.Tensor, lengths: list[int]) -> shared_prefix.Packing | None:
+        """With trainer.shared_prefix, the micro-batch's rows packed to share their groups' prefixes (None: whole
+        rows); counted in `prefix_positions`."""
         if not self.shared_prefix:
             return None
-        found = shared_prefix.plan(ids.numpy(), np.asarray(lengths), batch["group"][np.asarray(episodes)])
+        groups = batch["group"][np.asarray(episodes)]
+        found = shared_prefix.plan(ids.numpy(), np.asarray(lengths), groups, self.pair_cost)
         if found is None and not self.announced_whole_rows and _leads(self.group):
             self.announced_whole_rows = True
             print(
@@ -390,13 +394,20 @@ class PolicyTrainer:
                 file=sys.stderr,
                 flush=True,
             )
-        return found
+        whole = len(lengths) * max(lengths)
+        self.prefix_positions += (whole if found is None else found.positions, whole)
+        return None if found is None else shared_prefix.pack(ids.numpy(), np.asarray(lengths), found)
 
-    def _logits(self, model, ids: torch.Tensor, attention: torch.Tensor, prefix_plan) -> torch.Tensor:
-        """The model's (B, T, vocab) logits of the rows: in one forward, or each shared prefix once (a plan)."""
-        if prefix_plan is None:
-            return model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-        return shared_prefix.logits(model, ids, attention.sum(dim=1).cpu().numpy(), prefix_plan)
+    def _position_logits(self, model, ids: torch.Tensor, attention: torch.Tensor, packing):
+        """The model's logits of the rows, as `TokenLogits` reads them: (positions, vocab), and (B, T-1) the position
+        predicting each row's token t+1. Whole rows: every row position is its own; a packing: each prefix once."""
+        if packing is None:
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+            rows, longest, vocab = logits.shape
+            index = torch.arange(rows * longest, device=logits.device).view(rows, longest)
+            return logits.reshape(-1, vocab), index[:, :-1]
+        flat, index = shared_prefix.position_logits(model, packing, ids.device)
+        return flat, index[:, :-1]
 
     def _micro_step(
         self,
@@ -411,10 +422,7 @@ class PolicyTrainer:
     ) -> tuple[dict[str, float], float]:
         """One forward and backward; its stats' sums and its loss (NaN or inf when not finite)."""
         ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
-        prefix_plan = self._prefix_plan(batch, episodes, ids, lengths)
-        if self.shared_prefix:
-            whole = len(lengths) * max(lengths)
-            self.prefix_positions += (whole if prefix_plan is None else prefix_plan.positions, whole)
+        packing = self._packing(batch, episodes, ids, lengths)
         mask = _gather_rows(batch["loss_mask"], batch["offsets"], episodes, lengths, torch.float32)
         rollout_logp = _gather_rows(batch["logprobs"], batch["offsets"], episodes, lengths, torch.float32)
         old = rollout_logp if old_logp is batch["logprobs"] else None
@@ -431,23 +439,21 @@ class PolicyTrainer:
         temperature = self.temperature
 
         with self._compute():
-            logits = self._logits(self.model, ids, attention, prefix_plan)[:, :-1].float()
+            flat, index = self._position_logits(self.model, ids, attention, packing)
             outputs = {
                 extra.name: extra.module(input_ids=ids, attention_mask=attention)[:, :-1].float()
                 for extra in self.extras
             }
         targets = ids[:, 1:]
-        logp = token_logprobs(logits, targets, temperature)
+        token_logits = TokenLogits(flat, index, temperature)
+        logp = token_logits.logprobs(targets)
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad(), self._compute():
-                ref_logits = self._logits(self.reference, ids, attention, prefix_plan)[:, :-1].float()
-                ref_logp = token_logprobs(ref_logits, targets, temperature)
-        if self.algorithm.needs_entropy_grad:
-            token_entropy = entropy(logits, temperature)
-        else:
-            with torch.no_grad():
-                token_entropy = entropy(logits, temperature)
+                ref_flat, ref_index = self._position_logits(self.reference, ids, attention, packing)
+                ref_logp = TokenLogits(ref_flat, ref_index, temperature).logprobs(targets)
+        with torch.set_grad_enabled(self.algorithm.needs_entropy_grad):
+            token_entropy = token_logits.entropy()
         inputs = LossInputs(
             logp=logp,
             old_logp=old,
@@ -461,7 +467,7 @@ class PolicyTrainer:
             model_outputs=outputs,
             prepared=rows,
             lr_scale=self._lr_scale(),
-            uniform_kl=uniform_kl(logits, temperature) if self.algorithm.needs_uniform_kl else None,
+            uniform_kl=token_logits.uniform_kl() if self.algorithm.needs_uniform_kl else None,
         )
         loss, stats = self.algorithm.loss(inputs)
         loss.backward()

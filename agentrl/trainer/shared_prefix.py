@@ -2,13 +2,15 @@
 
 The episodes of a GRPO group start with the same tokens (the prompt; in multi-turn episodes, at least the first
 prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and chooses how much of it to
-share; `logits` forwards the prefixes once, then every row's rest on its prefix's KV cache, expanded to the rows
-with an index (so backward sums each prefix's gradient over its rows), and puts the two parts' logits back in row
-order: the same (rows, longest, vocab) tensor a whole-row forward gives, up to float rounding.
+share; `pack` lays each prefix out as one sequence, its tokens then the rest of each of its rows, with position ids
+that continue each rest from its row's split and a 4D attention mask (a rest attends to its prefix up to its split and
+causally to itself, never to another row's rest); `position_logits` forwards that in one call and says where each
+row's logits are in it. A position of the prefix stands for every row that continues it, so backward sums its
+gradient over those rows: the same logits, loss and gradients as whole rows, up to float rounding.
 
-A plan is taken only when it forwards fewer positions than whole rows (prefix rows x the longest prefix plus
-rows x the longest rest, against rows x the longest row): groups of one, or prefixes a token long, fall back to
-whole rows.
+A prefix's rows may fill several sequences, each starting with the prefix, so that a long group does not make one
+long sequence (attention grows with its square) nor pad the others. A plan is taken only when it costs less than whole
+rows (`plan`): groups of one, or prefixes a token long, fall back to whole rows.
 """
 
 from __future__ import annotations
@@ -20,123 +22,203 @@ import numpy as np
 import torch
 
 from agentrl.config import ConfigError
-from agentrl.engine.hf import cache_keyword
+
+MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D mask as given
 
 
 @dataclass(frozen=True)
 class PrefixPlan:
-    """Which prefix each row continues, and where each row splits into prefix and rest."""
+    """Which prefix each row continues, where each row splits into prefix and rest, and which packed sequence holds
+    its rest (a prefix's rows may fill several, each starting with the prefix)."""
 
-    owner: np.ndarray  # (rows,) the prefix row each row continues
+    owner: np.ndarray  # (rows,) the prefix each row continues
     split: np.ndarray  # (rows,) tokens of the row inside its prefix (>= 1, < the row's length)
     leader: np.ndarray  # (prefixes,) a row that holds each prefix's tokens
-    positions: int  # positions forwarded: prefixes x the longest prefix + rows x the longest rest
+    positions: int  # positions forwarded: packed sequences x the longest of them
     whole_positions: int  # rows x the longest row: what whole rows forward
+    sequence: np.ndarray | None = None  # (rows,) the packed sequence of each row's rest; None: one per prefix
+
+
+@dataclass(frozen=True)
+class Packing:
+    """A plan's rows as one sequence per prefix (numpy, host side); `position_logits` forwards it."""
+
+    ids: np.ndarray  # (sequences, packed) a prefix's tokens, then the rests of the sequence's rows; 0 after
+    position_ids: np.ndarray  # (sequences, packed) each token's position in its own row; 0 on padding
+    allowed: np.ndarray  # (sequences, packed, packed) bool: the keys each query attends to
+    index: np.ndarray  # (rows, longest) position t of row r is flat position index[r, t] of (sequences x packed)
 
 
 def check_model(model: torch.nn.Module) -> None:
-    """Refuse, naming the fix, a model whose forward cannot continue rows on an expanded KV cache."""
+    """Refuse, naming the fix, a model whose forward cannot take the packed rows' 4D mask and position ids."""
     base = _unwrapped(model)
     taken = inspect.signature(base.forward).parameters
-    missing = [name for name in (cache_keyword(base), "position_ids", "attention_mask") if name not in taken]
+    missing = [name for name in ("position_ids", "attention_mask") if name not in taken]
     config = getattr(base, "config", None)
     windowed = [kind for kind in getattr(config, "layer_types", None) or [] if kind != "full_attention"]
-    if missing or windowed:
-        why = f"its forward takes no {', '.join(missing)}" if missing else f"it has {sorted(set(windowed))} layers"
+    attention = getattr(config, "_attn_implementation", None)
+    if missing or windowed or attention not in MASKED_ATTENTION:
+        if missing:
+            why = f"its forward takes no {', '.join(missing)}"
+        elif windowed:
+            why = f"it has {sorted(set(windowed))} layers, whose window a custom mask would override"
+        else:
+            why = f"its attention implementation {attention!r} does not apply a custom 4D mask (sdpa and eager do)"
         raise ConfigError(
-            f"trainer.shared_prefix=true continues each row on its prefix's KV cache, which {type(base).__name__} "
-            f"cannot do here ({why}, whose cache is not per row); set trainer.shared_prefix=false"
+            f"trainer.shared_prefix=true forwards each group's prefix and its rows' rests as one sequence with a 4D "
+            f"attention mask, which {type(base).__name__} cannot take here ({why}); set trainer.shared_prefix=false"
         )
 
 
-def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray) -> PrefixPlan | None:
-    """The rows' split into shared prefixes (None: whole rows forward fewer positions).
+def pair_cost(model: torch.nn.Module) -> float:
+    """What an attention pair costs over a position, for `plan`: a pair's 2 x hidden multiply-adds per layer (x 2.5:
+    a masked attention is that much slower than a matmul; measured on CPU, hidden 64) against a position's
+    4 x hidden^2 + 3 x hidden x intermediate."""
+    config = _unwrapped(model).config
+    hidden = config.hidden_size
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    return 2.5 * 2 * hidden / (4 * hidden * hidden + 3 * hidden * intermediate)
+
+
+def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray, pair_cost: float = 0.0) -> PrefixPlan | None:
+    """The rows' split into shared prefixes and packed sequences (None: whole rows cost less).
 
     ids: (rows, longest) right-padded token ids; lengths: (rows,); groups: (rows,) group ids. Rows of a group share
-    its longest common prefix, cut so that every row keeps at least one token after it. Each group's prefix may be
-    shortened (any prefix of a shared prefix is shared): the cut is the one of the groups' own lengths, or none,
-    that forwards the fewest positions.
+    its longest common prefix, cut so that every row keeps at least one token after it. A group's rows go to packed
+    sequences of at most `per` rows each (the prefix, then their rests), dealt longest rest first, round robin; `per`
+    is the one that costs least, a sequence of length L costing L positions plus L^2 attention pairs x `pair_cost`
+    (the model's cost of a pair over that of a position), against whole rows' rows x (longest + longest^2 x
+    pair_cost).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     groups = np.asarray(groups)
     rows = len(lengths)
     keys, owner = np.unique(groups, return_inverse=True)
-    common = np.empty(len(keys), dtype=np.int64)
-    leader = np.empty(len(keys), dtype=np.int64)
-    for prefix in range(len(keys)):
-        members = np.flatnonzero(owner == prefix)
-        shortest = int(lengths[members].min())
-        block = ids[members, :shortest]
-        differs = (block != block[0]).any(axis=0)
-        same = int(np.argmax(differs)) if differs.any() else shortest
-        common[prefix] = min(same, shortest - 1)
-        leader[prefix] = members[0]
+    owner = owner.reshape(-1)
+    prefixes = len(keys)
+    order = np.lexsort((lengths, owner))
+    members = np.bincount(owner, minlength=prefixes)
+    first = np.cumsum(members) - members  # each prefix's first row in `order`
+    common = np.empty(prefixes, dtype=np.int64)
+    for prefix in range(prefixes):
+        block = ids[order[first[prefix] : first[prefix] + members[prefix]]]
+        shortest = int(lengths[order[first[prefix]]])
+        differs = (block[:, :shortest] != block[0, :shortest]).any(axis=0)
+        common[prefix] = min(int(np.argmax(differs)) if differs.any() else shortest, shortest - 1)
     if common.min() < 1:
         return None
-    whole = rows * int(lengths.max())
-    best_cut, best = None, whole
-    for cut in np.unique(common):
-        split = np.minimum(common, cut)[owner]
-        positions = len(keys) * int(cut) + rows * int((lengths - split).max())
-        if positions < best:
-            best_cut, best = int(cut), positions
-    if best_cut is None:
+    longest = int(lengths.max())
+    best, best_cost = None, rows * (longest + longest * longest * pair_cost)
+    split = common[owner]
+    rest = lengths - split
+    by_rest = np.lexsort((-rest, owner))  # within a prefix, longest rest first
+    rank = np.empty(rows, dtype=np.int64)
+    rank[by_rest] = np.arange(rows) - first[owner[by_rest]]
+    for per in _rows_per_sequence(int(members.max())):
+        count = -(-members // per)  # sequences of each prefix
+        sequence = (np.cumsum(count) - count)[owner] + rank % count[owner]
+        sequences = int(count.sum())
+        prefix_of = np.repeat(np.arange(prefixes), count)
+        width = int((np.bincount(sequence, weights=rest, minlength=sequences) + common[prefix_of]).max())
+        cost = sequences * (width + width * width * pair_cost)
+        if cost < best_cost:
+            best, best_cost = (sequence, sequences * width), cost
+    if best is None:
         return None
-    return PrefixPlan(owner, np.minimum(common, best_cut)[owner], leader, best, whole)
+    leader = order[first]
+    return PrefixPlan(owner, split, leader, best[1], rows * longest, best[0])
+
+
+def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packing:
+    """Each prefix's tokens, then each of its rows' rests, as one right-padded sequence per prefix (see the module).
+
+    Rows of a prefix may split at different lengths: a rest attends to its prefix's first `split` positions only.
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    split = np.asarray(prefix_plan.split, dtype=np.int64)
+    sequence = prefix_plan.owner if prefix_plan.sequence is None else prefix_plan.sequence
+    rows, sequences = len(lengths), int(sequence.max()) + 1
+    holder = np.empty(sequences, dtype=np.int64)  # a row of each sequence's prefix
+    holder[sequence] = prefix_plan.leader[prefix_plan.owner]
+    head = np.zeros(sequences, dtype=np.int64)
+    np.maximum.at(head, sequence, split)
+    rest = lengths - split
+    order = np.argsort(sequence, kind="stable")
+    before = np.cumsum(rest[order]) - rest[order]  # rests of earlier rows, over all sequences in order
+    first = np.searchsorted(sequence[order], np.arange(sequences))
+    start = np.empty(rows, dtype=np.int64)
+    start[order] = head[sequence[order]] + before - before[first][sequence[order]]
+    packed = int((head + np.bincount(sequence, weights=rest, minlength=sequences).astype(np.int64)).max())
+
+    columns = np.arange(packed)
+    packed_ids = np.zeros((sequences, packed), dtype=ids.dtype)
+    position_ids = np.zeros((sequences, packed), dtype=np.int64)
+    segment = np.full((sequences, packed), -2, dtype=np.int64)  # -1: the prefix; r: row r's rest; -2: padding
+    sees = np.zeros((sequences, packed), dtype=np.int64)  # prefix positions a query may attend to, besides its own
+    in_prefix = columns[: head.max()] < head[:, None]
+    packed_ids[:, : head.max()][in_prefix] = ids[holder, : head.max()][in_prefix]
+    position_ids[:, : head.max()] = np.where(in_prefix, columns[: head.max()], 0)
+    segment[:, : head.max()][in_prefix] = -1
+    sees[:, : head.max()][in_prefix] = packed
+
+    steps = np.arange(rest.max())
+    inside = steps < rest[:, None]
+    row_of = np.broadcast_to(np.arange(rows)[:, None], inside.shape)[inside]
+    to = (sequence[:, None], start[:, None] + steps)
+    to = (np.broadcast_to(to[0], inside.shape)[inside], to[1][inside])
+    source = (split[:, None] + steps)[inside]
+    packed_ids[to] = ids[row_of, source]
+    position_ids[to] = source
+    segment[to] = row_of
+    sees[to] = split[row_of]
+
+    causal = columns[None, :] <= columns[:, None]
+    same = segment[:, :, None] == segment[:, None, :]
+    prefix_key = (segment[:, None, :] == -1) & (columns[None, None, :] < sees[:, :, None])
+    allowed = causal & (same | prefix_key)
+
+    position = np.arange(ids.shape[1])
+    within = np.minimum(position, lengths[:, None] - 1)  # past a row's end: its last token's (masked in the loss)
+    index = sequence[:, None] * packed + np.where(
+        within < split[:, None], within, start[:, None] + within - split[:, None]
+    )
+    return Packing(packed_ids, position_ids, allowed, index)
+
+
+def position_logits(model, packing: Packing, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, vocab) logits of the packed rows, and (rows, longest) long: where each row position's logits are.
+
+    One forward of `pack`'s sequences: `flat[index[r, t]]` is what a whole-row forward gives at row r, position t
+    (past a row's length, its last token's).
+    """
+    allowed = torch.from_numpy(packing.allowed)[:, None].to(device)
+    if getattr(_unwrapped(model).config, "_attn_implementation", None) == "eager":  # adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        allowed = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    out = model(
+        input_ids=torch.from_numpy(packing.ids).to(device),
+        attention_mask=allowed,
+        position_ids=torch.from_numpy(packing.position_ids).to(device),
+        use_cache=False,
+    ).logits
+    return out.reshape(-1, out.shape[-1]), torch.from_numpy(packing.index).to(device)
 
 
 def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPlan) -> torch.Tensor:
-    """(rows, longest, vocab) float logits of right-padded `ids`, each prefix forwarded once (see the module).
+    """(rows, longest, vocab) logits of right-padded `ids`, each prefix forwarded once (see the module).
 
-    Positions past a row's length hold some other position's logits (whole rows hold padding's there); the loss
-    masks them either way.
+    Positions past a row's length hold its last token's logits (whole rows hold padding's there); the loss masks them
+    either way.
     """
-    device = ids.device
-    lengths = torch.as_tensor(np.asarray(lengths), dtype=torch.long, device=device)
-    owner = torch.as_tensor(prefix_plan.owner, dtype=torch.long, device=device)
-    split = torch.as_tensor(prefix_plan.split, dtype=torch.long, device=device)
-    leader = torch.as_tensor(prefix_plan.leader, dtype=torch.long, device=device)
-    rows, longest = ids.shape
-    prefixes = len(leader)
-    longest_split = np.zeros(prefixes, dtype=np.int64)
-    np.maximum.at(longest_split, prefix_plan.owner, prefix_plan.split)  # a group's rows split alike
-    prefix_len = torch.as_tensor(longest_split, device=device)
-    head = int(prefix_len.max())
-    tail = int((lengths - split).max())
+    flat, index = position_logits(model, pack(ids.cpu().numpy(), lengths, prefix_plan), ids.device)
+    return flat[index]
 
-    columns = torch.arange(head, device=device)
-    prefix_attention = (columns < prefix_len[:, None]).long()
-    prefix_ids = ids[leader, :head] * prefix_attention
-    out = model(input_ids=prefix_ids, attention_mask=prefix_attention, use_cache=True)
-    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
-    if cache is None:
-        raise ConfigError(
-            f"trainer.shared_prefix=true needs the model's KV cache, and {type(model).__name__} returned none "
-            "(activation checkpointing turns it off); set trainer.shared_prefix=false"
-        )
-    cache.reorder_cache(owner)  # an index_select per layer: backward sums each prefix's gradient over its rows
 
-    steps = torch.arange(tail, device=device)
-    inside = steps < (lengths - split)[:, None]
-    source = (split[:, None] + steps).clamp(max=longest - 1)
-    rest_ids = ids.gather(1, source) * inside
-    attention = torch.cat([prefix_attention[owner], inside.long()], dim=1)
-    rest = model(
-        input_ids=rest_ids,
-        attention_mask=attention,
-        position_ids=split[:, None] + steps,
-        use_cache=True,
-        **{cache_keyword(_unwrapped(model)): cache},
-    ).logits
-
-    vocab = rest.shape[-1]
-    flat = torch.cat([out.logits.reshape(-1, vocab), rest.reshape(-1, vocab)])
-    position = torch.arange(longest, device=device)
-    in_prefix = position < split[:, None]
-    from_prefix = owner[:, None] * head + position
-    from_rest = prefixes * head + torch.arange(rows, device=device)[:, None] * tail + (position - split[:, None])
-    index = torch.where(in_prefix, from_prefix, from_rest.clamp(0, flat.shape[0] - 1))
-    return flat.index_select(0, index.reshape(-1)).view(rows, longest, vocab)
+def _rows_per_sequence(most: int) -> list[int]:
+    """The rows-per-sequence counts `plan` tries: each from 2 to `most` up to 8, then powers of 2 and `most`."""
+    if most <= 8:
+        return list(range(2, most + 1))
+    return sorted({2**power for power in range(1, most.bit_length())} | {most})
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:

@@ -118,10 +118,13 @@ def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, op
         assert metrics[True][key] == pytest.approx(want, rel=1e-5, abs=1e-7), key
 
 
-def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir):
-    """The forward itself, on plans `plan` would not choose: groups of one split anywhere, prefixes cut short."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir, attention):
+    """The forward itself, on plans `plan` would not choose: groups of one split anywhere, prefixes cut short, a
+    group's rows spread over sequences that each repeat its prefix; with either attention that takes a 4D mask."""
     trainer = trainer_for(tiny_model_dir, True, 64)
     model = trainer.model
+    model.set_attn_implementation(attention)
     batch = make_batch(3, 3, groups=3, seed=4)
     ids, attention, lengths = _rows(batch, np.arange(num_episodes(batch)), "tokens", torch.long)
     lengths = np.asarray(lengths)
@@ -132,11 +135,17 @@ def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir):
         "every row its own prefix, split before its last token": (np.arange(rows), lengths - 1),
         "every row its own prefix of one token": (np.arange(rows), np.ones(rows, np.int64)),
         "groups, prefixes cut to 2": (batch["group"], np.full(rows, 2)),
+        "groups, a row per sequence": (batch["group"], np.full(rows, 2), np.arange(rows)),
+        "groups, rows split at 1 or 3, two sequences each": (
+            batch["group"],
+            np.where(np.arange(rows) % 2, 1, 3),
+            2 * np.unique(batch["group"], return_inverse=True)[1] + np.arange(rows) % 2,
+        ),
     }
-    for name, (owner, split) in plans.items():
+    for name, (owner, split, *sequence) in plans.items():
         _, owner = np.unique(owner, return_inverse=True)
         leader = np.array([np.flatnonzero(owner == k)[0] for k in range(owner.max() + 1)])
-        plan = shared_prefix.PrefixPlan(owner, split, leader, 0, 0)
+        plan = shared_prefix.PrefixPlan(owner, split, leader, 0, 0, *sequence)
         with torch.no_grad():
             got = shared_prefix.logits(model, ids, lengths, plan)
         for row, length in enumerate(lengths):
@@ -156,12 +165,41 @@ def test_plan_shares_the_longest_common_prefix_and_keeps_a_token_after_it():
     )
     lengths = np.array([5, 4, 6, 6, 2, 2])
     plan = shared_prefix.plan(ids, lengths, np.array([0, 0, 0, 1, 2, 2]))
-    # group 0 shares [1 2 3]; group 2 its first token (a row keeps one after the prefix); the lone row is cut to 3
-    assert plan.split.tolist() == [3, 3, 3, 3, 1, 1]
+    # group 0 shares [1 2 3]; group 2 its first token (a row keeps one after the prefix); the lone row all but its last
+    assert plan.split.tolist() == [3, 3, 3, 5, 1, 1]
     assert plan.owner.tolist() == [0, 0, 0, 1, 2, 2]
-    assert plan.positions == 3 * 3 + 6 * 3 < plan.whole_positions == 6 * 6
+    # one sequence per group, the longest group 0's: its prefix, then rests of 2, 1 and 3 (two sequences: 4 x 7)
+    assert plan.sequence.tolist() == [0, 0, 0, 1, 2, 2]
+    assert plan.positions == 3 * (3 + 2 + 1 + 3) < plan.whole_positions == 6 * 6
     assert shared_prefix.plan(ids[:1], lengths[:1], np.array([0])) is None  # one row: nothing to share
     assert shared_prefix.plan(ids[[3]], lengths[[3]], np.array([5])) is None
+
+
+def test_plan_spreads_long_rests_over_sequences_as_attention_costs_more():
+    """Eight 64-token rows sharing a 40-token prompt: one packed sequence (the prompt, then eight 24-token rests) is the
+    fewest positions, but its attention costs 232^2 pairs; with pairs priced, `plan` takes two sequences of four rows.
+    With a 4-token prompt, packing saves too little to pay for the longer sequences' attention: whole rows."""
+    rng = np.random.default_rng(0)
+    lengths, groups = np.full(8, 64), np.zeros(8, np.int64)
+    for prompt, priced_rows in ((40, [4, 4]), (4, None)):
+        ids = np.concatenate([np.full((8, prompt), 7), rng.integers(10, 90, size=(8, 64 - prompt))], axis=1)
+        alone = shared_prefix.plan(ids, lengths, groups)
+        assert alone.sequence.tolist() == [0] * 8 and alone.positions == prompt + 8 * (64 - prompt)
+        priced = shared_prefix.plan(ids, lengths, groups, pair_cost=1 / 200)
+        if priced_rows is None:
+            assert priced is None
+            continue
+        assert np.bincount(priced.sequence).tolist() == priced_rows
+        assert priced.positions == len(priced_rows) * (prompt + max(priced_rows) * (64 - prompt))
+
+
+def test_check_model_refuses_attention_that_ignores_a_4d_mask(tiny_model_dir):
+    trainer = trainer_for(tiny_model_dir, True, 64)
+    trainer.model.config._attn_implementation = "flash_attention_2"  # set_attn_implementation needs the package
+    with pytest.raises(
+        ValueError, match=r"'flash_attention_2' does not apply a custom 4D mask .*trainer.shared_prefix=false"
+    ):
+        shared_prefix.check_model(trainer.model)
 
 
 def test_config_refuses_what_keeps_no_cache():
