@@ -720,6 +720,14 @@ class OptimizerConfig(Section):
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping by global norm.")
+    fused: Literal["auto"] | bool = Field(
+        "auto",
+        description="torch's fused AdamW: one kernel over all parameters instead of a few ops per tensor (0.25 "
+        "against 1.3 ms a step for the tiny model's 26 tensors on CPU); its float rounding differs from the "
+        "per-tensor loop's in the last bits (about 1e-7 relative after a step). `auto`: fused where torch has the "
+        "kernel for the parameters' device and dtype (CPU, CUDA...; floating point); `true`: fused, refused where "
+        "torch has none; `false`: torch's default (foreach on GPU, the per-tensor loop on CPU).",
+    )
 
 
 class LRSchedulerConfig(Section):
