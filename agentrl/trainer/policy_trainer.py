@@ -212,10 +212,11 @@ class PolicyTrainer:
         grad_norms = []
         extra_norms: dict[str, list[float]] = {extra.name: [] for extra in self.extras}
         skipped = 0
+        trained_tokens = _trained_tokens(batch)
         for update, minibatch in enumerate(np.array_split(np.arange(n), self.updates_per_step)):
             micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / micro_size))
-            trained = [_trained_tokens(batch, i) for i in minibatch]
-            counts = torch.tensor([float(sum(trained)), float(sum(t > 0 for t in trained))], dtype=torch.float64)
+            trained = trained_tokens[minibatch]
+            counts = torch.tensor([float(trained.sum()), float((trained > 0).sum())], dtype=torch.float64)
             global_tokens, global_sequences = self._allreduce(counts).tolist()
             self.optimizer.zero_grad(set_to_none=True)
             for extra in self.extras:
@@ -421,21 +422,17 @@ class PolicyTrainer:
         prepared: Prepared,
     ) -> tuple[dict[str, float], float]:
         """One forward and backward; its stats' sums and its loss (NaN or inf when not finite)."""
-        ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
+        layout = _RowLayout(batch["offsets"], episodes)
+        ids, lengths = layout.gather(batch["tokens"], torch.long), layout.lengths.tolist()
         packing = self._packing(batch, episodes, ids, lengths)
-        mask = _gather_rows(batch["loss_mask"], batch["offsets"], episodes, lengths, torch.float32)
-        rollout_logp = _gather_rows(batch["logprobs"], batch["offsets"], episodes, lengths, torch.float32)
-        old = rollout_logp if old_logp is batch["logprobs"] else None
-        if old is None:
-            old = _gather_rows(old_logp, batch["offsets"], episodes, lengths, torch.float32)
-        adv = _gather_rows(advantages, batch["offsets"], episodes, lengths, torch.float32)
-        ids, attention = ids.to(self.device), attention.to(self.device)
-        mask, adv = mask[:, 1:].to(self.device), adv[:, 1:].to(self.device)
-        rollout_logp, old = rollout_logp[:, 1:].to(self.device), old[:, 1:].to(self.device)
-        rows = {
-            name: _gather_rows(flat, batch["offsets"], episodes, lengths, torch.float32)[:, 1:].to(self.device)
-            for name, flat in prepared.per_token.items()
-        }
+
+        def predicted(flat) -> torch.Tensor:  # (B, T-1) float32 rows of a flat per-token array, from token 1 on
+            return layout.gather(flat, torch.float32)[:, 1:].to(self.device)
+
+        mask, rollout_logp, adv = predicted(batch["loss_mask"]), predicted(batch["logprobs"]), predicted(advantages)
+        old = rollout_logp if old_logp is batch["logprobs"] else predicted(old_logp)
+        rows = {name: predicted(flat) for name, flat in prepared.per_token.items()}
+        ids, attention = ids.to(self.device), layout.attention().to(self.device)
         temperature = self.temperature
 
         with self._compute():
@@ -471,19 +468,20 @@ class PolicyTrainer:
         )
         loss, stats = self.algorithm.loss(inputs)
         loss.backward()
-        with torch.no_grad():
-            tokens = float(mask.sum())
-            stats = {"tokens": tokens, **stats, "entropy": float((token_entropy * mask).sum())}
+        with torch.no_grad():  # one read-back of every sum (one sync on a GPU)
             current = logp.detach()
-            stats["logprob_diff_vs_rollout"] = float(((current - rollout_logp).abs() * mask).sum())
-            stats["ratio_mean"] = float((torch.exp(current - old) * mask).sum())
-            first = update == 0  # the policy has not moved yet: logp is the trainer's view of the rollout policy
             log_ratio = current - rollout_logp  # log pi - log mu, on tokens sampled from mu
-            stats["first_update_tokens"] = tokens if first else 0.0
-            stats["mismatch_kl_k1"] = float((-log_ratio * mask).sum()) if first else 0.0
-            k3 = torch.exp(log_ratio) - log_ratio - 1.0
-            stats["mismatch_kl_k3"] = float((k3 * mask).sum()) if first else 0.0
-        return stats, float(loss.detach())
+            per_token = [torch.ones_like(mask), token_entropy, log_ratio.abs(), torch.exp(current - old)]
+            first = update == 0  # the policy has not moved yet: logp is the trainer's view of the rollout policy
+            if first:
+                per_token += [-log_ratio, torch.exp(log_ratio) - log_ratio - 1.0]
+            sums = (torch.stack(per_token) * mask).sum(dim=(1, 2))
+            tokens, entropy_sum, diff, ratio, *mismatch, loss_value = torch.cat([sums, loss.detach()[None]]).tolist()
+        k1, k3 = mismatch if first else (0.0, 0.0)
+        stats = {"tokens": tokens, **stats, "entropy": entropy_sum, "logprob_diff_vs_rollout": diff}
+        stats |= {"ratio_mean": ratio, "first_update_tokens": tokens if first else 0.0}
+        stats |= {"mismatch_kl_k1": k1, "mismatch_kl_k3": k3}
+        return stats, loss_value
 
 
 def _leads(group) -> bool:
@@ -504,23 +502,42 @@ def _placeholder_batch() -> dict[str, np.ndarray]:
     return pack([episode])
 
 
+class _RowLayout:
+    """Where a micro-batch's episodes lie in the batch's flat per-token arrays, to gather any of them as rows."""
+
+    def __init__(self, offsets, episodes):
+        offsets = np.asarray(offsets, dtype=np.int64)
+        episodes = np.asarray(episodes, dtype=np.int64)
+        starts = offsets[episodes]
+        self.lengths = offsets[episodes + 1] - starts  # (rows,)
+        self.inside = _inside(self.lengths)  # (rows, longest) bool
+        self.source = (starts[:, None] + np.arange(self.inside.shape[1]))[self.inside]
+
+    def gather(self, flat: np.ndarray, dtype) -> torch.Tensor:
+        """Each episode's slice of `flat` as a right-padded row (zeros after it), cast to `dtype`: one numpy gather."""
+        flat = np.asarray(flat)
+        rows = np.zeros(self.inside.shape, dtype=flat.dtype)
+        rows[self.inside] = flat[self.source]
+        return torch.from_numpy(rows).to(dtype)
+
+    def attention(self) -> torch.Tensor:
+        """(rows, longest) long: 1 on each row's tokens, 0 on its padding."""
+        return torch.from_numpy(self.inside.astype(np.int64))
+
+
 def _rows(batch, episodes, key: str, dtype) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Episodes of `batch[key]` as right-padded rows, their attention mask, and their lengths."""
-    offsets = batch["offsets"]
-    lengths = [int(offsets[i + 1] - offsets[i]) for i in episodes]
-    values = _gather_rows(batch[key], offsets, episodes, lengths, dtype)
-    attention = torch.from_numpy(_inside(lengths).astype(np.int64))
-    return values, attention, lengths
+    layout = _RowLayout(batch["offsets"], episodes)
+    return layout.gather(batch[key], dtype), layout.attention(), layout.lengths.tolist()
 
 
 def _gather_rows(flat: np.ndarray, offsets, episodes, lengths: list[int], dtype) -> torch.Tensor:
-    """Each episode's slice of `flat` as a right-padded row (zeros after it), cast to `dtype`: one numpy gather."""
-    flat = np.asarray(flat)
-    inside = _inside(lengths)
-    starts = np.asarray(offsets, dtype=np.int64)[np.asarray(episodes, dtype=np.int64)]
-    rows = np.zeros(inside.shape, dtype=flat.dtype)
-    rows[inside] = flat[(starts[:, None] + np.arange(inside.shape[1]))[inside]]
-    return torch.from_numpy(rows).to(dtype)
+    """Each episode's slice of `flat` as a right-padded row (zeros after it), cast to `dtype`; `lengths` are the
+    episodes' own (as `_rows` gives them)."""
+    layout = _RowLayout(offsets, episodes)
+    if layout.lengths.tolist() != list(lengths):
+        raise ValueError(f"row lengths {list(lengths)} are not those of episodes {list(episodes)}")
+    return layout.gather(flat, dtype)
 
 
 def _inside(lengths: list[int]) -> np.ndarray:
@@ -529,6 +546,8 @@ def _inside(lengths: list[int]) -> np.ndarray:
     return np.arange(lengths.max()) < lengths[:, None]
 
 
-def _trained_tokens(batch, episode: int) -> int:
-    """Loss-mask tokens that enter the loss (the first token has no prediction)."""
-    return int(batch["loss_mask"][batch["offsets"][episode] + 1 : batch["offsets"][episode + 1]].sum())
+def _trained_tokens(batch) -> np.ndarray:
+    """(episodes,) loss-mask tokens of each episode that enter the loss (its first token has no prediction)."""
+    offsets = np.asarray(batch["offsets"], dtype=np.int64)
+    running = np.concatenate([[0], np.cumsum(batch["loss_mask"], dtype=np.int64)])
+    return running[offsets[1:]] - running[np.minimum(offsets[:-1] + 1, offsets[1:])]

@@ -91,20 +91,22 @@ def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray, pair_cost: fl
     pair_cost).
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    groups = np.asarray(groups)
     rows = len(lengths)
-    keys, owner = np.unique(groups, return_inverse=True)
+    keys, owner = np.unique(np.asarray(groups), return_inverse=True)
     owner = owner.reshape(-1)
     prefixes = len(keys)
-    order = np.lexsort((lengths, owner))
     members = np.bincount(owner, minlength=prefixes)
     first = np.cumsum(members) - members  # each prefix's first row in `order`
-    common = np.empty(prefixes, dtype=np.int64)
-    for prefix in range(prefixes):
-        block = ids[order[first[prefix] : first[prefix] + members[prefix]]]
-        shortest = int(lengths[order[first[prefix]]])
-        differs = (block[:, :shortest] != block[0, :shortest]).any(axis=0)
-        common[prefix] = min(int(np.argmax(differs)) if differs.any() else shortest, shortest - 1)
+    order = np.lexsort((lengths, owner))
+    leader = order[first]  # each prefix's shortest row
+    shortest = lengths[leader]
+    columns = np.arange(ids.shape[1])
+    differs = (ids != ids[leader[owner]]) | (columns >= shortest[owner][:, None])
+    agree = np.where(
+        differs.any(axis=1), differs.argmax(axis=1), ids.shape[1]
+    )  # tokens each row shares with its leader
+    common = shortest - 1  # a row keeps a token after its prefix
+    np.minimum.at(common, owner, agree)
     if common.min() < 1:
         return None
     longest = int(lengths.max())
@@ -114,18 +116,20 @@ def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray, pair_cost: fl
     by_rest = np.lexsort((-rest, owner))  # within a prefix, longest rest first
     rank = np.empty(rows, dtype=np.int64)
     rank[by_rest] = np.arange(rows) - first[owner[by_rest]]
-    for per in _rows_per_sequence(int(members.max())):
+    tried = set()
+    for per in range(2, int(members.max()) + 1):
         count = -(-members // per)  # sequences of each prefix
+        if count.tobytes() in tried:
+            continue
+        tried.add(count.tobytes())
         sequence = (np.cumsum(count) - count)[owner] + rank % count[owner]
         sequences = int(count.sum())
-        prefix_of = np.repeat(np.arange(prefixes), count)
-        width = int((np.bincount(sequence, weights=rest, minlength=sequences) + common[prefix_of]).max())
+        width = int((np.bincount(sequence, weights=rest, minlength=sequences) + np.repeat(common, count)).max())
         cost = sequences * (width + width * width * pair_cost)
         if cost < best_cost:
             best, best_cost = (sequence, sequences * width), cost
     if best is None:
         return None
-    leader = order[first]
     return PrefixPlan(owner, split, leader, best[1], rows * longest, best[0])
 
 
@@ -212,13 +216,6 @@ def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPla
     """
     flat, index = position_logits(model, pack(ids.cpu().numpy(), lengths, prefix_plan), ids.device)
     return flat[index]
-
-
-def _rows_per_sequence(most: int) -> list[int]:
-    """The rows-per-sequence counts `plan` tries: each from 2 to `most` up to 8, then powers of 2 and `most`."""
-    if most <= 8:
-        return list(range(2, most + 1))
-    return sorted({2**power for power in range(1, most.bit_length())} | {most})
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
