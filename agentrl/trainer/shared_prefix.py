@@ -1,9 +1,9 @@
 """A micro-batch's logits with each group's shared token prefix forwarded once (`trainer.shared_prefix`).
 
 The episodes of a GRPO group start with the same tokens (the prompt; in multi-turn episodes, at least the first
-prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and chooses how much of it to
-share; `pack` lays each prefix out as one sequence, its tokens then the rest of each of its rows, with position ids
-that continue each rest from its row's split and a 4D attention mask (a rest attends to its prefix up to its split and
+prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and which packed sequence each
+row's rest goes to; `pack` lays each sequence out, the prefix's tokens then its rows' rests, with position ids that
+continue each rest from its row's split and a 4D attention mask (a rest attends to its prefix up to its split and
 causally to itself, never to another row's rest); `position_logits` forwards that in one call and says where each
 row's logits are in it. A position of the prefix stands for every row that continues it, so backward sums its
 gradient over those rows: the same logits, loss and gradients as whole rows, up to float rounding.
@@ -41,7 +41,8 @@ class PrefixPlan:
 
 @dataclass(frozen=True)
 class Packing:
-    """A plan's rows as one sequence per prefix (numpy, host side); `position_logits` forwards it."""
+    """A plan's rows as packed sequences, each a prefix then some of its rows' rests (numpy, host side);
+    `position_logits` forwards it."""
 
     ids: np.ndarray  # (sequences, packed) a prefix's tokens, then the rests of the sequence's rows; 0 after
     position_ids: np.ndarray  # (sequences, packed) each token's position in its own row; 0 on padding
@@ -134,7 +135,7 @@ def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray, pair_cost: fl
 
 
 def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packing:
-    """Each prefix's tokens, then each of its rows' rests, as one right-padded sequence per prefix (see the module).
+    """The plan's sequences, right-padded: each its prefix's tokens, then the rests of its rows (see the module).
 
     Rows of a prefix may split at different lengths: a rest attends to its prefix's first `split` positions only.
     """
@@ -158,7 +159,7 @@ def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packi
     packed_ids = np.zeros((sequences, packed), dtype=ids.dtype)
     position_ids = np.zeros((sequences, packed), dtype=np.int64)
     segment = np.full((sequences, packed), -2, dtype=np.int64)  # -1: the prefix; r: row r's rest; -2: padding
-    sees = np.zeros((sequences, packed), dtype=np.int64)  # prefix positions a query may attend to, besides its own
+    sees = np.zeros((sequences, packed), dtype=np.int64)  # a query attends to the prefix's positions below this
     in_prefix = columns[: head.max()] < head[:, None]
     packed_ids[:, : head.max()][in_prefix] = ids[holder, : head.max()][in_prefix]
     position_ids[:, : head.max()] = np.where(in_prefix, columns[: head.max()], 0)
