@@ -112,7 +112,7 @@ class PolicyTrainer:
         self.prefix_positions = np.zeros(2)  # this step's policy forwards: positions computed, and whole rows'
         self.announced_whole_rows = False
         if self.shared_prefix:
-            shared_prefix.check_model(self.model)
+            self.prefix_layouts = shared_prefix.check_model(self.model)
             self.pair_cost = shared_prefix.pair_cost(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optimizer)
@@ -328,9 +328,9 @@ class PolicyTrainer:
         """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
         temperature = self.temperature
 
-        def logprobs(ids, attention, packing):
+        def logprobs(ids, attention, prefix_layout):
             with self._compute():
-                flat, index = self._position_logits(self.model, ids, attention, packing)
+                flat, index = self._position_logits(self.model, ids, attention, prefix_layout)
             return TokenLogits(flat, index, temperature).logprobs(ids[:, 1:])
 
         return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False), shared=True)
@@ -343,7 +343,7 @@ class PolicyTrainer:
             raise KeyError(f"prepare asked for extra model {name!r}; extra_models returned: {known}")
         module = found[0].module
 
-        def outputs(ids, attention, packing):
+        def outputs(ids, attention, prefix_layout):
             with self._compute():
                 return module(input_ids=ids, attention_mask=attention)[:, :-1].float()
 
@@ -351,12 +351,12 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _per_token(self, batch, compute, idle, shared: bool = False) -> np.ndarray:
-        """compute(ids, attention, packing) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at first
-        tokens).
+        """compute(ids, attention, prefix layout) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at
+        first tokens).
 
-        The packing (`shared_prefix.pack`) is None unless `shared` (the policy's own forward) and trainer.shared_prefix
-        found a plan. Sharded, every rank
-        runs as many forwards as the busiest one: `idle(ids)` on one token.
+        The prefix layout (`shared_prefix.prepare`) is None unless `shared` (the policy's own forward) and
+        trainer.shared_prefix found a plan. Sharded, every rank runs as many forwards as the busiest one: `idle(ids)`
+        on one token.
         """
         out = np.zeros(len(batch["tokens"]), dtype=np.float32)
         n = num_episodes(batch)
@@ -367,9 +367,9 @@ class PolicyTrainer:
         for start in starts:
             episodes = np.arange(start, min(n, start + micro_size))
             ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
-            packing = self._packing(batch, episodes, ids, lengths) if shared else None
+            prefix_layout = self._prefix_layout(batch, episodes, ids, lengths) if shared else None
             ids, attention = ids.to(self.device), attention.to(self.device)
-            values = compute(ids, attention, packing).cpu().numpy()
+            values = compute(ids, attention, prefix_layout).cpu().numpy()
             predicted = _inside(np.asarray(lengths) - 1)  # position t predicts token t + 1
             columns = np.arange(predicted.shape[1])
             out[(offsets[episodes][:, None] + 1 + columns)[predicted]] = values[:, : predicted.shape[1]][predicted]
@@ -378,13 +378,13 @@ class PolicyTrainer:
                 idle(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         return out
 
-    def _packing(self, batch, episodes, ids: torch.Tensor, lengths: list[int]) -> shared_prefix.Packing | None:
-        """With trainer.shared_prefix, the micro-batch's rows packed to share their groups' prefixes (None: whole
-        rows); counted in `prefix_positions`."""
+    def _prefix_layout(self, batch, episodes, ids: torch.Tensor, lengths: list[int]):
+        """With trainer.shared_prefix, the micro-batch's rows laid out to share their groups' prefixes
+        (`shared_prefix.prepare`; None: whole rows); counted in `prefix_positions`."""
         if not self.shared_prefix:
             return None
         groups = batch["group"][np.asarray(episodes)]
-        found = shared_prefix.plan(ids.numpy(), np.asarray(lengths), groups, self.pair_cost)
+        found = shared_prefix.plan(ids.numpy(), np.asarray(lengths), groups, self.pair_cost, self.prefix_layouts)
         if found is None and not self.announced_whole_rows and _leads(self.group):
             self.announced_whole_rows = True
             print(
@@ -397,17 +397,18 @@ class PolicyTrainer:
             )
         whole = len(lengths) * max(lengths)
         self.prefix_positions += (whole if found is None else found.positions, whole)
-        return None if found is None else shared_prefix.pack(ids.numpy(), np.asarray(lengths), found)
+        return None if found is None else shared_prefix.prepare(ids.numpy(), np.asarray(lengths), found)
 
-    def _position_logits(self, model, ids: torch.Tensor, attention: torch.Tensor, packing):
+    def _position_logits(self, model, ids: torch.Tensor, attention: torch.Tensor, prefix_layout):
         """The model's logits of the rows, as `TokenLogits` reads them: (positions, vocab), and (B, T-1) the position
-        predicting each row's token t+1. Whole rows: every row position is its own; a packing: each prefix once."""
-        if packing is None:
+        predicting each row's token t+1. Whole rows: every row position is its own; a prefix layout: a prefix's
+        positions are its rows'."""
+        if prefix_layout is None:
             logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
             rows, longest, vocab = logits.shape
             index = torch.arange(rows * longest, device=logits.device).view(rows, longest)
             return logits.reshape(-1, vocab), index[:, :-1]
-        flat, index = shared_prefix.position_logits(model, packing, ids.device)
+        flat, index = shared_prefix.position_logits(model, ids, prefix_layout)
         return flat, index[:, :-1]
 
     def _micro_step(
@@ -424,7 +425,7 @@ class PolicyTrainer:
         """One forward and backward; its stats' sums and its loss (NaN or inf when not finite)."""
         layout = _RowLayout(batch["offsets"], episodes)
         ids, lengths = layout.gather(batch["tokens"], torch.long), layout.lengths.tolist()
-        packing = self._packing(batch, episodes, ids, lengths)
+        prefix_layout = self._prefix_layout(batch, episodes, ids, lengths)
 
         def predicted(flat) -> torch.Tensor:  # (B, T-1) float32 rows of a flat per-token array, from token 1 on
             return layout.gather(flat, torch.float32)[:, 1:].to(self.device)
@@ -436,7 +437,7 @@ class PolicyTrainer:
         temperature = self.temperature
 
         with self._compute():
-            flat, index = self._position_logits(self.model, ids, attention, packing)
+            flat, index = self._position_logits(self.model, ids, attention, prefix_layout)
             outputs = {
                 extra.name: extra.module(input_ids=ids, attention_mask=attention)[:, :-1].float()
                 for extra in self.extras
@@ -447,7 +448,7 @@ class PolicyTrainer:
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad(), self._compute():
-                ref_flat, ref_index = self._position_logits(self.reference, ids, attention, packing)
+                ref_flat, ref_index = self._position_logits(self.reference, ids, attention, prefix_layout)
                 ref_logp = TokenLogits(ref_flat, ref_index, temperature).logprobs(targets)
         with torch.set_grad_enabled(self.algorithm.needs_entropy_grad):
             token_entropy = token_logits.entropy()

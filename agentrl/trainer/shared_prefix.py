@@ -1,16 +1,21 @@
 """A micro-batch's logits with each group's shared token prefix forwarded once (`trainer.shared_prefix`).
 
 The episodes of a GRPO group start with the same tokens (the prompt; in multi-turn episodes, at least the first
-prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and which packed sequence each
-row's rest goes to; `pack` lays each sequence out, the prefix's tokens then its rows' rests, with position ids that
-continue each rest from its row's split and a 4D attention mask (a rest attends to its prefix up to its split and
-causally to itself, never to another row's rest); `position_logits` forwards that in one call and says where each
-row's logits are in it. A position of the prefix stands for every row that continues it, so backward sums its
-gradient over those rows: the same logits, loss and gradients as whole rows, up to float rounding.
+prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and lays the rows out in one of
+two ways, whichever costs least (and only if that is less than whole rows):
 
-A prefix's rows may fill several sequences, each starting with the prefix, so that a long group does not make one
-long sequence (attention grows with its square) nor pad the others. A plan is taken only when it costs less than whole
-rows (`plan`): groups of one, or prefixes a token long, fall back to whole rows.
+- packed, one forward: `pack` makes sequences of a prefix's tokens followed by the rests of some of its rows, with
+  position ids that continue each rest from its row's split and a 4D attention mask (a rest attends to its prefix up
+  to its split and causally to itself, never to another row's rest). Cheapest where the prefix is most of a row
+  (one-turn tasks): its cost is the packed sequences' length and, squared, their attention, masked pairs included.
+- on a KV cache, two forwards: the prefixes, then every row's rest on its prefix's cache, expanded to the rows with an
+  index. Cheapest where rests are long (multi-turn episodes after a short prompt), whose attention packing would
+  square; it pays a second forward.
+
+Either way a prefix position stands for every row that continues it, so backward sums its gradient over those rows:
+the same logits, loss and gradients as whole rows, up to float rounding. `prepare` turns a plan into what
+`position_logits` forwards; it returns the logits at the positions it computed and, per row position, where its
+logits are among them.
 """
 
 from __future__ import annotations
@@ -22,8 +27,12 @@ import numpy as np
 import torch
 
 from agentrl.config import ConfigError
+from agentrl.engine.hf import cache_keyword
 
 MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D mask as given
+SECOND_FORWARD_COST = (
+    300  # positions: what the cached layout's second forward adds (about 5 ms of the tiny model's CPU)
+)
 
 
 @dataclass(frozen=True)
@@ -37,6 +46,7 @@ class PrefixPlan:
     positions: int  # positions forwarded: packed sequences x the longest of them
     whole_positions: int  # rows x the longest row: what whole rows forward
     sequence: np.ndarray | None = None  # (rows,) the packed sequence of each row's rest; None: one per prefix
+    cached: bool = False  # the rests on the prefixes' KV cache (two forwards), not packed
 
 
 @dataclass(frozen=True)
@@ -50,25 +60,40 @@ class Packing:
     index: np.ndarray  # (rows, longest) position t of row r is flat position index[r, t] of (sequences x packed)
 
 
-def check_model(model: torch.nn.Module) -> None:
-    """Refuse, naming the fix, a model whose forward cannot take the packed rows' 4D mask and position ids."""
+@dataclass(frozen=True)
+class CachedRows:
+    """A cached plan's rows: each prefix forwarded once, then every row's rest on its prefix's KV cache."""
+
+    prefix_plan: PrefixPlan
+    lengths: np.ndarray  # (rows,)
+
+
+def check_model(model: torch.nn.Module) -> tuple[str, ...]:
+    """The layouts `model` can forward ("packed", "cached"); refuse, naming the fix, a model that can take neither."""
     base = _unwrapped(model)
     taken = inspect.signature(base.forward).parameters
     missing = [name for name in ("position_ids", "attention_mask") if name not in taken]
     config = getattr(base, "config", None)
     windowed = [kind for kind in getattr(config, "layer_types", None) or [] if kind != "full_attention"]
     attention = getattr(config, "_attn_implementation", None)
-    if missing or windowed or attention not in MASKED_ATTENTION:
+    layouts = tuple(
+        name
+        for name, able in (("packed", attention in MASKED_ATTENTION), ("cached", cache_keyword(base) in taken))
+        if able
+    )
+    if missing or windowed or not layouts:
         if missing:
             why = f"its forward takes no {', '.join(missing)}"
         elif windowed:
-            why = f"it has {sorted(set(windowed))} layers, whose window a custom mask would override"
+            why = f"it has {sorted(set(windowed))} layers, whose window neither layout keeps"
         else:
-            why = f"its attention implementation {attention!r} does not apply a custom 4D mask (sdpa and eager do)"
+            why = f"its attention implementation {attention!r} ignores a custom 4D mask and its forward takes no cache"
         raise ConfigError(
-            f"trainer.shared_prefix=true forwards each group's prefix and its rows' rests as one sequence with a 4D "
-            f"attention mask, which {type(base).__name__} cannot take here ({why}); set trainer.shared_prefix=false"
+            f"trainer.shared_prefix=true forwards each group's prefix once, packed with its rows' rests under a 4D "
+            f"attention mask or as a KV cache they continue, which {type(base).__name__} cannot do here ({why}); "
+            "set trainer.shared_prefix=false"
         )
+    return layouts
 
 
 def pair_cost(model: torch.nn.Module) -> float:
@@ -81,15 +106,25 @@ def pair_cost(model: torch.nn.Module) -> float:
     return 2.5 * 2 * hidden / (4 * hidden * hidden + 3 * hidden * intermediate)
 
 
-def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray, pair_cost: float = 0.0) -> PrefixPlan | None:
-    """The rows' split into shared prefixes and packed sequences (None: whole rows cost less).
+def plan(
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    groups: np.ndarray,
+    pair_cost: float = 0.0,
+    layouts: tuple[str, ...] = ("packed", "cached"),
+) -> PrefixPlan | None:
+    """The rows' split into shared prefixes, and their layout (None: whole rows cost least).
 
     ids: (rows, longest) right-padded token ids; lengths: (rows,); groups: (rows,) group ids. Rows of a group share
-    its longest common prefix, cut so that every row keeps at least one token after it. A group's rows go to packed
-    sequences of at most `per` rows each (the prefix, then their rests), dealt longest rest first, round robin; `per`
-    is the one that costs least, a sequence of length L costing L positions plus L^2 attention pairs x `pair_cost`
-    (the model's cost of a pair over that of a position), against whole rows' rows x (longest + longest^2 x
-    pair_cost).
+    its longest common prefix, cut so that every row keeps at least one token after it. Costs are positions plus
+    attention pairs x `pair_cost` (the model's cost of a pair over that of a position); whole rows cost rows x
+    (longest + longest^2 x pair_cost).
+    - packed: a group's rows go to sequences of at most `per` rows each (the prefix, then their rests), dealt
+      longest rest first, round robin; a sequence of length L costs L + L^2 x pair_cost, and `per` is the cheapest.
+    - cached: prefixes x the longest prefix H, plus rows x the longest rest R, each rest attending to H + R keys,
+      plus SECOND_FORWARD_COST; the prefixes may be cut to one of the groups' own lengths (any prefix of a shared
+      prefix is shared), the cheapest cut taken.
+    Of equal costs the packed layout is taken.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     rows = len(lengths)
@@ -111,27 +146,36 @@ def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray, pair_cost: fl
     if common.min() < 1:
         return None
     longest = int(lengths.max())
+    whole = rows * longest
     best, best_cost = None, rows * (longest + longest * longest * pair_cost)
-    split = common[owner]
-    rest = lengths - split
-    by_rest = np.lexsort((-rest, owner))  # within a prefix, longest rest first
-    rank = np.empty(rows, dtype=np.int64)
-    rank[by_rest] = np.arange(rows) - first[owner[by_rest]]
-    tried = set()
-    for per in range(2, int(members.max()) + 1):
-        count = -(-members // per)  # sequences of each prefix
-        if count.tobytes() in tried:
-            continue
-        tried.add(count.tobytes())
-        sequence = (np.cumsum(count) - count)[owner] + rank % count[owner]
-        sequences = int(count.sum())
-        width = int((np.bincount(sequence, weights=rest, minlength=sequences) + np.repeat(common, count)).max())
-        cost = sequences * (width + width * width * pair_cost)
-        if cost < best_cost:
-            best, best_cost = (sequence, sequences * width), cost
-    if best is None:
-        return None
-    return PrefixPlan(owner, split, leader, best[1], rows * longest, best[0])
+    if "packed" in layouts:
+        split = common[owner]
+        rest = lengths - split
+        by_rest = np.lexsort((-rest, owner))  # within a prefix, longest rest first
+        rank = np.empty(rows, dtype=np.int64)
+        rank[by_rest] = np.arange(rows) - first[owner[by_rest]]
+        tried = set()
+        for per in range(2, int(members.max()) + 1):
+            count = -(-members // per)  # sequences of each prefix
+            if count.tobytes() in tried:
+                continue
+            tried.add(count.tobytes())
+            sequence = (np.cumsum(count) - count)[owner] + rank % count[owner]
+            sequences = int(count.sum())
+            width = int((np.bincount(sequence, weights=rest, minlength=sequences) + np.repeat(common, count)).max())
+            cost = sequences * (width + width * width * pair_cost)
+            if cost < best_cost:
+                best, best_cost = PrefixPlan(owner, split, leader, sequences * width, whole, sequence), cost
+    if "cached" in layouts:
+        for cut in np.unique(common):
+            split = np.minimum(common, cut)[owner]
+            tail = int((lengths - split).max())
+            positions = prefixes * int(cut) + rows * tail
+            pairs = prefixes * int(cut) ** 2 + rows * tail * (int(cut) + tail)
+            cost = positions + pairs * pair_cost + SECOND_FORWARD_COST
+            if cost < best_cost:
+                best, best_cost = PrefixPlan(owner, split, leader, positions, whole, cached=True), cost
+    return best
 
 
 def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packing:
@@ -190,32 +234,93 @@ def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packi
     return Packing(packed_ids, position_ids, allowed, index)
 
 
-def position_logits(model, packing: Packing, device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(positions, vocab) logits of the packed rows, and (rows, longest) long: where each row position's logits are.
+def prepare(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packing | CachedRows:
+    """What `position_logits` forwards for a plan, made on the host from its right-padded `ids`."""
+    if prefix_plan.cached:
+        return CachedRows(prefix_plan, np.asarray(lengths, dtype=np.int64))
+    return pack(ids, lengths, prefix_plan)
 
-    One forward of `pack`'s sequences: `flat[index[r, t]]` is what a whole-row forward gives at row r, position t
-    (past a row's length, its last token's).
+
+def position_logits(model, ids: torch.Tensor, layout: Packing | CachedRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, vocab) logits of the positions forwarded, and (rows, longest) long: where each row position's
+    logits are among them (`prepare`'s layout of the right-padded `ids`, on the model's device).
+
+    `flat[index[r, t]]` is what a whole-row forward gives at row r, position t; past a row's length, some other
+    position's (the loss masks them).
     """
-    allowed = torch.from_numpy(packing.allowed)[:, None].to(device)
+    if isinstance(layout, CachedRows):
+        return _cached_logits(model, ids, layout)
+    device = ids.device
+    allowed = torch.from_numpy(layout.allowed)[:, None].to(device)
     if getattr(_unwrapped(model).config, "_attn_implementation", None) == "eager":  # adds the mask to the scores
         dtype = next(model.parameters()).dtype
         allowed = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     out = model(
-        input_ids=torch.from_numpy(packing.ids).to(device),
+        input_ids=torch.from_numpy(layout.ids).to(device),
         attention_mask=allowed,
-        position_ids=torch.from_numpy(packing.position_ids).to(device),
+        position_ids=torch.from_numpy(layout.position_ids).to(device),
         use_cache=False,
     ).logits
-    return out.reshape(-1, out.shape[-1]), torch.from_numpy(packing.index).to(device)
+    return out.reshape(-1, out.shape[-1]), torch.from_numpy(layout.index).to(device)
+
+
+def _cached_logits(model, ids: torch.Tensor, layout: CachedRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefixes forwarded once, then every row's rest on its prefix's KV cache (see the module)."""
+    prefix_plan = layout.prefix_plan
+    device = ids.device
+    lengths = torch.as_tensor(layout.lengths, dtype=torch.long, device=device)
+    owner = torch.as_tensor(prefix_plan.owner, dtype=torch.long, device=device)
+    split = torch.as_tensor(prefix_plan.split, dtype=torch.long, device=device)
+    leader = torch.as_tensor(prefix_plan.leader, dtype=torch.long, device=device)
+    rows, longest = ids.shape
+    prefixes = len(leader)
+    longest_split = np.zeros(prefixes, dtype=np.int64)
+    np.maximum.at(longest_split, prefix_plan.owner, prefix_plan.split)  # a group's rows split alike
+    prefix_len = torch.as_tensor(longest_split, device=device)
+    head = int(longest_split.max())
+    tail = int((layout.lengths - prefix_plan.split).max())
+
+    columns = torch.arange(head, device=device)
+    prefix_attention = (columns < prefix_len[:, None]).long()
+    prefix_ids = ids[leader, :head] * prefix_attention
+    out = model(input_ids=prefix_ids, attention_mask=prefix_attention, use_cache=True)
+    cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
+    if cache is None:
+        raise ConfigError(
+            f"trainer.shared_prefix=true needs the model's KV cache here, and {type(model).__name__} returned none "
+            "(activation checkpointing turns it off); set trainer.shared_prefix=false"
+        )
+    cache.reorder_cache(owner)  # an index_select per layer: backward sums each prefix's gradient over its rows
+
+    steps = torch.arange(tail, device=device)
+    inside = steps < (lengths - split)[:, None]
+    source = (split[:, None] + steps).clamp(max=longest - 1)
+    rest_ids = ids.gather(1, source) * inside
+    attention = torch.cat([prefix_attention[owner], inside.long()], dim=1)
+    rest = model(
+        input_ids=rest_ids,
+        attention_mask=attention,
+        position_ids=split[:, None] + steps,
+        use_cache=True,
+        **{cache_keyword(_unwrapped(model)): cache},
+    ).logits
+
+    vocab = rest.shape[-1]
+    flat = torch.cat([out.logits.reshape(-1, vocab), rest.reshape(-1, vocab)])
+    position = torch.arange(longest, device=device)
+    from_prefix = owner[:, None] * head + position
+    from_rest = prefixes * head + torch.arange(rows, device=device)[:, None] * tail + (position - split[:, None])
+    index = torch.where(position < split[:, None], from_prefix, from_rest.clamp(0, flat.shape[0] - 1))
+    return flat, index
 
 
 def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPlan) -> torch.Tensor:
     """(rows, longest, vocab) logits of right-padded `ids`, each prefix forwarded once (see the module).
 
-    Positions past a row's length hold its last token's logits (whole rows hold padding's there); the loss masks them
-    either way.
+    Positions past a row's length hold some other position's logits (whole rows hold padding's there); the loss
+    masks them either way.
     """
-    flat, index = position_logits(model, pack(ids.cpu().numpy(), lengths, prefix_plan), ids.device)
+    flat, index = position_logits(model, ids, prepare(ids.cpu().numpy(), lengths, prefix_plan))
     return flat[index]
 
 
