@@ -7,7 +7,9 @@
 Each variant's PolicyTrainer loads the quickstart's tiny model shape (hidden 64, 2 layers, vocab 128) and trains
 `--steps` steps on the same batches, the variants taking turns step by step (in a rotating order) so the machine's
 other load falls on all alike. Variants: whole rows and `trainer.shared_prefix=true`; with `--unfused` also both with
-`optimizer.fused=false`; with `--baseline PATH` also both with the agentrl checkout at PATH (its own defaults: the
+`optimizer.fused=false`; with `--layouts` also the shared prefix in each layout alone (`packed`: one forward of
+packed sequences; `cached`: the prefixes, then the rests on their KV cache; by default the plan picks the cheaper per
+micro-batch); with `--baseline PATH` also both with the agentrl checkout at PATH (its own defaults: the
 code before a change, e.g. a `git worktree` of main). Each checkout's trainers run in a child process of their own
 (this one's too), which the parent asks for one step at a time; only one computes at any moment.
 Batches have the shapes of benchmarks/vs_trl.py's tasks, 8 groups x 8 episodes, random tokens:
@@ -80,6 +82,8 @@ def worker(checkout: str, model: str, threads: int) -> None:
                 }
             )
             trainers[request["build"]] = policy_trainer(config, model, "cpu")
+            if request.get("layouts"):
+                trainers[request["build"]].prefix_layouts = tuple(request["layouts"])
             answer = {"built": request["build"]}
         else:  # {"step": seed, "shape": name, "trainer": name}
             data = batch(request["shape"], np.random.default_rng(request["step"]), vocab)
@@ -113,18 +117,20 @@ class Worker:
         self.process.wait()
 
 
-def variants(baseline: str | None, unfused: bool) -> list[tuple[str, str, bool, dict]]:
-    """(name, checkout, shared_prefix, optimizer options) of every variant measured."""
+def variants(baseline: str | None, unfused: bool, layouts: bool) -> list[tuple[str, str, bool, dict, list]]:
+    """(name, checkout, shared_prefix, optimizer options, the layouts the plan may take) of every variant measured."""
     out = []
     checkouts = ([("baseline", baseline)] if baseline else []) + [("this", str(REPO))]
     for label, checkout in checkouts:
         for shared in (False, True):
-            kinds = [("", {})]
+            kinds = [("", {}, [])]
             if label == "this" and unfused:
-                kinds.append((", optimizer.fused=false", {"fused": False}))
-            for suffix, optimizer in kinds:
+                kinds.append((", optimizer.fused=false", {"fused": False}, []))
+            if label == "this" and shared and layouts:
+                kinds += [(f", {name} only", {}, [name]) for name in ("packed", "cached")]
+            for suffix, optimizer, only in kinds:
                 rows = "shared_prefix" if shared else "whole rows"
-                out.append((f"{label}: {rows}{suffix}", checkout, shared, optimizer))
+                out.append((f"{label}: {rows}{suffix}", checkout, shared, optimizer, only))
     return out
 
 
@@ -136,6 +142,7 @@ def main() -> None:
     parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=sorted(SHAPES))
     parser.add_argument("--baseline", help="another agentrl checkout to measure beside this one (e.g. main's)")
     parser.add_argument("--unfused", action="store_true", help="also this checkout with optimizer.fused=false")
+    parser.add_argument("--layouts", action="store_true", help="also the shared prefix in each layout alone")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -147,23 +154,24 @@ def main() -> None:
     sys.path.insert(0, str(REPO))
     from agentrl.models.tiny import TinyShape, build_tiny_model
 
-    measured = variants(str(Path(args.baseline).resolve()) if args.baseline else None, args.unfused)
+    measured = variants(str(Path(args.baseline).resolve()) if args.baseline else None, args.unfused, args.layouts)
     with tempfile.TemporaryDirectory() as folder:
         model = Path(folder) / "model"
         shape = TinyShape(hidden_size=64, num_layers=2, num_heads=4, vocab_size=VOCAB, init_std=0.1)
         build_tiny_model(model, ["0 1 2 3 4 5 6 7 8 9"], shape)
-        workers = {checkout: Worker(checkout, str(model), args.threads) for _, checkout, _, _ in measured}
+        workers = {checkout: Worker(checkout, str(model), args.threads) for _, checkout, *_ in measured}
         try:
             print("| batch | variant | train_step ms (wall) | CPU ms | positions computed | x (CPU, vs the first) |")
             print("|---|---|---|---|---|---|")
             for shape in args.shapes:
-                for name, checkout, shared, optimizer in measured:
-                    workers[checkout].ask({"build": f"{shape} {name}", "shared": shared, "optimizer": optimizer})
+                for name, checkout, shared, optimizer, only in measured:
+                    request = {"build": f"{shape} {name}", "shared": shared, "optimizer": optimizer, "layouts": only}
+                    workers[checkout].ask(request)
                 timings = {name: [] for name, *_ in measured}
                 positions = {name: 1.0 for name, *_ in measured}
                 for step in range(args.steps + args.warmup):
                     turn = step % len(measured)
-                    for name, checkout, _, _ in measured[turn:] + measured[:turn]:
+                    for name, checkout, *_ in measured[turn:] + measured[:turn]:
                         request = {"step": step, "shape": shape, "trainer": f"{shape} {name}"}
                         answer = workers[checkout].ask(request)
                         if step >= args.warmup:
