@@ -74,4 +74,6 @@ def test_fused_trains_as_the_loop_does_and_resumes_across_the_choice(tiny_model_
         got_metrics, want_metrics = resumed.train_step(batches[3]), want.train_step(batches[3])
         assert got_metrics["train/loss"] == pytest.approx(want_metrics["train/loss"], rel=1e-5)
         for a, b in zip(resumed.params, want.params, strict=True):
-            np.testing.assert_allclose(a.detach().numpy(), b.detach().numpy(), rtol=0, atol=1e-5 * float(b.detach().abs().max()))
+            np.testing.assert_allclose(
+                a.detach().numpy(), b.detach().numpy(), rtol=0, atol=1e-5 * float(b.detach().abs().max())
+            )
