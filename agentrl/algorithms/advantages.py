@@ -153,16 +153,19 @@ def reinforce_pp_baseline_advantages(
 def group_advantages(
     rewards: np.ndarray, groups: np.ndarray, valid: np.ndarray | None = None, std_norm: bool = True, eps: float = 1e-6
 ) -> np.ndarray:
-    """reward - mean(reward of its group) [/ std of the group]; invalid episodes get 0 and are left out of the stats."""
+    """reward - mean(reward of its group) [/ std of the group]; invalid episodes get 0 and are left out of the stats.
+
+    Groups with fewer than 2 valid members get 0. The std is the population one (numpy's default), over the valid
+    members; all groups at once (bincounts), not a loop over groups."""
     rewards = np.asarray(rewards, dtype=np.float64)
     valid = np.ones_like(rewards, dtype=bool) if valid is None else np.asarray(valid, dtype=bool)
-    advantages = np.zeros_like(rewards)
-    for group in np.unique(groups):
-        members = (groups == group) & valid
-        if members.sum() < 2:
-            continue
-        centred = rewards[members] - rewards[members].mean()
-        if std_norm:
-            centred = centred / (rewards[members].std() + eps)
-        advantages[members] = centred
-    return advantages.astype(np.float32)
+    _, group = np.unique(np.asarray(groups), return_inverse=True)
+    group = group.reshape(-1)
+    count = np.bincount(group, weights=valid.astype(np.float64))
+    members = np.maximum(count, 1.0)
+    centred = np.where(
+        valid, rewards - (np.bincount(group, weights=np.where(valid, rewards, 0.0)) / members)[group], 0.0
+    )
+    if std_norm:
+        centred = centred / (np.sqrt(np.bincount(group, weights=centred * centred) / members)[group] + eps)
+    return np.where(valid & (count[group] >= 2), centred, 0.0).astype(np.float32)

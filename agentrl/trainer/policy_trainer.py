@@ -28,7 +28,6 @@ import numpy as np
 import torch
 
 from agentrl.algorithms.base import Algorithm, ExtraModel, LossInputs, Prepared, Reduce, valid_episodes
-from agentrl.algorithms.losses import entropy, token_logprobs, uniform_kl
 from agentrl.config import (
     ConfigError,
     LRSchedulerConfig,
@@ -42,6 +41,7 @@ from agentrl.trainer import checkpoint, parallel, shared_prefix
 from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
+from agentrl.trainer.token_logits import TokenLogits
 from agentrl.trajectory import num_episodes
 
 
@@ -112,7 +112,8 @@ class PolicyTrainer:
         self.prefix_positions = np.zeros(2)  # this step's policy forwards: positions computed, and whole rows'
         self.announced_whole_rows = False
         if self.shared_prefix:
-            shared_prefix.check_model(self.model)
+            self.prefix_layouts = shared_prefix.check_model(self.model)
+            self.pair_cost = shared_prefix.pair_cost(self.model)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optimizer)
         self.scheduler = build_scheduler(
@@ -211,10 +212,11 @@ class PolicyTrainer:
         grad_norms = []
         extra_norms: dict[str, list[float]] = {extra.name: [] for extra in self.extras}
         skipped = 0
+        trained_tokens = _trained_tokens(batch)
         for update, minibatch in enumerate(np.array_split(np.arange(n), self.updates_per_step)):
             micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / micro_size))
-            trained = [_trained_tokens(batch, i) for i in minibatch]
-            counts = torch.tensor([float(sum(trained)), float(sum(t > 0 for t in trained))], dtype=torch.float64)
+            trained = trained_tokens[minibatch]
+            counts = torch.tensor([float(trained.sum()), float((trained > 0).sum())], dtype=torch.float64)
             global_tokens, global_sequences = self._allreduce(counts).tolist()
             self.optimizer.zero_grad(set_to_none=True)
             for extra in self.extras:
@@ -326,10 +328,10 @@ class PolicyTrainer:
         """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
         temperature = self.temperature
 
-        def logprobs(ids, attention, prefix_plan):
+        def logprobs(ids, attention, prefix_layout):
             with self._compute():
-                logits = self._logits(self.model, ids, attention, prefix_plan)[:, :-1].float()
-            return token_logprobs(logits, ids[:, 1:], temperature)
+                flat, index = self._position_logits(self.model, ids, attention, prefix_layout)
+            return TokenLogits(flat, index, temperature).logprobs(ids[:, 1:])
 
         return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False), shared=True)
 
@@ -341,7 +343,7 @@ class PolicyTrainer:
             raise KeyError(f"prepare asked for extra model {name!r}; extra_models returned: {known}")
         module = found[0].module
 
-        def outputs(ids, attention, prefix_plan):
+        def outputs(ids, attention, prefix_layout):
             with self._compute():
                 return module(input_ids=ids, attention_mask=attention)[:, :-1].float()
 
@@ -349,11 +351,12 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _per_token(self, batch, compute, idle, shared: bool = False) -> np.ndarray:
-        """compute(ids, attention, prefix plan) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at
+        """compute(ids, attention, prefix layout) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at
         first tokens).
 
-        The plan is None unless `shared` (the policy's own forward) and trainer.shared_prefix. Sharded, every rank
-        runs as many forwards as the busiest one: `idle(ids)` on one token.
+        The prefix layout (`shared_prefix.prepare`) is None unless `shared` (the policy's own forward) and
+        trainer.shared_prefix found a plan. Sharded, every rank runs as many forwards as the busiest one: `idle(ids)`
+        on one token.
         """
         out = np.zeros(len(batch["tokens"]), dtype=np.float32)
         n = num_episodes(batch)
@@ -364,39 +367,49 @@ class PolicyTrainer:
         for start in starts:
             episodes = np.arange(start, min(n, start + micro_size))
             ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
-            prefix_plan = self._prefix_plan(batch, episodes, ids, lengths) if shared else None
+            prefix_layout = self._prefix_layout(batch, episodes, ids, lengths) if shared else None
             ids, attention = ids.to(self.device), attention.to(self.device)
-            values = compute(ids, attention, prefix_plan).cpu().numpy()
-            for row, i in enumerate(episodes):
-                length = int(offsets[i + 1] - offsets[i])
-                out[offsets[i] + 1 : offsets[i + 1]] = values[row, : length - 1]
+            values = compute(ids, attention, prefix_layout).cpu().numpy()
+            predicted = _inside(np.asarray(lengths) - 1)  # position t predicts token t + 1
+            columns = np.arange(predicted.shape[1])
+            out[(offsets[episodes][:, None] + 1 + columns)[predicted]] = values[:, : predicted.shape[1]][predicted]
         for _ in range(agreed - len(starts)):
             with self._compute():
                 idle(torch.zeros(1, 1, dtype=torch.long, device=self.device))
         return out
 
-    def _prefix_plan(self, batch, episodes, ids: torch.Tensor, lengths: list[int]) -> shared_prefix.PrefixPlan | None:
-        """With trainer.shared_prefix, how the micro-batch's rows share their groups' prefixes (None: whole rows)."""
+    def _prefix_layout(self, batch, episodes, ids: torch.Tensor, lengths: list[int]):
+        """With trainer.shared_prefix, the micro-batch's rows laid out to share their groups' prefixes
+        (`shared_prefix.prepare`; None: whole rows); counted in `prefix_positions`."""
         if not self.shared_prefix:
             return None
-        found = shared_prefix.plan(ids.numpy(), np.asarray(lengths), batch["group"][np.asarray(episodes)])
+        groups = batch["group"][np.asarray(episodes)]
+        found = shared_prefix.plan(ids.numpy(), np.asarray(lengths), groups, self.pair_cost, self.prefix_layouts)
         if found is None and not self.announced_whole_rows and _leads(self.group):
             self.announced_whole_rows = True
             print(
                 "agentrl: trainer.shared_prefix: a micro-batch forwards whole rows, as sharing its groups' prefixes "
-                "would not compute fewer positions (groups of one, prefixes of one token, or groups split across "
-                "micro-batches: trainer.micro_batch_size a multiple of rollout.group_size keeps them whole); said "
-                "once",
+                "would not cost less (groups of one, prefixes of a few tokens before long rests, or groups split "
+                "across micro-batches: trainer.micro_batch_size a multiple of rollout.group_size keeps them whole); "
+                "said once",
                 file=sys.stderr,
                 flush=True,
             )
-        return found
+        whole = len(lengths) * max(lengths)
+        self.prefix_positions += (whole if found is None else found.positions, whole)
+        return None if found is None else shared_prefix.prepare(ids.numpy(), np.asarray(lengths), found)
 
-    def _logits(self, model, ids: torch.Tensor, attention: torch.Tensor, prefix_plan) -> torch.Tensor:
-        """The model's (B, T, vocab) logits of the rows: in one forward, or each shared prefix once (a plan)."""
-        if prefix_plan is None:
-            return model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-        return shared_prefix.logits(model, ids, attention.sum(dim=1).cpu().numpy(), prefix_plan)
+    def _position_logits(self, model, ids: torch.Tensor, attention: torch.Tensor, prefix_layout):
+        """The model's logits of the rows, as `TokenLogits` reads them: (positions, vocab), and (B, T-1) the position
+        predicting each row's token t+1. Whole rows: every row position is its own; a prefix layout: a prefix's
+        positions are its rows'."""
+        if prefix_layout is None:
+            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
+            rows, longest, vocab = logits.shape
+            index = torch.arange(rows * longest, device=logits.device).view(rows, longest)
+            return logits.reshape(-1, vocab), index[:, :-1]
+        flat, index = shared_prefix.position_logits(model, ids, prefix_layout)
+        return flat, index[:, :-1]
 
     def _micro_step(
         self,
@@ -410,44 +423,35 @@ class PolicyTrainer:
         prepared: Prepared,
     ) -> tuple[dict[str, float], float]:
         """One forward and backward; its stats' sums and its loss (NaN or inf when not finite)."""
-        ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
-        prefix_plan = self._prefix_plan(batch, episodes, ids, lengths)
-        if self.shared_prefix:
-            whole = len(lengths) * max(lengths)
-            self.prefix_positions += (whole if prefix_plan is None else prefix_plan.positions, whole)
-        mask = _gather_rows(batch["loss_mask"], batch["offsets"], episodes, lengths, torch.float32)
-        rollout_logp = _gather_rows(batch["logprobs"], batch["offsets"], episodes, lengths, torch.float32)
-        old = rollout_logp if old_logp is batch["logprobs"] else None
-        if old is None:
-            old = _gather_rows(old_logp, batch["offsets"], episodes, lengths, torch.float32)
-        adv = _gather_rows(advantages, batch["offsets"], episodes, lengths, torch.float32)
-        ids, attention = ids.to(self.device), attention.to(self.device)
-        mask, adv = mask[:, 1:].to(self.device), adv[:, 1:].to(self.device)
-        rollout_logp, old = rollout_logp[:, 1:].to(self.device), old[:, 1:].to(self.device)
-        rows = {
-            name: _gather_rows(flat, batch["offsets"], episodes, lengths, torch.float32)[:, 1:].to(self.device)
-            for name, flat in prepared.per_token.items()
-        }
+        layout = _RowLayout(batch["offsets"], episodes)
+        ids, lengths = layout.gather(batch["tokens"], torch.long), layout.lengths.tolist()
+        prefix_layout = self._prefix_layout(batch, episodes, ids, lengths)
+
+        def predicted(flat) -> torch.Tensor:  # (B, T-1) float32 rows of a flat per-token array, from token 1 on
+            return layout.gather(flat, torch.float32)[:, 1:].to(self.device)
+
+        mask, rollout_logp, adv = predicted(batch["loss_mask"]), predicted(batch["logprobs"]), predicted(advantages)
+        old = rollout_logp if old_logp is batch["logprobs"] else predicted(old_logp)
+        rows = {name: predicted(flat) for name, flat in prepared.per_token.items()}
+        ids, attention = ids.to(self.device), layout.attention().to(self.device)
         temperature = self.temperature
 
         with self._compute():
-            logits = self._logits(self.model, ids, attention, prefix_plan)[:, :-1].float()
+            flat, index = self._position_logits(self.model, ids, attention, prefix_layout)
             outputs = {
                 extra.name: extra.module(input_ids=ids, attention_mask=attention)[:, :-1].float()
                 for extra in self.extras
             }
         targets = ids[:, 1:]
-        logp = token_logprobs(logits, targets, temperature)
+        token_logits = TokenLogits(flat, index, temperature)
+        logp = token_logits.logprobs(targets)
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad(), self._compute():
-                ref_logits = self._logits(self.reference, ids, attention, prefix_plan)[:, :-1].float()
-                ref_logp = token_logprobs(ref_logits, targets, temperature)
-        if self.algorithm.needs_entropy_grad:
-            token_entropy = entropy(logits, temperature)
-        else:
-            with torch.no_grad():
-                token_entropy = entropy(logits, temperature)
+                ref_flat, ref_index = self._position_logits(self.reference, ids, attention, prefix_layout)
+                ref_logp = TokenLogits(ref_flat, ref_index, temperature).logprobs(targets)
+        with torch.set_grad_enabled(self.algorithm.needs_entropy_grad):
+            token_entropy = token_logits.entropy()
         inputs = LossInputs(
             logp=logp,
             old_logp=old,
@@ -461,23 +465,24 @@ class PolicyTrainer:
             model_outputs=outputs,
             prepared=rows,
             lr_scale=self._lr_scale(),
-            uniform_kl=uniform_kl(logits, temperature) if self.algorithm.needs_uniform_kl else None,
+            uniform_kl=token_logits.uniform_kl() if self.algorithm.needs_uniform_kl else None,
         )
         loss, stats = self.algorithm.loss(inputs)
         loss.backward()
-        with torch.no_grad():
-            tokens = float(mask.sum())
-            stats = {"tokens": tokens, **stats, "entropy": float((token_entropy * mask).sum())}
+        with torch.no_grad():  # one read-back of every sum (one sync on a GPU)
             current = logp.detach()
-            stats["logprob_diff_vs_rollout"] = float(((current - rollout_logp).abs() * mask).sum())
-            stats["ratio_mean"] = float((torch.exp(current - old) * mask).sum())
-            first = update == 0  # the policy has not moved yet: logp is the trainer's view of the rollout policy
             log_ratio = current - rollout_logp  # log pi - log mu, on tokens sampled from mu
-            stats["first_update_tokens"] = tokens if first else 0.0
-            stats["mismatch_kl_k1"] = float((-log_ratio * mask).sum()) if first else 0.0
-            k3 = torch.exp(log_ratio) - log_ratio - 1.0
-            stats["mismatch_kl_k3"] = float((k3 * mask).sum()) if first else 0.0
-        return stats, float(loss.detach())
+            per_token = [torch.ones_like(mask), token_entropy, log_ratio.abs(), torch.exp(current - old)]
+            first = update == 0  # the policy has not moved yet: logp is the trainer's view of the rollout policy
+            if first:
+                per_token += [-log_ratio, torch.exp(log_ratio) - log_ratio - 1.0]
+            sums = (torch.stack(per_token) * mask).sum(dim=(1, 2))
+            tokens, entropy_sum, diff, ratio, *mismatch, loss_value = torch.cat([sums, loss.detach()[None]]).tolist()
+        k1, k3 = mismatch if first else (0.0, 0.0)
+        stats = {"tokens": tokens, **stats, "entropy": entropy_sum, "logprob_diff_vs_rollout": diff}
+        stats |= {"ratio_mean": ratio, "first_update_tokens": tokens if first else 0.0}
+        stats |= {"mismatch_kl_k1": k1, "mismatch_kl_k3": k3}
+        return stats, loss_value
 
 
 def _leads(group) -> bool:
@@ -498,23 +503,42 @@ def _placeholder_batch() -> dict[str, np.ndarray]:
     return pack([episode])
 
 
+class _RowLayout:
+    """Where a micro-batch's episodes lie in the batch's flat per-token arrays, to gather any of them as rows."""
+
+    def __init__(self, offsets, episodes):
+        offsets = np.asarray(offsets, dtype=np.int64)
+        episodes = np.asarray(episodes, dtype=np.int64)
+        starts = offsets[episodes]
+        self.lengths = offsets[episodes + 1] - starts  # (rows,)
+        self.inside = _inside(self.lengths)  # (rows, longest) bool
+        self.source = (starts[:, None] + np.arange(self.inside.shape[1]))[self.inside]
+
+    def gather(self, flat: np.ndarray, dtype) -> torch.Tensor:
+        """Each episode's slice of `flat` as a right-padded row (zeros after it), cast to `dtype`: one numpy gather."""
+        flat = np.asarray(flat)
+        rows = np.zeros(self.inside.shape, dtype=flat.dtype)
+        rows[self.inside] = flat[self.source]
+        return torch.from_numpy(rows).to(dtype)
+
+    def attention(self) -> torch.Tensor:
+        """(rows, longest) long: 1 on each row's tokens, 0 on its padding."""
+        return torch.from_numpy(self.inside.astype(np.int64))
+
+
 def _rows(batch, episodes, key: str, dtype) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """Episodes of `batch[key]` as right-padded rows, their attention mask, and their lengths."""
-    offsets = batch["offsets"]
-    lengths = [int(offsets[i + 1] - offsets[i]) for i in episodes]
-    values = _gather_rows(batch[key], offsets, episodes, lengths, dtype)
-    attention = torch.from_numpy(_inside(lengths).astype(np.int64))
-    return values, attention, lengths
+    layout = _RowLayout(batch["offsets"], episodes)
+    return layout.gather(batch[key], dtype), layout.attention(), layout.lengths.tolist()
 
 
 def _gather_rows(flat: np.ndarray, offsets, episodes, lengths: list[int], dtype) -> torch.Tensor:
-    """Each episode's slice of `flat` as a right-padded row (zeros after it), cast to `dtype`: one numpy gather."""
-    flat = np.asarray(flat)
-    inside = _inside(lengths)
-    starts = np.asarray(offsets, dtype=np.int64)[np.asarray(episodes, dtype=np.int64)]
-    rows = np.zeros(inside.shape, dtype=flat.dtype)
-    rows[inside] = flat[(starts[:, None] + np.arange(inside.shape[1]))[inside]]
-    return torch.from_numpy(rows).to(dtype)
+    """Each episode's slice of `flat` as a right-padded row (zeros after it), cast to `dtype`; `lengths` are the
+    episodes' own (as `_rows` gives them)."""
+    layout = _RowLayout(offsets, episodes)
+    if layout.lengths.tolist() != list(lengths):
+        raise ValueError(f"row lengths {list(lengths)} are not those of episodes {list(episodes)}")
+    return layout.gather(flat, dtype)
 
 
 def _inside(lengths: list[int]) -> np.ndarray:
@@ -523,6 +547,8 @@ def _inside(lengths: list[int]) -> np.ndarray:
     return np.arange(lengths.max()) < lengths[:, None]
 
 
-def _trained_tokens(batch, episode: int) -> int:
-    """Loss-mask tokens that enter the loss (the first token has no prediction)."""
-    return int(batch["loss_mask"][batch["offsets"][episode] + 1 : batch["offsets"][episode + 1]].sum())
+def _trained_tokens(batch) -> np.ndarray:
+    """(episodes,) loss-mask tokens of each episode that enter the loss (its first token has no prediction)."""
+    offsets = np.asarray(batch["offsets"], dtype=np.int64)
+    running = np.concatenate([[0], np.cumsum(batch["loss_mask"], dtype=np.int64)])
+    return running[offsets[1:]] - running[np.minimum(offsets[:-1] + 1, offsets[1:])]

@@ -1,14 +1,21 @@
 """A micro-batch's logits with each group's shared token prefix forwarded once (`trainer.shared_prefix`).
 
 The episodes of a GRPO group start with the same tokens (the prompt; in multi-turn episodes, at least the first
-prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and chooses how much of it to
-share; `logits` forwards the prefixes once, then every row's rest on its prefix's KV cache, expanded to the rows
-with an index (so backward sums each prefix's gradient over its rows), and puts the two parts' logits back in row
-order: the same (rows, longest, vocab) tensor a whole-row forward gives, up to float rounding.
+prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and lays the rows out in one of
+two ways, whichever costs least (and only if that is less than whole rows):
 
-A plan is taken only when it forwards fewer positions than whole rows (prefix rows x the longest prefix plus
-rows x the longest rest, against rows x the longest row): groups of one, or prefixes a token long, fall back to
-whole rows.
+- packed, one forward: `pack` makes sequences of a prefix's tokens followed by the rests of some of its rows, with
+  position ids that continue each rest from its row's split and a 4D attention mask (a rest attends to its prefix up
+  to its split and causally to itself, never to another row's rest). Cheapest where the prefix is most of a row
+  (one-turn tasks): its cost is the packed sequences' length and, squared, their attention, masked pairs included.
+- on a KV cache, two forwards: the prefixes, then every row's rest on its prefix's cache, expanded to the rows with an
+  index. Cheapest where rests are long (multi-turn episodes after a short prompt), whose attention packing would
+  square; it pays a second forward.
+
+Either way a prefix position stands for every row that continues it, so backward sums its gradient over those rows:
+the same logits, loss and gradients as whole rows, up to float rounding. `prepare` turns a plan into what
+`position_logits` forwards; it returns the logits at the positions it computed and, per row position, where its
+logits are among them.
 """
 
 from __future__ import annotations
@@ -22,77 +29,246 @@ import torch
 from agentrl.config import ConfigError
 from agentrl.engine.hf import cache_keyword
 
+MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D mask as given
+SECOND_FORWARD_COST = (
+    300  # positions: what the cached layout's second forward adds (about 5 ms of the tiny model's CPU)
+)
+
 
 @dataclass(frozen=True)
 class PrefixPlan:
-    """Which prefix each row continues, and where each row splits into prefix and rest."""
+    """Which prefix each row continues, where each row splits into prefix and rest, and which packed sequence holds
+    its rest (a prefix's rows may fill several, each starting with the prefix)."""
 
-    owner: np.ndarray  # (rows,) the prefix row each row continues
+    owner: np.ndarray  # (rows,) the prefix each row continues
     split: np.ndarray  # (rows,) tokens of the row inside its prefix (>= 1, < the row's length)
     leader: np.ndarray  # (prefixes,) a row that holds each prefix's tokens
-    positions: int  # positions forwarded: prefixes x the longest prefix + rows x the longest rest
+    positions: int  # positions forwarded: packed sequences x the longest of them
     whole_positions: int  # rows x the longest row: what whole rows forward
+    sequence: np.ndarray | None = None  # (rows,) the packed sequence of each row's rest; None: one per prefix
+    cached: bool = False  # the rests on the prefixes' KV cache (two forwards), not packed
 
 
-def check_model(model: torch.nn.Module) -> None:
-    """Refuse, naming the fix, a model whose forward cannot continue rows on an expanded KV cache."""
+@dataclass(frozen=True)
+class Packing:
+    """A plan's rows as packed sequences, each a prefix then some of its rows' rests (numpy, host side);
+    `position_logits` forwards it."""
+
+    ids: np.ndarray  # (sequences, packed) a prefix's tokens, then the rests of the sequence's rows; 0 after
+    position_ids: np.ndarray  # (sequences, packed) each token's position in its own row; 0 on padding
+    allowed: np.ndarray  # (sequences, packed, packed) bool: the keys each query attends to
+    index: np.ndarray  # (rows, longest) position t of row r is flat position index[r, t] of (sequences x packed)
+
+
+@dataclass(frozen=True)
+class CachedRows:
+    """A cached plan's rows: each prefix forwarded once, then every row's rest on its prefix's KV cache."""
+
+    prefix_plan: PrefixPlan
+    lengths: np.ndarray  # (rows,)
+
+
+def check_model(model: torch.nn.Module) -> tuple[str, ...]:
+    """The layouts `model` can forward ("packed", "cached"); refuse, naming the fix, a model that can take neither."""
     base = _unwrapped(model)
     taken = inspect.signature(base.forward).parameters
-    missing = [name for name in (cache_keyword(base), "position_ids", "attention_mask") if name not in taken]
+    missing = [name for name in ("position_ids", "attention_mask") if name not in taken]
     config = getattr(base, "config", None)
     windowed = [kind for kind in getattr(config, "layer_types", None) or [] if kind != "full_attention"]
-    if missing or windowed:
-        why = f"its forward takes no {', '.join(missing)}" if missing else f"it has {sorted(set(windowed))} layers"
+    attention = getattr(config, "_attn_implementation", None)
+    layouts = tuple(
+        name
+        for name, able in (("packed", attention in MASKED_ATTENTION), ("cached", cache_keyword(base) in taken))
+        if able
+    )
+    if missing or windowed or not layouts:
+        if missing:
+            why = f"its forward takes no {', '.join(missing)}"
+        elif windowed:
+            why = f"it has {sorted(set(windowed))} layers, whose window neither layout keeps"
+        else:
+            why = f"its attention implementation {attention!r} ignores a custom 4D mask and its forward takes no cache"
         raise ConfigError(
-            f"trainer.shared_prefix=true continues each row on its prefix's KV cache, which {type(base).__name__} "
-            f"cannot do here ({why}, whose cache is not per row); set trainer.shared_prefix=false"
+            f"trainer.shared_prefix=true forwards each group's prefix once, packed with its rows' rests under a 4D "
+            f"attention mask or as a KV cache they continue, which {type(base).__name__} cannot do here ({why}); "
+            "set trainer.shared_prefix=false"
         )
+    return layouts
 
 
-def plan(ids: np.ndarray, lengths: np.ndarray, groups: np.ndarray) -> PrefixPlan | None:
-    """The rows' split into shared prefixes (None: whole rows forward fewer positions).
+def pair_cost(model: torch.nn.Module) -> float:
+    """What an attention pair costs over a position, for `plan`: a pair's 2 x hidden multiply-adds per layer (x 2.5:
+    a masked attention is that much slower than a matmul; measured on CPU, hidden 64) against a position's
+    4 x hidden^2 + 3 x hidden x intermediate."""
+    config = _unwrapped(model).config
+    hidden = config.hidden_size
+    intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
+    return 2.5 * 2 * hidden / (4 * hidden * hidden + 3 * hidden * intermediate)
+
+
+def plan(
+    ids: np.ndarray,
+    lengths: np.ndarray,
+    groups: np.ndarray,
+    pair_cost: float = 0.0,
+    layouts: tuple[str, ...] = ("packed", "cached"),
+) -> PrefixPlan | None:
+    """The rows' split into shared prefixes, and their layout (None: whole rows cost least).
 
     ids: (rows, longest) right-padded token ids; lengths: (rows,); groups: (rows,) group ids. Rows of a group share
-    its longest common prefix, cut so that every row keeps at least one token after it. Each group's prefix may be
-    shortened (any prefix of a shared prefix is shared): the cut is the one of the groups' own lengths, or none,
-    that forwards the fewest positions.
+    its longest common prefix, cut so that every row keeps at least one token after it. Costs are positions plus
+    attention pairs x `pair_cost` (the model's cost of a pair over that of a position); whole rows cost rows x
+    (longest + longest^2 x pair_cost).
+    - packed: a group's rows go to sequences of at most `per` rows each (the prefix, then their rests), dealt
+      longest rest first, round robin; a sequence of length L costs L + L^2 x pair_cost, and `per` is the cheapest.
+    - cached: prefixes x the longest prefix H, plus rows x the longest rest R, each rest attending to H + R keys,
+      plus SECOND_FORWARD_COST; the prefixes may be cut to one of the groups' own lengths (any prefix of a shared
+      prefix is shared), the cheapest cut taken.
+    Of equal costs the packed layout is taken.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
-    groups = np.asarray(groups)
     rows = len(lengths)
-    keys, owner = np.unique(groups, return_inverse=True)
-    common = np.empty(len(keys), dtype=np.int64)
-    leader = np.empty(len(keys), dtype=np.int64)
-    for prefix in range(len(keys)):
-        members = np.flatnonzero(owner == prefix)
-        shortest = int(lengths[members].min())
-        block = ids[members, :shortest]
-        differs = (block != block[0]).any(axis=0)
-        same = int(np.argmax(differs)) if differs.any() else shortest
-        common[prefix] = min(same, shortest - 1)
-        leader[prefix] = members[0]
+    keys, owner = np.unique(np.asarray(groups), return_inverse=True)
+    owner = owner.reshape(-1)
+    prefixes = len(keys)
+    members = np.bincount(owner, minlength=prefixes)
+    first = np.cumsum(members) - members  # each prefix's first row in `order`
+    order = np.lexsort((lengths, owner))
+    leader = order[first]  # each prefix's shortest row
+    shortest = lengths[leader]
+    columns = np.arange(ids.shape[1])
+    differs = (ids != ids[leader[owner]]) | (columns >= shortest[owner][:, None])
+    agree = np.where(
+        differs.any(axis=1), differs.argmax(axis=1), ids.shape[1]
+    )  # tokens each row shares with its leader
+    common = shortest - 1  # a row keeps a token after its prefix
+    np.minimum.at(common, owner, agree)
     if common.min() < 1:
         return None
-    whole = rows * int(lengths.max())
-    best_cut, best = None, whole
-    for cut in np.unique(common):
-        split = np.minimum(common, cut)[owner]
-        positions = len(keys) * int(cut) + rows * int((lengths - split).max())
-        if positions < best:
-            best_cut, best = int(cut), positions
-    if best_cut is None:
-        return None
-    return PrefixPlan(owner, np.minimum(common, best_cut)[owner], leader, best, whole)
+    longest = int(lengths.max())
+    whole = rows * longest
+    best, best_cost = None, rows * (longest + longest * longest * pair_cost)
+    if "packed" in layouts:
+        split = common[owner]
+        rest = lengths - split
+        by_rest = np.lexsort((-rest, owner))  # within a prefix, longest rest first
+        rank = np.empty(rows, dtype=np.int64)
+        rank[by_rest] = np.arange(rows) - first[owner[by_rest]]
+        tried = set()
+        for per in range(2, int(members.max()) + 1):
+            count = -(-members // per)  # sequences of each prefix
+            if count.tobytes() in tried:
+                continue
+            tried.add(count.tobytes())
+            sequence = (np.cumsum(count) - count)[owner] + rank % count[owner]
+            sequences = int(count.sum())
+            width = int((np.bincount(sequence, weights=rest, minlength=sequences) + np.repeat(common, count)).max())
+            cost = sequences * (width + width * width * pair_cost)
+            if cost < best_cost:
+                best, best_cost = PrefixPlan(owner, split, leader, sequences * width, whole, sequence), cost
+    if "cached" in layouts:
+        for cut in np.unique(common):
+            split = np.minimum(common, cut)[owner]
+            tail = int((lengths - split).max())
+            positions = prefixes * int(cut) + rows * tail
+            pairs = prefixes * int(cut) ** 2 + rows * tail * (int(cut) + tail)
+            cost = positions + pairs * pair_cost + SECOND_FORWARD_COST
+            if cost < best_cost:
+                best, best_cost = PrefixPlan(owner, split, leader, positions, whole, cached=True), cost
+    return best
 
 
-def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPlan) -> torch.Tensor:
-    """(rows, longest, vocab) float logits of right-padded `ids`, each prefix forwarded once (see the module).
+def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packing:
+    """The plan's sequences, right-padded: each its prefix's tokens, then the rests of its rows (see the module).
 
-    Positions past a row's length hold some other position's logits (whole rows hold padding's there); the loss
-    masks them either way.
+    Rows of a prefix may split at different lengths: a rest attends to its prefix's first `split` positions only.
     """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    split = np.asarray(prefix_plan.split, dtype=np.int64)
+    sequence = prefix_plan.owner if prefix_plan.sequence is None else prefix_plan.sequence
+    rows, sequences = len(lengths), int(sequence.max()) + 1
+    holder = np.empty(sequences, dtype=np.int64)  # a row of each sequence's prefix
+    holder[sequence] = prefix_plan.leader[prefix_plan.owner]
+    head = np.zeros(sequences, dtype=np.int64)
+    np.maximum.at(head, sequence, split)
+    rest = lengths - split
+    order = np.argsort(sequence, kind="stable")
+    before = np.cumsum(rest[order]) - rest[order]  # rests of earlier rows, over all sequences in order
+    first = np.searchsorted(sequence[order], np.arange(sequences))
+    start = np.empty(rows, dtype=np.int64)
+    start[order] = head[sequence[order]] + before - before[first][sequence[order]]
+    packed = int((head + np.bincount(sequence, weights=rest, minlength=sequences).astype(np.int64)).max())
+
+    columns = np.arange(packed)
+    packed_ids = np.zeros((sequences, packed), dtype=ids.dtype)
+    position_ids = np.zeros((sequences, packed), dtype=np.int64)
+    segment = np.full((sequences, packed), -2, dtype=np.int64)  # -1: the prefix; r: row r's rest; -2: padding
+    sees = np.zeros((sequences, packed), dtype=np.int64)  # a query attends to the prefix's positions below this
+    in_prefix = columns[: head.max()] < head[:, None]
+    packed_ids[:, : head.max()][in_prefix] = ids[holder, : head.max()][in_prefix]
+    position_ids[:, : head.max()] = np.where(in_prefix, columns[: head.max()], 0)
+    segment[:, : head.max()][in_prefix] = -1
+    sees[:, : head.max()][in_prefix] = packed
+
+    steps = np.arange(rest.max())
+    inside = steps < rest[:, None]
+    row_of = np.broadcast_to(np.arange(rows)[:, None], inside.shape)[inside]
+    to = (sequence[:, None], start[:, None] + steps)
+    to = (np.broadcast_to(to[0], inside.shape)[inside], to[1][inside])
+    source = (split[:, None] + steps)[inside]
+    packed_ids[to] = ids[row_of, source]
+    position_ids[to] = source
+    segment[to] = row_of
+    sees[to] = split[row_of]
+
+    causal = columns[None, :] <= columns[:, None]
+    same = segment[:, :, None] == segment[:, None, :]
+    prefix_key = (segment[:, None, :] == -1) & (columns[None, None, :] < sees[:, :, None])
+    allowed = causal & (same | prefix_key)
+
+    position = np.arange(ids.shape[1])
+    within = np.minimum(position, lengths[:, None] - 1)  # past a row's end: its last token's (masked in the loss)
+    index = sequence[:, None] * packed + np.where(
+        within < split[:, None], within, start[:, None] + within - split[:, None]
+    )
+    return Packing(packed_ids, position_ids, allowed, index)
+
+
+def prepare(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packing | CachedRows:
+    """What `position_logits` forwards for a plan, made on the host from its right-padded `ids`."""
+    if prefix_plan.cached:
+        return CachedRows(prefix_plan, np.asarray(lengths, dtype=np.int64))
+    return pack(ids, lengths, prefix_plan)
+
+
+def position_logits(model, ids: torch.Tensor, layout: Packing | CachedRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """(positions, vocab) logits of the positions forwarded, and (rows, longest) long: where each row position's
+    logits are among them (`prepare`'s layout of the right-padded `ids`, on the model's device).
+
+    `flat[index[r, t]]` is what a whole-row forward gives at row r, position t; past a row's length, some other
+    position's (the loss masks them).
+    """
+    if isinstance(layout, CachedRows):
+        return _cached_logits(model, ids, layout)
     device = ids.device
-    lengths = torch.as_tensor(np.asarray(lengths), dtype=torch.long, device=device)
+    allowed = torch.from_numpy(layout.allowed)[:, None].to(device)
+    if getattr(_unwrapped(model).config, "_attn_implementation", None) == "eager":  # adds the mask to the scores
+        dtype = next(model.parameters()).dtype
+        allowed = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    out = model(
+        input_ids=torch.from_numpy(layout.ids).to(device),
+        attention_mask=allowed,
+        position_ids=torch.from_numpy(layout.position_ids).to(device),
+        use_cache=False,
+    ).logits
+    return out.reshape(-1, out.shape[-1]), torch.from_numpy(layout.index).to(device)
+
+
+def _cached_logits(model, ids: torch.Tensor, layout: CachedRows) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefixes forwarded once, then every row's rest on its prefix's KV cache (see the module)."""
+    prefix_plan = layout.prefix_plan
+    device = ids.device
+    lengths = torch.as_tensor(layout.lengths, dtype=torch.long, device=device)
     owner = torch.as_tensor(prefix_plan.owner, dtype=torch.long, device=device)
     split = torch.as_tensor(prefix_plan.split, dtype=torch.long, device=device)
     leader = torch.as_tensor(prefix_plan.leader, dtype=torch.long, device=device)
@@ -101,8 +277,8 @@ def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPla
     longest_split = np.zeros(prefixes, dtype=np.int64)
     np.maximum.at(longest_split, prefix_plan.owner, prefix_plan.split)  # a group's rows split alike
     prefix_len = torch.as_tensor(longest_split, device=device)
-    head = int(prefix_len.max())
-    tail = int((lengths - split).max())
+    head = int(longest_split.max())
+    tail = int((layout.lengths - prefix_plan.split).max())
 
     columns = torch.arange(head, device=device)
     prefix_attention = (columns < prefix_len[:, None]).long()
@@ -111,7 +287,7 @@ def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPla
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if cache is None:
         raise ConfigError(
-            f"trainer.shared_prefix=true needs the model's KV cache, and {type(model).__name__} returned none "
+            f"trainer.shared_prefix=true needs the model's KV cache here, and {type(model).__name__} returned none "
             "(activation checkpointing turns it off); set trainer.shared_prefix=false"
         )
     cache.reorder_cache(owner)  # an index_select per layer: backward sums each prefix's gradient over its rows
@@ -132,11 +308,20 @@ def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPla
     vocab = rest.shape[-1]
     flat = torch.cat([out.logits.reshape(-1, vocab), rest.reshape(-1, vocab)])
     position = torch.arange(longest, device=device)
-    in_prefix = position < split[:, None]
     from_prefix = owner[:, None] * head + position
     from_rest = prefixes * head + torch.arange(rows, device=device)[:, None] * tail + (position - split[:, None])
-    index = torch.where(in_prefix, from_prefix, from_rest.clamp(0, flat.shape[0] - 1))
-    return flat.index_select(0, index.reshape(-1)).view(rows, longest, vocab)
+    index = torch.where(position < split[:, None], from_prefix, from_rest.clamp(0, flat.shape[0] - 1))
+    return flat, index
+
+
+def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPlan) -> torch.Tensor:
+    """(rows, longest, vocab) logits of right-padded `ids`, each prefix forwarded once (see the module).
+
+    Positions past a row's length hold some other position's logits (whole rows hold padding's there); the loss
+    masks them either way.
+    """
+    flat, index = position_logits(model, ids, prepare(ids.cpu().numpy(), lengths, prefix_plan))
+    return flat[index]
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:

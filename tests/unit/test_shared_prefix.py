@@ -84,26 +84,32 @@ def assert_close_gradients(got: torch.nn.Module, want: torch.nn.Module) -> None:
 
 
 GLOBAL_BASELINE = {"name": "reinforce_pp"}  # groups of one: a batch-wide baseline, so advantages are not all 0
-CASES = [  # (turns, group size, micro-batch size, algorithm options, model.lora)
-    (1, 8, 32, {}, None),
-    (3, 8, 32, {}, None),
-    (3, 8, 12, {}, None),  # micro-batches that split groups
-    (1, 1, 32, GLOBAL_BASELINE, None),
-    (3, 1, 32, GLOBAL_BASELINE, None),
-    (3, 8, 32, {"kl_coef": 0.1}, None),  # the frozen reference's forward shares the prefixes too
-    (3, 8, 16, {"correction": {"mode": "tis"}}, None),  # the old policy's log-probs recomputed, sharing them
-    (3, 8, 32, {}, {"rank": 4, "alpha": 8}),  # PEFT's wrapper
+CASES = [  # (turns, group size, micro-batch size, algorithm options, model.lora, layouts plan may take)
+    (1, 8, 32, {}, None, None),
+    (3, 8, 32, {}, None, None),
+    (3, 8, 32, {}, None, ("packed",)),
+    (3, 8, 32, {}, None, ("cached",)),
+    (3, 8, 12, {}, None, None),  # micro-batches that split groups
+    (1, 1, 32, GLOBAL_BASELINE, None, None),
+    (3, 1, 32, GLOBAL_BASELINE, None, None),
+    (3, 8, 32, {"kl_coef": 0.1}, None, ("packed",)),  # the frozen reference's forward shares the prefixes too
+    (3, 8, 32, {"kl_coef": 0.1}, None, ("cached",)),
+    (3, 8, 16, {"correction": {"mode": "tis"}}, None, None),  # the old policy's log-probs recomputed, sharing them
+    (3, 8, 32, {}, {"rank": 4, "alpha": 8}, ("packed",)),  # PEFT's wrapper
+    (3, 8, 32, {}, {"rank": 4, "alpha": 8}, ("cached",)),
 ]
 
 
-@pytest.mark.parametrize(("turns", "group_size", "micro", "options", "lora"), CASES)
-def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, options, lora):
+@pytest.mark.parametrize(("turns", "group_size", "micro", "options", "lora", "layouts"), CASES)
+def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, options, lora, layouts):
     batch = make_batch(turns, group_size)
     trainers = {}
     metrics = {}
     for shared in (True, False):
         torch.manual_seed(0)
         trainers[shared] = trainer_for(tiny_model_dir, shared, micro, options, lora)
+        if shared and layouts:
+            trainers[shared].prefix_layouts = layouts
         if options.get("kl_coef"):  # move the policy off the reference, so the KL term has a gradient
             with torch.no_grad():
                 for param in trainers[shared].params:
@@ -118,10 +124,13 @@ def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, op
         assert metrics[True][key] == pytest.approx(want, rel=1e-5, abs=1e-7), key
 
 
-def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir):
-    """The forward itself, on plans `plan` would not choose: groups of one split anywhere, prefixes cut short."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir, attention):
+    """The forward itself, on plans `plan` would not choose: groups of one split anywhere, prefixes cut short, a
+    group's rows spread over sequences that each repeat its prefix; with either attention that takes a 4D mask."""
     trainer = trainer_for(tiny_model_dir, True, 64)
     model = trainer.model
+    model.set_attn_implementation(attention)
     batch = make_batch(3, 3, groups=3, seed=4)
     ids, attention, lengths = _rows(batch, np.arange(num_episodes(batch)), "tokens", torch.long)
     lengths = np.asarray(lengths)
@@ -132,15 +141,25 @@ def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir):
         "every row its own prefix, split before its last token": (np.arange(rows), lengths - 1),
         "every row its own prefix of one token": (np.arange(rows), np.ones(rows, np.int64)),
         "groups, prefixes cut to 2": (batch["group"], np.full(rows, 2)),
+        "groups, a row per sequence": (batch["group"], np.full(rows, 2), np.arange(rows)),
+        "groups, rows split at 1 or 3, two sequences each": (
+            batch["group"],
+            np.where(np.arange(rows) % 2, 1, 3),
+            2 * np.unique(batch["group"], return_inverse=True)[1] + np.arange(rows) % 2,
+        ),
     }
-    for name, (owner, split) in plans.items():
+    for name, (owner, split, *sequence) in plans.items():
         _, owner = np.unique(owner, return_inverse=True)
         leader = np.array([np.flatnonzero(owner == k)[0] for k in range(owner.max() + 1)])
-        plan = shared_prefix.PrefixPlan(owner, split, leader, 0, 0)
-        with torch.no_grad():
-            got = shared_prefix.logits(model, ids, lengths, plan)
-        for row, length in enumerate(lengths):
-            torch.testing.assert_close(got[row, :length], want[row, :length], rtol=1e-5, atol=1e-5, msg=name)
+        kinds = [shared_prefix.PrefixPlan(owner, split, leader, 0, 0, *sequence)]
+        if not sequence:  # on the prefixes' KV cache: a prefix's rows split alike there
+            kinds.append(shared_prefix.PrefixPlan(owner, split, leader, 0, 0, cached=True))
+        for plan in kinds:
+            with torch.no_grad():
+                got = shared_prefix.logits(model, ids, lengths, plan)
+            for row, length in enumerate(lengths):
+                message = f"{name}, cached={plan.cached}"
+                torch.testing.assert_close(got[row, :length], want[row, :length], rtol=1e-5, atol=1e-5, msg=message)
 
 
 def test_plan_shares_the_longest_common_prefix_and_keeps_a_token_after_it():
@@ -156,12 +175,54 @@ def test_plan_shares_the_longest_common_prefix_and_keeps_a_token_after_it():
     )
     lengths = np.array([5, 4, 6, 6, 2, 2])
     plan = shared_prefix.plan(ids, lengths, np.array([0, 0, 0, 1, 2, 2]))
-    # group 0 shares [1 2 3]; group 2 its first token (a row keeps one after the prefix); the lone row is cut to 3
-    assert plan.split.tolist() == [3, 3, 3, 3, 1, 1]
+    # group 0 shares [1 2 3]; group 2 its first token (a row keeps one after the prefix); the lone row all but its last
+    assert plan.split.tolist() == [3, 3, 3, 5, 1, 1]
     assert plan.owner.tolist() == [0, 0, 0, 1, 2, 2]
-    assert plan.positions == 3 * 3 + 6 * 3 < plan.whole_positions == 6 * 6
+    # one sequence per group, the longest group 0's: its prefix, then rests of 2, 1 and 3 (two sequences: 4 x 7)
+    assert plan.sequence.tolist() == [0, 0, 0, 1, 2, 2]
+    assert plan.positions == 3 * (3 + 2 + 1 + 3) < plan.whole_positions == 6 * 6
     assert shared_prefix.plan(ids[:1], lengths[:1], np.array([0])) is None  # one row: nothing to share
     assert shared_prefix.plan(ids[[3]], lengths[[3]], np.array([5])) is None
+
+
+def test_plan_prices_attention_and_picks_the_cheaper_layout():
+    """Eight 64-token rows sharing a 40-token prompt: one packed sequence (the prompt, then eight 24-token rests) is the
+    fewest positions, but its attention costs 232^2 pairs; with pairs priced, `plan` packs two sequences of four rows.
+    With a 4-token prompt neither layout saves enough: whole rows. Eight 145-token rows after a 38-token prompt (the
+    quickstart game's shape): packing would square the long rests' attention; the KV cache layout is cheapest."""
+    rng = np.random.default_rng(0)
+    groups = np.zeros(8, np.int64)
+    for prompt, length, priced_rows in ((40, 64, [4, 4]), (4, 64, None), (38, 145, "cached")):
+        lengths = np.full(8, length)
+        ids = np.concatenate([np.full((8, prompt), 7), rng.integers(10, 90, size=(8, length - prompt))], axis=1)
+        alone = shared_prefix.plan(ids, lengths, groups)  # pairs free: one packed sequence, the fewest positions
+        assert alone.sequence.tolist() == [0] * 8 and alone.positions == prompt + 8 * (length - prompt)
+        priced = shared_prefix.plan(ids, lengths, groups, pair_cost=1 / 100)
+        if priced_rows is None:
+            assert priced is None
+        elif priced_rows == "cached":
+            assert priced.cached and priced.split.tolist() == [prompt] * 8
+            assert priced.positions == prompt + 8 * (length - prompt)
+            only_packed = shared_prefix.plan(ids, lengths, groups, pair_cost=1 / 100, layouts=("packed",))
+            assert only_packed is None  # packing costs more than whole rows here
+        else:
+            assert not priced.cached and np.bincount(priced.sequence).tolist() == priced_rows
+            assert priced.positions == len(priced_rows) * (prompt + max(priced_rows) * (length - prompt))
+
+
+def test_check_model_names_the_layouts_a_model_can_take(tiny_model_dir):
+    """sdpa and eager apply a custom 4D mask (both layouts); flash attention ignores one (the KV cache layout only);
+    sliding-window layers fit neither, refused with the fix named."""
+    model = trainer_for(tiny_model_dir, True, 64).model
+    assert shared_prefix.check_model(model) == ("packed", "cached")
+    model.config._attn_implementation = "flash_attention_2"  # set_attn_implementation needs the package
+    assert shared_prefix.check_model(model) == ("cached",)
+    model.config._attn_implementation = "sdpa"
+    model.config.layer_types = ["sliding_attention", "full_attention"]
+    with pytest.raises(
+        ValueError, match=r"\['sliding_attention'\] layers, whose window neither layout keeps.*shared_prefix=false"
+    ):
+        shared_prefix.check_model(model)
 
 
 def test_config_refuses_what_keeps_no_cache():
