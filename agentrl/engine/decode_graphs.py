@@ -183,8 +183,7 @@ class DecodeGraphs:
             self._follow(batch)
         captured = self.capture and tokens <= min(self.prefill_tokens, PREFILL_GRAPH_TOKENS)
         inputs = PrefillInputs(batch.prefill_buffer, rows, tokens)
-        host = _prefill_host_inputs(new, past, tokens, slots + padding, pin=batch.device.type == "cuda")
-        inputs.write(host)
+        inputs.write(_prefill_host_inputs(new, past, tokens, slots + padding, pin=batch.device.type == "cuda"))
         if not captured:
             return static_prefill(self.decoder, batch, inputs, width, self.cos, self.signed_sin)[:added]
         step = lambda: static_prefill(self.decoder, batch, inputs, width, self.cos, self.signed_sin)  # noqa: E731
