@@ -40,6 +40,7 @@ from agentrl.engine.kv_sessions import KVSessionStore
 from agentrl.engine.lean_decoder import COLUMN_HEADROOM, FAMILIES, Feed, LeanDecoder
 from agentrl.engine.running_batch import RunningBatch
 from agentrl.engine.sampling import RowSampling, sample_tokens, seeded_generator
+from agentrl.engine.shared_prompts import SharedPrompts
 from agentrl.engine.slot_batch import SlotBatch
 from agentrl.engine.torch_engine import TorchEngine, _LoopQueue
 from agentrl.errors import UserError
@@ -82,6 +83,7 @@ class _Admission:
     mask: torch.Tensor
     positions: torch.Tensor
     cache: DynamicCache
+    sharing: SharedPrompts | None = None  # rows with the same tokens: only their leaders are prefilled
 
 
 class ContinuousTorchEngine(TorchEngine):
@@ -101,6 +103,7 @@ class ContinuousTorchEngine(TorchEngine):
         seed: int = 0,
         kv_cache_bytes: int = 256 << 20,
         cuda_graphs: bool | str = "auto",
+        share_prompts: bool = True,
     ):
         layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
@@ -109,7 +112,9 @@ class ContinuousTorchEngine(TorchEngine):
                 f"the continuous torch engine cannot serve {architecture} ({type(model).__name__}): it needs full "
                 f"attention in every layer, the model has {sorted(layer_types)}; set rollout.engine.scheduler=batch"
             )
-        super().__init__(model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed)
+        super().__init__(
+            model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed, share_prompts=share_prompts
+        )
         self.sessions = KVSessionStore(kv_cache_bytes)
         self.decoder = LeanDecoder.for_model(model)  # None: decode steps run the model's forward
         self.stats.update(steps=0, prefills=0, prefill_tokens=0, reused_tokens=0, evictions=0)
@@ -321,14 +326,28 @@ class ContinuousTorchEngine(TorchEngine):
             if any(finished):
                 self._leave(batch, finished, reasons)
         if admitted:
-            entries = self._take_stored(admitted)
-            past = [0 if entry is None else len(entry.tokens) for entry in entries]
-            new = [row.sequence[n:] for row, n in zip(admitted, past, strict=True)]
-            logits = self.graphs.prefill(batch, [None if entry is None else entry.kv for entry in entries], new)
-            self._count_admission(admitted, past, new)
             lengths = [len(row.sequence) for row in admitted]
-            batch.join(admitted, lengths, logits, self._row_sampling(admitted))
+            batch.join(admitted, lengths, self._prefill_slots(batch, admitted), self._row_sampling(admitted))
             self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
+
+    def _prefill_slots(self, batch: SlotBatch, admitted: list[_Row]) -> torch.Tensor:
+        """Prefill `admitted` into the slots after the batch's last row, each after its stored KV, if any; their
+        logits. Rows with the same tokens as another (`_sharing`) take that row's slot contents and logits."""
+        entries = self._take_stored(admitted)
+        sharing = self._sharing(admitted, entries)
+        leaders = range(len(admitted)) if sharing is None else sharing.leaders
+        past = [0 if entries[i] is None else len(entries[i].tokens) for i in leaders]
+        new = [admitted[i].sequence[n:] for i, n in zip(leaders, past, strict=True)]
+        stored = [None if entries[i] is None else entries[i].kv for i in leaders]
+        first = len(batch.rows)
+        logits = self.graphs.prefill(batch, stored, new, slots=[first + i for i in leaders])
+        self._count_admission(admitted, past, new, sharing)
+        if sharing is None:
+            return logits
+        followers = sharing.followers()
+        columns = max(len(admitted[row].sequence) for row, _ in followers)
+        batch.copy_slots([first + leader for _, leader in followers], [first + row for row, _ in followers], columns)
+        return logits[sharing.copy_index(self.device)]
 
     def _record_tokens(self, batch, tokens: list[int], logprobs: list[float]) -> tuple[list[bool], list[str]]:
         """Append each running row's sampled token; which rows finished with it, and why (a row whose caller
@@ -347,8 +366,13 @@ class ContinuousTorchEngine(TorchEngine):
         return finished, reasons
 
     def _join(self, batch: RunningBatch, admitted: list[_Row], admission: _Admission, logits: torch.Tensor) -> None:
-        positions = admission.positions[:, -1] + 1
-        batch.join(admitted, admission.cache, admission.mask, positions, logits, self._row_sampling(admitted))
+        mask, positions = admission.mask, admission.positions[:, -1] + 1
+        if admission.sharing is not None:  # every row takes its leader's cache and logits
+            copies = admission.sharing.copy_index(self.device)
+            for layer in admission.cache.layers:
+                layer.keys, layer.values = layer.keys[copies], layer.values[copies]
+            mask, positions, logits = mask[copies], positions[copies], logits[copies]
+        batch.join(admitted, admission.cache, mask, positions, logits, self._row_sampling(admitted))
         self.stats["largest_batch"] = max(self.stats["largest_batch"], len(batch.rows))
 
     def _row_sampling(self, rows: list[_Row]) -> RowSampling:
@@ -417,15 +441,28 @@ class ContinuousTorchEngine(TorchEngine):
         """Each row's stored KV of its longest stored token prefix, taken from the store, or None."""
         return [self.sessions.take(row.sequence, self._kv_version) if len(self.sessions) else None for row in rows]
 
+    def _sharing(self, rows: list[_Row], entries: list) -> SharedPrompts | None:
+        """Rows of one admission with the same tokens (a group's copies of a prompt) share one prefill, led by the row
+        with the longest stored KV; the others' stored KV, taken from the store, goes unused."""
+        if not self.share_prompts or len(rows) < 2:
+            return None
+        keys = [(tuple(row.sequence), row.sampling.adapter) for row in rows]
+        return SharedPrompts.of(keys, rank=[0 if entry is None else len(entry.tokens) for entry in entries])
+
     def _admission(self, rows: list[_Row]) -> _Admission:
-        """What prefilling `rows` needs: each row's stored KV, if any, and the rest of its tokens, right-aligned."""
+        """What prefilling `rows` needs: each row's stored KV, if any, and the rest of its tokens, right-aligned;
+        rows with the same tokens as another row (`_sharing`) are left out, to take that row's prefill."""
         entries = self._take_stored(rows)
+        sharing = self._sharing(rows, entries)
+        if sharing is not None:
+            entries = [entries[i] for i in sharing.leaders]
+        prefilled = rows if sharing is None else [rows[i] for i in sharing.leaders]
         past = [len(entry.tokens) if entry is not None else 0 for entry in entries]
-        new = [row.sequence[n:] for row, n in zip(rows, past, strict=True)]
+        new = [row.sequence[n:] for row, n in zip(prefilled, past, strict=True)]
         past_width, new_width = max(past), max(map(len, new))
-        ids = np.full((len(rows), new_width), self.pad_token_id, dtype=np.int64)
-        mask = np.zeros((len(rows), past_width + new_width), dtype=np.int64)
-        positions = np.zeros((len(rows), new_width), dtype=np.int64)
+        ids = np.full((len(prefilled), new_width), self.pad_token_id, dtype=np.int64)
+        mask = np.zeros((len(prefilled), past_width + new_width), dtype=np.int64)
+        positions = np.zeros((len(prefilled), new_width), dtype=np.int64)
         for i, (tokens, n) in enumerate(zip(new, past, strict=True)):
             ids[i, new_width - len(tokens) :] = tokens
             mask[i, past_width - n : past_width] = 1
@@ -436,13 +473,17 @@ class ContinuousTorchEngine(TorchEngine):
         cache = DynamicCache(config=self.model.config)
         if past_width:  # with room for the new columns, which the lean prefill then writes in place
             _fill_cache(cache, _right_aligned_past(entries, past_width, room=new_width + COLUMN_HEADROOM))
-        self._count_admission(rows, past, new)
-        return _Admission(ids, mask, positions, cache)
+        self._count_admission(rows, past, new, sharing)
+        return _Admission(ids, mask, positions, cache, sharing)
 
-    def _count_admission(self, rows: list[_Row], past: list[int], new: list[list[int]]) -> None:
-        """Stats of a prefill of `rows`, each after `past` stored tokens, and the rows' versions."""
-        for row, n in zip(rows, past, strict=True):
-            row.cached_tokens = row.cached_tokens or n
+    def _count_admission(
+        self, rows: list[_Row], past: list[int], new: list[list[int]], sharing: SharedPrompts | None = None
+    ) -> None:
+        """Stats of a prefill of `rows`, and the rows' versions: the rows prefilled (all, or `sharing.leaders`) each
+        fed `new` tokens after `past` stored ones; a row sharing its leader's prefill counts as the leader's past."""
+        copies = range(len(rows)) if sharing is None else sharing.copies
+        for row, prefilled in zip(rows, copies, strict=True):
+            row.cached_tokens = row.cached_tokens or past[prefilled]
             if row.version is None:
                 row.version = self._kv_version
         self.stats["prefills"] += 1
@@ -451,6 +492,8 @@ class ContinuousTorchEngine(TorchEngine):
         self.stats["prompt_tokens"] += sum(len(row.prompt) for row in rows if not row.output)
         self.stats["prefill_tokens"] += sum(map(len, new))
         self.stats["reused_tokens"] += sum(past)
+        if sharing is not None:
+            self.stats["shared_tokens"] += sum(len(rows[row].sequence) for row, _ in sharing.followers())
 
     def _deliver(self, row: _Row, reason: FinishReason) -> None:
         error = grammar_error(row.matcher)

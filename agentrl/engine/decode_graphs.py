@@ -19,6 +19,8 @@ which is how the CPU tests check the slot logic that the graphs replay.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -153,25 +155,35 @@ class DecodeGraphs:
         step = lambda: static_decode(self.decoder, batch, rows, width, self.cos, self.signed_sin)  # noqa: E731
         return (self._replay(("decode", rows, width), step) if self.capture else step())[:count]
 
-    def prefill(self, batch: SlotBatch, stored: list[torch.Tensor | None], new: list[list[int]]) -> torch.Tensor:
-        """Prefill rows into the slots after the batch's last row: row i's stored cache `stored[i]` (from
-        `SlotBatch.stored_kv`, or None), then its `new` tokens; the logits (rows, vocab) after each row's last token.
-        The caller joins the rows to the batch."""
+    def prefill(
+        self,
+        batch: SlotBatch,
+        stored: list[torch.Tensor | None],
+        new: list[list[int]],
+        slots: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Prefill rows into slots after the batch's last row: row i's stored cache `stored[i]` (from
+        `SlotBatch.stored_kv`, or None), then its `new` tokens, into slot `slots[i]` (by default the slots right
+        after the last row, in order); the logits (rows, vocab) after each row's last token. The caller joins the
+        rows to the batch."""
         first, added = len(batch.rows), len(new)
+        slots = list(range(first, first + added)) if slots is None else list(slots)
         past = [0 if kv is None else kv.shape[3] for kv in stored]
         tokens = token_bucket(max(map(len, new)))
         reach = max(past) + tokens  # the columns the widest row's prefill writes, padding included
-        batch.reserve(min(first + row_bucket(added), batch.max_rows), reach + 1)
+        batch.reserve(max(max(slots) + 1, min(first + row_bucket(added), batch.max_rows)), reach + 1)
         rows = min(row_bucket(added), batch.slots - first)  # padding rows prefill free slots
+        taken = set(slots)
+        padding = list(itertools.islice((s for s in itertools.count(first) if s not in taken), rows - added))
         width = min(column_bucket(reach), batch.columns)
-        for slot, kv in enumerate(stored, start=first):
+        for slot, kv in zip(slots, stored, strict=True):
             if kv is not None:
                 batch.restore(slot, kv)
         if batch.generation != self.generation:
             self._follow(batch)
         captured = self.capture and tokens <= min(self.prefill_tokens, PREFILL_GRAPH_TOKENS)
         inputs = PrefillInputs(batch.prefill_buffer, rows, tokens)
-        inputs.write(_prefill_host_inputs(new, past, rows, tokens, first, pin=batch.device.type == "cuda"))
+        inputs.write(_prefill_host_inputs(new, past, tokens, slots + padding, pin=batch.device.type == "cuda"))
         if not captured:
             return static_prefill(self.decoder, batch, inputs, width, self.cos, self.signed_sin)[:added]
         step = lambda: static_prefill(self.decoder, batch, inputs, width, self.cos, self.signed_sin)  # noqa: E731
@@ -233,15 +245,16 @@ class DecodeGraphs:
         return graph, logits
 
 
-def _prefill_host_inputs(new: list[list[int]], past: list[int], rows: int, tokens: int, first: int, pin: bool):
-    """`PrefillInputs`' buffer on the host: row i (slot first + i) feeds `new[i]` from position `past[i]`, its
+def _prefill_host_inputs(new: list[list[int]], past: list[int], tokens: int, slots: list[int], pin: bool):
+    """`PrefillInputs`' buffer on the host: row i (slot `slots[i]`) feeds `new[i]` from position `past[i]`, its
     padding continues its positions; padding rows (past `len(new)`) feed token 0 from position 0 into free slots."""
+    rows = len(slots)
     ids = torch.zeros((rows, tokens), dtype=torch.long)
     positions = torch.arange(tokens).repeat(rows, 1)
     for i, (row_tokens, start) in enumerate(zip(new, past, strict=True)):
         ids[i, : len(row_tokens)] = torch.tensor(row_tokens, dtype=torch.long)
         positions[i] += start
-    slots = torch.arange(first, first + rows)
+    slots = torch.tensor(slots, dtype=torch.long)
     last = torch.tensor([len(row_tokens) - 1 for row_tokens in new] + [0] * (rows - len(new)), dtype=torch.long)
     host = torch.cat([ids.reshape(-1), positions.reshape(-1), slots, last])
     return host.pin_memory() if pin else host

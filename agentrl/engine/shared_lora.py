@@ -47,7 +47,8 @@ class Routing:
         ]
 
     def keep(self, keep: torch.Tensor) -> None:
-        """The batch kept only the rows at `keep` (the others finished)."""
+        """The batch's rows are now its former rows at `keep`: the others finished, or, after a shared prefill,
+        each row is a copy of the row that led its prompt's prefill."""
         device = keep.device
         self.route([self.row_adapters[i] for i in keep.tolist()], device)
 

@@ -124,6 +124,12 @@ class SlotBatch:
         """Put a row's stored cache (`stored_kv`) back, into the first columns of `slot`."""
         self.kv[:, :, slot, :, : kv.shape[3]].copy_(kv)
 
+    def copy_slots(self, sources: list[int], targets: list[int], columns: int) -> None:
+        """Slot `targets[i]` takes the first `columns` columns of slot `sources[i]` (rows sharing one prefill)."""
+        source = torch.tensor(sources, dtype=torch.long, device=self.device)
+        target = torch.tensor(targets, dtype=torch.long, device=self.device)
+        self.kv[:, :, target, :, :columns] = self.kv[:, :, source, :, :columns]
+
     def join(self, rows: list, lengths: list[int], logits: torch.Tensor, sampling: RowSampling) -> None:
         """Append `rows`, prefilled into the slots after the last row: each fills `lengths` columns."""
         first = len(self.rows)

@@ -33,6 +33,7 @@ from agentrl.engine.base import Engine, FinishReason, GenerateOutput, SamplingPa
 from agentrl.engine.grammar import GrammarVocab, grammar_error
 from agentrl.engine.hf import cache_keyword, takes_ready_made_sdpa_masks
 from agentrl.engine.sampling import RowSampling, sample_tokens, seeded_generator
+from agentrl.engine.shared_prompts import SharedPrompts
 
 # Yields to the event loop with no new request before a batch starts: enough for a
 # coroutine woken by a finished request to run up to its next `generate` call.
@@ -91,7 +92,11 @@ class _BatchOutputs:
 class TorchEngine(Engine):
     """Serve a Hugging Face causal LM: every request pending on a loop runs as one batch."""
 
-    def __init__(self, model, *, pad_token_id: int, max_batch_size: int = 256, seed: int = 0):
+    def __init__(
+        self, model, *, pad_token_id: int, max_batch_size: int = 256, seed: int = 0, share_prompts: bool = True
+    ):
+        """`share_prompts`: rows with the same prompt are prefilled once (engine/shared_prompts.py); off only to
+        measure or check what that saves."""
         self.model = model.eval()
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = int(max_batch_size)
@@ -103,7 +108,18 @@ class TorchEngine(Engine):
         self.weight_version = -1
         self.weights_mapped = False  # parameters view memory given to map_weights
         self.lora = None  # a LoraMerge once use_lora is called: syncs then bring adapters only
-        self.stats = {"batches": 0, "requests": 0, "prompt_tokens": 0, "generated_tokens": 0, "largest_batch": 0}
+        self.share_prompts = bool(share_prompts)
+        # prefill_tokens: prompt tokens run through the model; shared_tokens: those a row took from another row's
+        # prefill of the same prompt.
+        self.stats = {
+            "batches": 0,
+            "requests": 0,
+            "prompt_tokens": 0,
+            "prefill_tokens": 0,
+            "shared_tokens": 0,
+            "generated_tokens": 0,
+            "largest_batch": 0,
+        }
         self._keeps_last_logits_only = "logits_to_keep" in inspect.signature(model.forward).parameters
         self._takes_ready_masks = takes_ready_made_sdpa_masks(model)
         self._cache_keyword = cache_keyword(model)
@@ -426,14 +442,25 @@ class TorchEngine(Engine):
         """`futures`: the rows' callers' futures; a row whose future is cancelled leaves at the next step."""
         batch_size = len(prompts)
         longest_output = max(p.max_new_tokens for p in params)
-        input_ids, prompt_mask = self._left_pad(prompts)
+        sharing = self._shared_prompts(prompts, params)
+        prefilled = prompts if sharing is None else [prompts[row] for row in sharing.leaders]
+        input_ids, prompt_mask = self._left_pad(prefilled)
         prompt_width = input_ids.shape[1]
         positions = (prompt_mask.cumsum(dim=1) - 1).clamp_min_(0)
-        decode_mask = self._decode_mask(prompt_mask, longest_output)
         rows = RowSampling(params, self.vocab_size, self.device, matchers=matchers, grammars=self.grammars)
+        self.stats["prefill_tokens"] += sum(map(len, prefilled))
 
         cache = DynamicCache(config=self.model.config)
+        if sharing is not None:
+            self._rows_kept(sharing.leader_index(self.device))
         logits = self._last_logits(input_ids, prompt_mask, positions, cache)
+        if sharing is not None:  # every row takes its prompt's cache and logits
+            copies = sharing.copy_index(self.device)
+            cache.batch_select_indices(copies)
+            logits, prompt_mask, positions = logits[copies], prompt_mask[copies], positions[copies]
+            self._rows_kept(copies)
+            self.stats["shared_tokens"] += sum(len(prompts[row]) for row, _ in sharing.followers())
+        decode_mask = self._decode_mask(prompt_mask, longest_output)
         next_positions = positions[:, -1:] + 1
 
         outputs = _BatchOutputs(batch_size, longest_output, self.device)
@@ -472,8 +499,16 @@ class TorchEngine(Engine):
 
         return outputs.tokens.cpu().numpy(), outputs.logprobs.cpu().numpy(), outputs.lengths, outputs.reasons
 
+    def _shared_prompts(self, prompts: list[list[int]], params: list[SamplingParams]) -> SharedPrompts | None:
+        """Which rows' prefill serves which rows: those with the same prompt (and adapter) share one; None: no
+        two rows do, or sharing is off."""
+        if not self.share_prompts or len(prompts) < 2:
+            return None
+        return SharedPrompts.of([(tuple(prompt), p.adapter) for prompt, p in zip(prompts, params, strict=True)])
+
     def _rows_kept(self, keep: torch.Tensor) -> None:
-        """The running batch kept only the rows at `keep`: for a subclass that tracks rows (engine/shared_lora.py)."""
+        """The running batch's rows are now its former rows at `keep` (rows finished, or, after a shared prefill,
+        leaders copied to the rows that share their prompt): for a subclass that tracks rows (engine/shared_lora.py)."""
 
     def _left_pad(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
         width = max(map(len, prompts))

@@ -94,6 +94,25 @@ def test_each_policy_generates_as_a_merged_copy_of_base_and_its_adapter(tiny_mod
                 assert o.weight_version == 3
 
 
+def test_copies_of_a_prompt_share_a_prefill_only_within_their_adapter(tiny_model_dir, two_adapters):
+    """Two copies of every prompt under each adapter, in one batch: each adapter's copies share one prefill (engine/
+    shared_prompts.py), the two adapters' never do, and every row generates as its adapter's merged copy."""
+    shared = shared_engine(tiny_model_dir)
+    engines = [shared.adapter(name, Lora.scaling) for name in ("proposer", "solver")]
+    pad = load_tokenizer(str(tiny_model_dir)).pad_token_id
+    expected = []
+    for engine, (sent, merged) in zip(engines, two_adapters, strict=True):
+        engine.load_weights(sent, version=1)
+        expected += generate_all(TorchEngine(merged, pad_token_id=pad), PROMPTS * 2, GREEDY)
+    mixed = generate_mixed(engines, PROMPTS * 2, GREEDY)
+    assert shared.stats["batches"] == 1
+    once = sum(map(len, PROMPTS))
+    assert shared.stats["prefill_tokens"] == 2 * once and shared.stats["shared_tokens"] == 2 * once
+    for got, want in zip(mixed, expected, strict=True):
+        assert got.output_ids.tolist() == want.output_ids.tolist()
+        torch.testing.assert_close(torch.tensor(got.logprobs), torch.tensor(want.logprobs), atol=1e-4, rtol=0)
+
+
 def test_the_engine_holds_one_base_and_a_sync_moves_only_the_adapter(tiny_model_dir, two_adapters):
     shared = shared_engine(tiny_model_dir)
     base = {name: p.data_ptr() for name, p in shared.model.named_parameters()}
