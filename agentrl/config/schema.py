@@ -937,6 +937,16 @@ class RuntimeConfig(Section):
             "training does not share a core with generation (docs/performance.md#asynchronous-rollouts)."
         ),
     )
+    yield_to_trainer: Literal["auto"] | bool = Field(
+        "auto",
+        description=(
+            "Linux, ranks on CPU: the rollout, env and scorer ranks on a node with a trainer rank run at a lower "
+            "scheduling priority (nice +10), so the trainer, which paces a step, gets a core whenever it needs one "
+            "and the others take what it leaves (unlike runtime.pin_cores, no core stays idle). auto: on when "
+            "rollout.max_staleness >= 1 and the node's ranks outnumber its cores (training and generation then "
+            "compete for cores), off otherwise (docs/performance.md#asynchronous-rollouts)."
+        ),
+    )
     env_step_timeout_s: float = Field(
         60.0,
         gt=0,

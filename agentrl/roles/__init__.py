@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from agentrl.config import Config
 from agentrl.layout import Layout, Role
-from agentrl.run.start import RunStart, seed_everything, set_threads
+from agentrl.run.start import RunStart, seed_everything, set_threads, yield_to_trainer
 
 
 def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | None, dict[int, float] | None]:
     """This rank's role, from `start`; the steps done and the success rate at each step where it trained (the
     trainer leader, or the single process), else None. Each role's module is imported only on its ranks: env
     ranks load no torch unless an env does."""
+    yield_to_trainer(config, layout)
     if layout.role is Role.ENV and not layout.single_process:
         from agentrl.roles.env import run_env
 

@@ -163,12 +163,15 @@ def data_positions(config: Config, start_step: int, shards: int) -> list[int]:
     return positions
 
 
+YIELD_NICENESS = 10  # runtime.yield_to_trainer: how far below the trainer the other ranks run
+
+
 def set_threads(config: Config, layout: Layout, only_if_loaded: bool = False) -> None:
     """torch's threads, and with runtime.pin_cores this rank's cores; `only_if_loaded`: torch's threads only where
     something imported it (an env rank whose envs do without torch)."""
     threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // layout.node_size)
+    roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
     if config.runtime.pin_cores and layout.gpu is None and hasattr(os, "sched_setaffinity"):
-        roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
         available = sorted(os.sched_getaffinity(0))
         cores = pinned_cores(available, roles_on_node, layout.role)
         if cores is not None:
@@ -183,6 +186,34 @@ def set_threads(config: Config, layout: Layout, only_if_loaded: bool = False) ->
     import torch
 
     torch.set_num_threads(threads)
+
+
+def yield_to_trainer(config: Config, layout: Layout) -> None:
+    """runtime.yield_to_trainer: this rank's priority, before it starts any thread (Linux's nice is per thread, and
+    threads inherit it)."""
+    roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
+    if not yields_to_trainer(config, layout, roles_on_node):
+        return
+    if layout.role is not Role.TRAINER:
+        os.nice(YIELD_NICENESS)
+    elif layout.is_trainer_leader:
+        print(
+            f"agentrl: runtime.yield_to_trainer: the other ranks on this node run at nice +{YIELD_NICENESS}", flush=True
+        )
+
+
+def yields_to_trainer(config: Config, layout: Layout, roles_on_node: list[Role]) -> bool:
+    """runtime.yield_to_trainer as it applies to this node: CPU ranks, a trainer among others, and (auto) running
+    ahead on more ranks than cores."""
+    setting = config.runtime.yield_to_trainer
+    if setting is False or layout.gpu is not None or not hasattr(os, "nice"):
+        return False
+    if Role.TRAINER not in roles_on_node or all(role is Role.TRAINER for role in roles_on_node):
+        return False
+    if setting == "auto":
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        return config.rollout.max_staleness >= 1 and len(roles_on_node) > cores
+    return True
 
 
 def seed_everything(seed: int, torch_too: bool = True) -> None:

@@ -295,3 +295,54 @@ def test_hosts_number_nodes_in_rank_order_and_show_by_name():
     assert "host" in format_plan(rows).splitlines()[0] and "node1  cpu     bcast+shm" in format_plan(rows)
     with pytest.raises(ConfigError, match="--hosts places 2 ranks"):
         plan(LayoutConfig(trainer=1, rollout=2, env=1), JobShape(4, hosts=["a", "b"]))
+
+
+@pytest.mark.parametrize(
+    ("setting", "staleness", "roles", "role", "nice"),
+    [
+        ("auto", 1, "TRRE", Role.ROLLOUT, 10),  # running ahead, 4 ranks on 2 cores: the trainer goes first
+        ("auto", 1, "TRRE", Role.ENV, 10),
+        ("auto", 1, "TRRE", Role.TRAINER, 0),  # the trainer keeps its priority
+        ("auto", 0, "TRRE", Role.ROLLOUT, 0),  # lockstep: the roles take turns
+        ("auto", 1, "TR", Role.ROLLOUT, 0),  # a core for every rank
+        ("true", 0, "TR", Role.ROLLOUT, 10),
+        ("false", 1, "TRRE", Role.ROLLOUT, 0),
+        ("true", 1, "RRE", Role.ROLLOUT, 0),  # no trainer on this node
+    ],
+)
+def test_yield_to_trainer_lowers_the_other_ranks_priority_where_they_compete(setting, staleness, roles, role, nice):
+    import multiprocessing
+    import os
+    from types import SimpleNamespace
+
+    from agentrl.config import from_dict
+    from agentrl.run.start import yield_to_trainer
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 cores")
+    config = from_dict(
+        {
+            "model": {"path": "some/model"},
+            "rollout": {"max_staleness": staleness},
+            "runtime": {"yield_to_trainer": setting},
+        }
+    )
+    kinds = {"T": Role.TRAINER, "R": Role.ROLLOUT, "E": Role.ENV}
+    node_roles = [kinds[letter] for letter in roles]
+    rank = node_roles.index(role)
+    layout = SimpleNamespace(
+        roles=node_roles, nodes=[0] * len(roles), node=0, role=role, gpu=None, rank=rank, is_trainer_leader=rank == 0
+    )
+
+    def child(pipe):
+        os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+        before = os.nice(0)
+        yield_to_trainer(config, layout)
+        pipe.send(os.nice(0) - before)
+
+    context = multiprocessing.get_context("fork")
+    receive, send = context.Pipe(duplex=False)
+    process = context.Process(target=child, args=(send,))
+    process.start()
+    assert receive.recv() == nice
+    process.join(10)
