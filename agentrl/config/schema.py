@@ -197,6 +197,14 @@ class EnvConfig(Section):
     reward_mode: Literal["replace", "add"] = Field(
         "replace", description="`replace` the env's summed reward with reward_fn's, or `add` reward_fn's to it."
     )
+    reuse_instances: bool = Field(
+        True,
+        description=(
+            "Keep a finished episode's env instance for a later episode's reset, instead of closing it and building "
+            "another, where the env class says reset sets all its state (`reusable = True`: qa, guess_number, nim, "
+            "calculator). Every episode still starts with its own seeded reset; false: a new instance per episode."
+        ),
+    )
 
 
 # The placeholders a judge's rubric or a reward model's prompt may name (agentrl/scoring/transcript.py fills them).

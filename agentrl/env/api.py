@@ -48,8 +48,15 @@ class _FreeTextSpace:
 
 
 class TextEnv(gym.Env):
-    """Base class for text environments; subclasses implement `reset` (calling super().reset(seed=seed)) and `step`."""
+    """Base class for text environments; subclasses implement `reset` (calling super().reset(seed=seed)) and `step`.
+
+    `reusable = True`, set in a class itself (it is not inherited: a subclass may add state its reset does not set),
+    says that `reset` sets all of an episode's state, so one instance may play episode after episode: the env host
+    then keeps a closed episode's instance for the next episode's reset instead of closing it and building another
+    (env.reuse_instances), and `agentrl check-env` checks that a used instance resets as a new one does.
+    """
 
     metadata: ClassVar[dict] = {"render_modes": []}
+    reusable: ClassVar[bool] = False
     observation_space = _FreeTextSpace()
     action_space = _FreeTextSpace()

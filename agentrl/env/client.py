@@ -55,6 +55,7 @@ class LocalEnvClient(TickBatchingClient):
     def shutdown(self) -> None:
         for key in list(self.host.envs):
             self.host.handle("close", key)
+        self.host.close_idle()
 
 
 class MPIEnvClient(TickBatchingClient):
