@@ -73,14 +73,15 @@ class DaemonWorkers:
 
 class _Batch:
     """One batch's calls, run in order by one worker thread until `spill` gives each call not yet started a thread
-    of its own; `stop` keeps calls not yet started from starting (the deadline passed)."""
+    of its own; `ended` is set once every call has run (one wake-up for the waiting thread, not one a call)."""
 
     def __init__(self, calls: list[Callable[[], tuple]]):
         self.calls = calls
         self.outcomes: list[tuple | None] = [None] * len(calls)
-        self.done = threading.Semaphore(0)  # released once per finished call
+        self.ended = threading.Event()
         self.lock = threading.Lock()
         self.next = 0  # the first call no thread has taken
+        self.finished = 0
         self.current_since: float | None = None  # when the in-order thread's current call started
 
     def run_in_order(self) -> None:
@@ -95,7 +96,10 @@ class _Batch:
 
     def _run_one(self, index: int) -> None:
         self.outcomes[index] = self.calls[index]()
-        self.done.release()
+        with self.lock:
+            self.finished += 1
+            if self.finished == len(self.calls):
+                self.ended.set()
 
     def stalled_for(self) -> float:
         """How long the in-order thread has been in its current call (0 when it has none)."""
@@ -157,18 +161,19 @@ class EnvHost:
         return given
 
     def _run_in_threads(self, requests: list[tuple], calls: list, given: list) -> list[tuple]:
+        if not calls:
+            return []
         batch = _Batch(calls)
         self._workers.submit(batch.run_in_order)
         deadline = time.monotonic() + self.call_timeout_s
         spill_after = min(SPILL_AFTER_S, self.call_timeout_s / 2)
-        spilled, waiting = False, len(calls)
-        while waiting:
+        spilled = False
+        while not batch.ended.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            if batch.done.acquire(timeout=left if spilled else min(left, spill_after)):
-                waiting -= 1
-            elif not spilled and batch.stalled_for() >= spill_after:
+            ended = batch.ended.wait(left if spilled else min(left, spill_after))
+            if not ended and not spilled and batch.stalled_for() >= spill_after:
                 batch.spill(self._workers)
                 spilled = True
         batch.take_rest()  # past the deadline: calls not started never start

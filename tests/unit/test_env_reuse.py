@@ -3,9 +3,13 @@
 import threading
 import time
 
+import gymnasium as gym
+import pytest
+
 from agentrl.env.check import check_env
 from agentrl.env.host import EnvHost, reusable
 from envs.guess_number.env import GuessNumberEnv
+from envs.qa.env import QAEnv
 from tests.fault_envs import FaultyEnv
 
 
@@ -114,3 +118,25 @@ def test_check_env_passes_the_reusable_envs_and_flags_a_reset_that_leaves_state(
     assert check_env("calculator", {}) == []
     problems = check_env("tests.unit.test_env_reuse:LeakyGuess", {})
     assert len(problems) == 1 and "says reusable = True" in problems[0] and "reset" in problems[0]
+
+
+class EagerGymnasium(gym.Env):
+    """Gymnasium's own seeding, for comparison."""
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return "", {}
+
+
+def test_a_seeded_reset_builds_gymnasiums_generator_when_first_used():
+    lazy, eager = GuessNumberEnv(low=1, high=10**6), EagerGymnasium()
+    for seed in (0, 5, 2**40):
+        _, info = lazy.reset(seed=seed)
+        eager.reset(seed=seed)
+        assert info["secret"] == int(eager.np_random.integers(1, 10**6 + 1))  # the draw gymnasium gives
+        assert lazy.np_random.random() == eager.np_random.random() and lazy.np_random_seed == seed
+    qa = QAEnv()
+    qa.reset(seed=3, options={"prompt": "2 + 2?", "answer": "4"})
+    assert qa._np_random is None and qa.np_random_seed == 3  # built only when asked for
+    with pytest.raises(gym.error.Error, match="greater or equal to zero"):
+        qa.reset(seed=-1, options={"prompt": "2 + 2?", "answer": "4"})
