@@ -10,6 +10,7 @@ state the turn acted in, `turn_call`: the turn's place among its episode's turns
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -56,11 +57,17 @@ class Episode:
     more_samples: list[Episode] = field(default_factory=list, repr=False)  # its samples after the first
 
     def extend(self, ids, mask: int, logprobs=None, version: int = -1) -> None:
-        ids = [int(i) for i in ids]
-        self.tokens.extend(ids)
-        self.loss_mask.extend([mask] * len(ids))
-        self.logprobs.extend(np.zeros(len(ids)) if logprobs is None else logprobs)
-        self.token_versions.extend([version] * len(ids))
+        """Append `ids` (Python ints: an engine's array is converted once) with their mask, log-probs (0 where
+        None) and the weight version that made them."""
+        ids = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
+        count = len(ids)
+        self.tokens += ids
+        self.loss_mask += [mask] * count
+        if logprobs is None:
+            self.logprobs += [0.0] * count
+        else:
+            self.logprobs += logprobs.tolist() if isinstance(logprobs, np.ndarray) else logprobs
+        self.token_versions += [version] * count
 
     def add_metrics(self, values: dict) -> None:
         for name, value in values.items():
@@ -153,7 +160,8 @@ def _turn_calls(episode: Episode) -> list[int]:
 
 
 def _flat(per_episode: list, dtype) -> np.ndarray:
-    return np.concatenate([np.zeros(0, dtype), *(np.asarray(values, dtype=dtype) for values in per_episode)])
+    count = sum(len(values) for values in per_episode)
+    return np.fromiter(itertools.chain.from_iterable(per_episode), dtype, count=count)
 
 
 def concat(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

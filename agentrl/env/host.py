@@ -139,14 +139,20 @@ class EnvHost:
     def handle_batch(self, requests: list[tuple]) -> list[EnvResult]:
         """Results for `(op, key, *args)` requests, in order; each call is bounded by `call_timeout_s`."""
         given = self._instances_for(requests)
-        calls = [
-            functools.partial(self._run, op, env, tuple(args))
-            for (op, _, *args), env in zip(requests, given, strict=True)
-        ]
-        if self.call_timeout_s is None:
-            outcomes = [call() for call in calls]
-        else:
-            outcomes = self._run_in_threads(requests, calls, given)
+        outcomes: list[tuple | None] = [None] * len(requests)
+        threaded = []  # the calls that run env code (a kept instance's close runs none: it is done here)
+        for index, ((op, _, *args), env) in enumerate(zip(requests, given, strict=True)):
+            if op == "close" and self._kept(env):
+                outcomes[index] = (env, EnvResult(True))
+            elif self.call_timeout_s is None:
+                outcomes[index] = self._run(op, env, tuple(args))
+            else:
+                threaded.append(index)
+        if threaded:
+            calls = [functools.partial(self._run, requests[i][0], given[i], tuple(requests[i][2:])) for i in threaded]
+            ran = self._run_in_threads([requests[i] for i in threaded], calls, [given[i] for i in threaded])
+            for index, outcome in zip(threaded, ran, strict=True):
+                outcomes[index] = outcome
         return [self._record(op, key, outcome) for (op, key, *_), outcome in zip(requests, outcomes, strict=True)]
 
     def _instances_for(self, requests: list[tuple]) -> list:
@@ -161,8 +167,6 @@ class EnvHost:
         return given
 
     def _run_in_threads(self, requests: list[tuple], calls: list, given: list) -> list[tuple]:
-        if not calls:
-            return []
         batch = _Batch(calls)
         self._workers.submit(batch.run_in_order)
         deadline = time.monotonic() + self.call_timeout_s
@@ -213,7 +217,7 @@ class EnvHost:
                 tools = list(getattr(env, "tools", None) or [])
                 return env, EnvResult(True, (_check_text(obs, "reset"), info, tools))
             if op == "close":
-                if env is not None and not self._kept(env):
+                if env is not None:
                     env.close()
                 return env, EnvResult(True)
             if env is None:
