@@ -84,6 +84,8 @@ def finite_reward(value, what: str) -> float:
     Refused: bools, strings, None and other non-numbers, NaN, infinities, and numbers beyond float32's range
     (rewards travel as float32). Python and numpy ints and floats are taken.
     """
+    if type(value) is float and abs(value) <= LARGEST_REWARD:  # the common case, without the ABC checks below
+        return value
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise RewardError(f"{what} must be a finite number, got {_shown(value)} ({type(value).__name__})")
     try:
@@ -103,10 +105,22 @@ def _shown(value, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
+# state_key's keys by the state's repr (a game's states and a dataset's prompts repeat); emptied when full
+_STATE_KEYS: dict[str, int] = {}
+CACHED_STATE_KEYS = 4096
+
+
 def state_key(value) -> int:
     """A stable int64 key of an env state (an env's `info["state_key"]`, or the observation text)."""
-    digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+    text = repr(value)
+    key = _STATE_KEYS.get(text)
+    if key is None:
+        digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+        key = int.from_bytes(digest, "little", signed=True)
+        if len(_STATE_KEYS) >= CACHED_STATE_KEYS:
+            _STATE_KEYS.clear()
+        _STATE_KEYS[text] = key
+    return key
 
 
 def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray]:

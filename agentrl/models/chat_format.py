@@ -273,8 +273,7 @@ class ChatFormat:
             return None
         try:
             fields = tuple(
-                tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in m.items() if k not in ("content", ID)))
-                for m in new
+                tuple(sorted((k, *_shape_value(v)) for k, v in m.items() if k not in ("content", ID))) for m in new
             )
         except (TypeError, ValueError):
             return None
@@ -418,6 +417,11 @@ def _prompt_key(first_observation: str, tools: list[dict] | None, context: list[
         )
     except (TypeError, ValueError):
         return None
+
+
+def _shape_value(value) -> tuple[str, str]:
+    """A message field's value in a shape key: a string as it is (most are: roles, names), anything else as JSON."""
+    return ("text", value) if isinstance(value, str) else ("json", json.dumps(value, sort_keys=True))
 
 
 def _remember(cache: dict, key, value) -> None:
