@@ -936,10 +936,14 @@ class RuntimeConfig(Section):
             "training does not share a core with generation (docs/performance.md#asynchronous-rollouts)."
         ),
     )
-    env_step_timeout_s: float = Field(
+    env_step_timeout_s: float | None = Field(
         60.0,
         gt=0,
-        description="Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error.",
+        description=(
+            "Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error (calls run "
+            "in worker threads). null: no limit, env code runs on the rank's own thread, without hand-offs between "
+            "threads, and a hung env call hangs the rank."
+        ),
     )
     peer_timeout_s: float | None = Field(
         60.0,

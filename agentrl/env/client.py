@@ -83,7 +83,7 @@ class MPIEnvClient(TickBatchingClient):
         self,
         comm,
         server: int,
-        timeout_s: float,
+        timeout_s: float | None,
         polling: transport.Polling = transport.ENV_REPLY_POLLING,
         doorbells: bool = True,
     ):
@@ -91,8 +91,9 @@ class MPIEnvClient(TickBatchingClient):
         _require_thread_multiple()
         self.comm, self.server = comm, server
         # The env rank ends any call that outlives `timeout_s` and replies; it may first be
-        # serving another rollout rank's batch, so wait longer before declaring it lost.
-        self.timeout_s = 2 * timeout_s + 30
+        # serving another rollout rank's batch, so wait longer before declaring it lost (None: no limit there, none
+        # here).
+        self.timeout_s = None if timeout_s is None else 2 * timeout_s + 30
         self.polling = polling
         self.bell = Doorbell.create() if doorbells else None
         self.server_bell = None  # learnt from its first reply

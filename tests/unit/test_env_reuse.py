@@ -140,3 +140,18 @@ def test_a_seeded_reset_builds_gymnasiums_generator_when_first_used():
     assert qa._np_random is None and qa.np_random_seed == 3  # built only when asked for
     with pytest.raises(gym.error.Error, match="greater or equal to zero"):
         qa.reset(seed=-1, options={"prompt": "2 + 2?", "answer": "4"})
+
+
+def test_no_env_timeout_runs_env_code_on_the_calling_thread():
+    from agentrl.config.load import from_dict
+    from agentrl.roles.env import env_host
+
+    model = {"path": "unused-here"}
+    config = from_dict({"model": model, "runtime": {"env_step_timeout_s": None}})
+    assert env_host(config, check=False).call_timeout_s is None
+    fresh_counts(CountingGuess)
+    host = EnvHost("counting", factory=lambda _id: CountingGuess(), call_timeout_s=None)
+    play(host, [0, 1, 2], [0, 1, 2])
+    assert CountingGuess.threads == {threading.get_ident()} and len(host.idle) == 3
+    with pytest.raises(ValueError, match="env_step_timeout_s"):
+        from_dict({"model": model, "runtime": {"env_step_timeout_s": 0}})
