@@ -155,3 +155,18 @@ def test_no_env_timeout_runs_env_code_on_the_calling_thread():
     assert CountingGuess.threads == {threading.get_ident()} and len(host.idle) == 3
     with pytest.raises(ValueError, match="env_step_timeout_s"):
         from_dict({"model": model, "runtime": {"env_step_timeout_s": 0}})
+
+
+def test_kept_instances_are_closed_at_shutdown_and_check_env_closes_the_one_it_replays_on():
+    from agentrl.env.client import LocalEnvClient
+    from tests.fault_envs import ReusableSessionEnv
+
+    fresh_counts(CountingGuess)
+    client = LocalEnvClient(EnvHost("counting", factory=lambda _id: CountingGuess()))
+    play(client.host, [0, 1], [0, 1])
+    client.host.handle("reset", 2, 2, None)  # an episode still open at the end
+    client.shutdown()
+    assert CountingGuess.closed == CountingGuess.made == 2  # every instance closed once, the open one too
+    assert client.host.idle == [] and client.host.counts()["open"] == 0
+    assert check_env("tests.fault_envs:ReusableSessionEnv", {}) == []
+    assert ReusableSessionEnv.open_sessions == 0
