@@ -10,6 +10,7 @@ state the turn acted in, `turn_call`: the turn's place among its episode's turns
 from __future__ import annotations
 
 import hashlib
+import itertools
 import math
 import numbers
 from dataclasses import dataclass, field
@@ -56,11 +57,17 @@ class Episode:
     more_samples: list[Episode] = field(default_factory=list, repr=False)  # its samples after the first
 
     def extend(self, ids, mask: int, logprobs=None, version: int = -1) -> None:
-        ids = [int(i) for i in ids]
-        self.tokens.extend(ids)
-        self.loss_mask.extend([mask] * len(ids))
-        self.logprobs.extend(np.zeros(len(ids)) if logprobs is None else logprobs)
-        self.token_versions.extend([version] * len(ids))
+        """Append `ids` (Python ints: an engine's array is converted once) with their mask, log-probs (0 where
+        None) and the weight version that made them."""
+        ids = ids.tolist() if isinstance(ids, np.ndarray) else [int(i) for i in ids]
+        count = len(ids)
+        self.tokens += ids
+        self.loss_mask += [mask] * count
+        if logprobs is None:
+            self.logprobs += [0.0] * count
+        else:
+            self.logprobs += logprobs.tolist() if isinstance(logprobs, np.ndarray) else logprobs
+        self.token_versions += [version] * count
 
     def add_metrics(self, values: dict) -> None:
         for name, value in values.items():
@@ -77,6 +84,8 @@ def finite_reward(value, what: str) -> float:
     Refused: bools, strings, None and other non-numbers, NaN, infinities, and numbers beyond float32's range
     (rewards travel as float32). Python and numpy ints and floats are taken.
     """
+    if type(value) is float and abs(value) <= LARGEST_REWARD:  # the common case, without the ABC checks below
+        return value
     if isinstance(value, bool | np.bool_) or not isinstance(value, numbers.Real):
         raise RewardError(f"{what} must be a finite number, got {_shown(value)} ({type(value).__name__})")
     try:
@@ -96,10 +105,22 @@ def _shown(value, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
+# state_key's keys by the state's repr (a game's states and a dataset's prompts repeat); emptied when full
+_STATE_KEYS: dict[str, int] = {}
+CACHED_STATE_KEYS = 4096
+
+
 def state_key(value) -> int:
     """A stable int64 key of an env state (an env's `info["state_key"]`, or the observation text)."""
-    digest = hashlib.blake2b(repr(value).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little", signed=True)
+    text = repr(value)
+    key = _STATE_KEYS.get(text)
+    if key is None:
+        digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+        key = int.from_bytes(digest, "little", signed=True)
+        if len(_STATE_KEYS) >= CACHED_STATE_KEYS:
+            _STATE_KEYS.clear()
+        _STATE_KEYS[text] = key
+    return key
 
 
 def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray]:
@@ -153,7 +174,8 @@ def _turn_calls(episode: Episode) -> list[int]:
 
 
 def _flat(per_episode: list, dtype) -> np.ndarray:
-    return np.concatenate([np.zeros(0, dtype), *(np.asarray(values, dtype=dtype) for values in per_episode)])
+    count = sum(len(values) for values in per_episode)
+    return np.fromiter(itertools.chain.from_iterable(per_episode), dtype, count=count)
 
 
 def concat(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

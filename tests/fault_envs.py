@@ -83,3 +83,9 @@ class SessionCountingEnv(GuessNumberEnv):
             SessionCountingEnv.open_sessions -= 1
             self.holding = False
         super().close()
+
+
+class ReusableSessionEnv(SessionCountingEnv):
+    """SessionCountingEnv that says its instances may be reused (its reset ends the last session and starts one)."""
+
+    reusable = True

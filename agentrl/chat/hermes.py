@@ -25,6 +25,8 @@ CALL = re.compile(re.escape(OPEN) + r"(.*?)" + re.escape(CLOSE), re.DOTALL)
 
 
 def parse_tool_calls(text: str) -> ParsedTurn:
+    if OPEN not in text:  # no call: what the scan below finds, without the regular expressions
+        return ParsedTurn(content=text.strip())
     turn = ParsedTurn()
     for match in CALL.finditer(text):
         call = _parse_one(match.group(1).strip())

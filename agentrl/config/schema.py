@@ -197,6 +197,14 @@ class EnvConfig(Section):
     reward_mode: Literal["replace", "add"] = Field(
         "replace", description="`replace` the env's summed reward with reward_fn's, or `add` reward_fn's to it."
     )
+    reuse_instances: bool = Field(
+        True,
+        description=(
+            "Keep a finished episode's env instance for a later episode's reset, instead of closing it and building "
+            "another, where the env class says reset sets all its state (`reusable = True`: qa, guess_number, nim, "
+            "calculator). Every episode still starts with its own seeded reset; false: a new instance per episode."
+        ),
+    )
 
 
 # The placeholders a judge's rubric or a reward model's prompt may name (agentrl/scoring/transcript.py fills them).
@@ -947,10 +955,14 @@ class RuntimeConfig(Section):
             "compete for cores), off otherwise (docs/performance.md#asynchronous-rollouts)."
         ),
     )
-    env_step_timeout_s: float = Field(
+    env_step_timeout_s: float | None = Field(
         60.0,
         gt=0,
-        description="Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error.",
+        description=(
+            "Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error (calls run "
+            "in worker threads). null: no limit, env code runs on the rank's own thread, without hand-offs between "
+            "threads, and a hung env call hangs the rank."
+        ),
     )
     peer_timeout_s: float | None = Field(
         60.0,

@@ -108,7 +108,19 @@ class DatasetTasks:
 
     def take(self, step: int, indices: list[int]) -> list[Task]:
         positions = self.reserve(len(indices))
-        return [self.at(step, index, position) for index, position in zip(indices, positions, strict=True)]
+        row_indices = [self.row_index(position) for position in positions]
+        return [
+            self._task(step, index, row_index, row)
+            for index, row_index, row in zip(indices, row_indices, self._rows_at(row_indices), strict=True)
+        ]
+
+    def _rows_at(self, row_indices: list[int]) -> list[dict]:
+        """The rows at `row_indices`, read together: a Hugging Face dataset reads 8 rows in about the time of two."""
+        if not row_indices:
+            return []
+        columns = self.rows[row_indices]
+        names = list(columns)
+        return [dict(zip(names, values, strict=True)) for values in zip(*(columns[n] for n in names), strict=True)]
 
     def reserve(self, count: int) -> list[int]:
         positions = list(range(self.consumed, self.consumed + count))
@@ -117,7 +129,9 @@ class DatasetTasks:
 
     def at(self, step: int, index: int, position: int) -> Task:
         row_index = self.row_index(position)
-        row = self.rows[row_index]
+        return self._task(step, index, row_index, self.rows[row_index])
+
+    def _task(self, step: int, index: int, row_index: int, row: dict) -> Task:
         row_id = row.get(ID_COLUMN) if self.has_ids else None
         return Task(str(row_index if row_id is None else row_id), task_seed(self.seed, step, index), row)
 

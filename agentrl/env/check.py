@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import gymnasium as gym
 
+from agentrl.env.host import reusable
 from agentrl.env.registry import make, toy_text_plays
 
 RANDOM_ARGUMENTS = {"string": "1 + 2", "integer": 3, "number": 1.5, "boolean": True, "array": [], "object": {}}
@@ -114,12 +115,49 @@ def _check_episodes(env, env_id: str, kwargs: dict, episodes: int, max_steps: in
                 break
         else:
             problems.append(f"episode {episode} did not end within {max_steps} random steps")
+    if reusable(env) and not problems:
+        problems += check_reuse(env, env_id, kwargs, max_steps, rows)
     if not reports_success:
         report.warnings.append(
             f"no step() info of {episodes} random episodes has a 'success' key, so episode/success_rate will read 0; "
             "set info['success'] = True or False on an episode's last step (or name an env.reward_fn that returns "
             "success)"
         )
+
+
+def check_reuse(env, env_id: str, kwargs: dict, max_steps: int, rows) -> list[str]:
+    """For a class that says `reusable = True`: an episode on `env`, which has played episodes, must go as one on a
+    new instance does (same seed, same actions), or reset leaves some state behind."""
+    fresh = make(env_id, **kwargs)
+    try:
+        new, used = _replay(fresh, max_steps, rows), _replay(env, max_steps, rows)
+    except Exception as error:  # report, do not crash: this is a checker
+        return [f"replaying an episode to check reusable = True raised {type(error).__name__}: {error}"]
+    finally:
+        close_problems(fresh)
+    if new == used:
+        return []
+    turn = next((i for i, (a, b) in enumerate(zip(new, used, strict=False)) if a != b), min(len(new), len(used)))
+    shown = "reset" if turn == 0 else f"step {turn}"
+    return [
+        f"{type(env).__name__} says reusable = True, but an instance that has played episodes gave another {shown} "
+        f"than a new one (same seed and actions): {used[turn] if turn < len(used) else 'no more turns'!r:.120} "
+        f"against {new[turn] if turn < len(new) else 'no more turns'!r:.120}; set every piece of episode state in "
+        "reset(), or drop reusable = True"
+    ]
+
+
+def _replay(env, max_steps: int, rows) -> list[tuple]:
+    """An episode from seed 7 with actions drawn from a fixed seed: what reset and each step returned."""
+    rng = random.Random(7)
+    obs, info = reset_env(env, 7, rows)
+    turns = [(obs, repr(info))]
+    for _ in range(max_steps):
+        obs, reward, terminated, truncated, info = env.step(random_action(rng, getattr(env, "tools", None) or []))
+        turns.append((obs, float(reward), bool(terminated), bool(truncated), repr(info)))
+        if terminated or truncated:
+            break
+    return turns
 
 
 def check_spaces(env) -> list[str]:

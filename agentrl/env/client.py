@@ -26,18 +26,26 @@ class TickBatchingClient:
         self.pending: list[tuple[tuple, asyncio.Future]] = []
 
     async def call(self, op: str, key, *args) -> EnvResult:
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        if not self.pending:
-            loop.call_soon(self._flush)
-        self.pending.append(((op, key, *args), future))
+        future = asyncio.get_running_loop().create_future()
+        self._add((op, key, *args), future)
         return await future
+
+    def close(self, key) -> None:
+        """Close an episode's env without waiting for it: the request goes with this tick's batch and its result is
+        not read (the host counts a close that fails, and nothing of the episode depends on it)."""
+        self._add(("close", key), None)
+
+    def _add(self, request: tuple, future: asyncio.Future | None) -> None:
+        if not self.pending:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self.pending.append((request, future))
 
     def _flush(self) -> None:
         batch, self.pending = self.pending, []
         self.dispatch([request for request, _ in batch], [future for _, future in batch])
 
-    def dispatch(self, requests: list[tuple], futures: list[asyncio.Future]) -> None:
+    def dispatch(self, requests: list[tuple], futures: list[asyncio.Future | None]) -> None:
+        """Send `requests`; resolve each future with its result (None: a request whose result nobody reads)."""
         raise NotImplementedError
 
 
@@ -50,11 +58,13 @@ class LocalEnvClient(TickBatchingClient):
 
     def dispatch(self, requests, futures) -> None:
         for future, result in zip(futures, self.host.handle_batch(requests), strict=True):
-            future.set_result(result)
+            if future is not None:
+                future.set_result(result)
 
     def shutdown(self) -> None:
         for key in list(self.host.envs):
             self.host.handle("close", key)
+        self.host.close_idle()
 
 
 class MPIEnvClient(TickBatchingClient):
@@ -73,7 +83,7 @@ class MPIEnvClient(TickBatchingClient):
         self,
         comm,
         server: int,
-        timeout_s: float,
+        timeout_s: float | None,
         polling: transport.Polling = transport.ENV_REPLY_POLLING,
         doorbells: bool = True,
     ):
@@ -81,8 +91,9 @@ class MPIEnvClient(TickBatchingClient):
         _require_thread_multiple()
         self.comm, self.server = comm, server
         # The env rank ends any call that outlives `timeout_s` and replies; it may first be
-        # serving another rollout rank's batch, so wait longer before declaring it lost.
-        self.timeout_s = 2 * timeout_s + 30
+        # serving another rollout rank's batch, so wait longer before declaring it lost (None: no limit there, none
+        # here).
+        self.timeout_s = None if timeout_s is None else 2 * timeout_s + 30
         self.polling = polling
         self.bell = Doorbell.create() if doorbells else None
         self.server_bell = None  # learnt from its first reply
@@ -153,9 +164,13 @@ def _require_thread_multiple() -> None:
         )
 
 
-def _settle_soon(futures: list[asyncio.Future], results: list | None = None, error: BaseException | None = None):
-    """From another thread: resolve `futures` on their event loop (skipped if that loop has closed)."""
-    if not futures:
+def _settle_soon(
+    futures: list[asyncio.Future | None], results: list | None = None, error: BaseException | None = None
+) -> None:
+    """From another thread: resolve `futures` on their event loop (skipped if that loop has closed; None: a request
+    whose result nobody reads)."""
+    awaited = next((future for future in futures if future is not None), None)
+    if awaited is None:
         return
 
     if results is not None and len(results) != len(futures):
@@ -163,7 +178,7 @@ def _settle_soon(futures: list[asyncio.Future], results: list | None = None, err
 
     def settle() -> None:
         for index, future in enumerate(futures):
-            if future.done():  # its episode was cancelled meanwhile
+            if future is None or future.done():  # nobody reads it, or its episode was cancelled meanwhile
                 continue
             if error is not None:
                 future.set_exception(error)
@@ -171,4 +186,4 @@ def _settle_soon(futures: list[asyncio.Future], results: list | None = None, err
                 future.set_result(results[index])
 
     with contextlib.suppress(RuntimeError):  # the loop has closed: nobody awaits these any more
-        futures[0].get_loop().call_soon_threadsafe(settle)
+        awaited.get_loop().call_soon_threadsafe(settle)

@@ -1,12 +1,21 @@
-"""Hosts many environment instances, one per episode, and runs their requests.
+"""Hosts many environment instances, one per open episode, and runs their requests.
 
 Env code is user code: an exception ends that episode with a recorded error instead of
-taking the rank down. With `call_timeout_s`, each call runs in a daemon worker thread and
-a call that outlives the timeout ends its episode too: the instance is abandoned (a
+taking the rank down. With `call_timeout_s`, calls run in daemon worker threads and a
+call that outlives the timeout ends its episode too: the instance is abandoned (a
 Python thread cannot be killed, so a hung in-process call keeps its thread until the
 process ends; an instance with a `kill()` method, like `SubprocessEnv`, is killed).
-The calls of one batch run side by side and share one deadline, so a batch never takes
-much longer than the timeout. Results are plain tuples so they pickle small.
+A batch's calls run one after another in one worker thread (one hand-over a batch, not
+one a call); once a call has run `SPILL_AFTER_S`, each call not yet started gets a thread
+of its own, so the calls of a batch share one deadline and a batch never takes much
+longer than the timeout. Results are plain tuples so they pickle small.
+
+Instances are reused across episodes where the env class says it may be (`reusable =
+True` in the class itself, agentrl.env.api.TextEnv) and `reuse` is on (env.reuse_instances):
+an episode's close keeps its instance for a later episode's reset, as Gymnasium's vector
+envs reset one instance episode after episode; every episode still starts with a reset
+with its own seed. An instance whose call failed or timed out is never reused.
+`close_idle` closes the kept ones.
 
 Counts reconcile: `started` = `finished` + `failures` + `len(envs)` (episodes still open).
 """
@@ -26,6 +35,8 @@ from agentrl.env.registry import make
 
 # train.py passes runtime.env_step_timeout_s; hosts built without it still get its default
 DEFAULT_CALL_TIMEOUT_S = RuntimeConfig.model_fields["env_step_timeout_s"].default
+# A call of a batch running this long (or half the timeout, if less) gives each call not yet started a thread.
+SPILL_AFTER_S = 0.01
 
 
 @dataclass
@@ -60,6 +71,53 @@ class DaemonWorkers:
                 self.idle += 1
 
 
+class _Batch:
+    """One batch's calls, run in order by one worker thread until `spill` gives each call not yet started a thread
+    of its own; `ended` is set once every call has run (one wake-up for the waiting thread, not one a call)."""
+
+    def __init__(self, calls: list[Callable[[], tuple]]):
+        self.calls = calls
+        self.outcomes: list[tuple | None] = [None] * len(calls)
+        self.ended = threading.Event()
+        self.lock = threading.Lock()
+        self.next = 0  # the first call no thread has taken
+        self.finished = 0
+        self.current_since: float | None = None  # when the in-order thread's current call started
+
+    def run_in_order(self) -> None:
+        while True:
+            with self.lock:
+                if self.next >= len(self.calls):
+                    self.current_since = None
+                    return
+                index, self.next = self.next, self.next + 1
+                self.current_since = time.monotonic()
+            self._run_one(index)
+
+    def _run_one(self, index: int) -> None:
+        self.outcomes[index] = self.calls[index]()
+        with self.lock:
+            self.finished += 1
+            if self.finished == len(self.calls):
+                self.ended.set()
+
+    def stalled_for(self) -> float:
+        """How long the in-order thread has been in its current call (0 when it has none)."""
+        with self.lock:
+            since = self.current_since
+        return 0.0 if since is None else time.monotonic() - since
+
+    def take_rest(self) -> range:
+        """The calls no thread has taken, which none will take now."""
+        with self.lock:
+            rest, self.next = range(self.next, len(self.calls)), len(self.calls)
+        return rest
+
+    def spill(self, workers: DaemonWorkers) -> None:
+        for index in self.take_rest():
+            workers.submit(functools.partial(self._run_one, index))
+
+
 @dataclass
 class EnvHost:
     env_id: str
@@ -67,8 +125,10 @@ class EnvHost:
     factory: Callable | None = None
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S  # None: env code runs inline, without a time limit
     chat_format: str | None = None  # the run's chat format family; envs that parse turns (ToolEnv) are told it
+    reuse: bool = True  # env.reuse_instances: keep closed instances of classes that allow it for later episodes
     envs: dict = field(default_factory=dict)
-    started: int = 0  # episodes whose env was created by a reset
+    idle: list = field(default_factory=list)  # closed instances kept for later episodes (reused, not closed)
+    started: int = 0  # episodes whose env was created (or taken from `idle`) by a reset
     finished: int = 0  # episodes closed normally
     failures: int = 0  # calls that raised or timed out; each ends its episode
     _workers: DaemonWorkers = field(default_factory=DaemonWorkers, repr=False)
@@ -78,31 +138,53 @@ class EnvHost:
 
     def handle_batch(self, requests: list[tuple]) -> list[EnvResult]:
         """Results for `(op, key, *args)` requests, in order; each call is bounded by `call_timeout_s`."""
-        if self.call_timeout_s is None:
-            outcomes = [self._run(op, self.envs.get(key), args) for op, key, *args in requests]
-        else:
-            outcomes = self._run_in_threads(requests)
+        given = self._instances_for(requests)
+        outcomes: list[tuple | None] = [None] * len(requests)
+        threaded = []  # the calls that run env code (a kept instance's close runs none: it is done here)
+        for index, ((op, _, *args), env) in enumerate(zip(requests, given, strict=True)):
+            if op == "close" and self._kept(env):
+                outcomes[index] = (env, EnvResult(True))
+            elif self.call_timeout_s is None:
+                outcomes[index] = self._run(op, env, tuple(args))
+            else:
+                threaded.append(index)
+        if threaded:
+            calls = [functools.partial(self._run, requests[i][0], given[i], tuple(requests[i][2:])) for i in threaded]
+            ran = self._run_in_threads([requests[i] for i in threaded], calls, [given[i] for i in threaded])
+            for index, outcome in zip(threaded, ran, strict=True):
+                outcomes[index] = outcome
         return [self._record(op, key, outcome) for (op, key, *_), outcome in zip(requests, outcomes, strict=True)]
 
-    def _run_in_threads(self, requests: list[tuple]) -> list[tuple]:
-        outcomes: list[tuple | None] = [None] * len(requests)
-        done = threading.Semaphore(0)
+    def _instances_for(self, requests: list[tuple]) -> list:
+        """The instance each call runs on: the episode's own, a kept one for a new episode's reset, or None (a
+        reset makes one)."""
+        given, taken = [], {}
+        for op, key, *_ in requests:
+            env = self.envs.get(key, taken.get(key))
+            if env is None and op == "reset" and self.idle:
+                env = taken[key] = self.idle.pop()
+            given.append(env)
+        return given
 
-        def work(index: int, op: str, env, args: tuple) -> None:
-            outcomes[index] = self._run(op, env, args)
-            done.release()
-
-        for index, (op, key, *args) in enumerate(requests):
-            self._workers.submit(functools.partial(work, index, op, self.envs.get(key), tuple(args)))
+    def _run_in_threads(self, requests: list[tuple], calls: list, given: list) -> list[tuple]:
+        batch = _Batch(calls)
+        self._workers.submit(batch.run_in_order)
         deadline = time.monotonic() + self.call_timeout_s
-        for _ in requests:
-            if not done.acquire(timeout=max(0.0, deadline - time.monotonic())):
+        spill_after = min(SPILL_AFTER_S, self.call_timeout_s / 2)
+        spilled = False
+        while not batch.ended.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
                 break
-        finished = list(outcomes)  # a late thread may still write to `outcomes`; decide once
-        for (_, key, *_), outcome in zip(requests, finished, strict=True):
-            abandoned = self.envs.get(key) if outcome is None else None
-            if hasattr(abandoned, "kill"):  # e.g. a SubprocessEnv: end its process, which frees the thread
-                abandoned.kill()
+            ended = batch.ended.wait(left if spilled else min(left, spill_after))
+            if not ended and not spilled and batch.stalled_for() >= spill_after:
+                batch.spill(self._workers)
+                spilled = True
+        batch.take_rest()  # past the deadline: calls not started never start
+        finished = list(batch.outcomes)  # a late thread may still write to `outcomes`; decide once
+        for env, outcome in zip(given, finished, strict=True):
+            if outcome is None and hasattr(env, "kill"):  # e.g. a SubprocessEnv: end its process, freeing the thread
+                env.kill()
         timed_out = (
             f"{self.env_id} {{}} timed out after {self.call_timeout_s:g}s (runtime.env_step_timeout_s); "
             "the env instance was abandoned. Make reset/step faster or raise the timeout"
@@ -111,6 +193,16 @@ class EnvHost:
             outcome if outcome is not None else (None, EnvResult(False, error=timed_out.format(op)))
             for outcome, (op, *_) in zip(finished, requests, strict=True)
         ]
+
+    def close_idle(self) -> None:
+        """Close the instances kept for later episodes (at the end of a run)."""
+        idle, self.idle = self.idle, []
+        for env in idle:
+            env.close()
+
+    def _kept(self, env) -> bool:
+        """Whether a closed episode's instance is kept for a later episode instead of closed."""
+        return self.reuse and env is not None and reusable(env)
 
     def _run(self, op: str, env, args: tuple) -> tuple:
         """(env instance, result): touches only `env`, so it may run in a worker thread."""
@@ -145,17 +237,25 @@ class EnvHost:
         self.started += new_episode
         if not result.ok:
             self.failures += 1
-            dropped = self.envs.pop(key, None)
+            dropped = self.envs.pop(key, env)  # the episode's instance, or the one its failed reset made or took
             if hasattr(dropped, "kill"):  # a SubprocessEnv whose call failed: do not leave its process behind
                 dropped.kill()
         elif new_episode:
             self.envs[key] = env
-        elif op == "close" and self.envs.pop(key, None) is not None:
+        elif op == "close" and (closed := self.envs.pop(key, None)) is not None:
             self.finished += 1
+            if self._kept(closed):
+                self.idle.append(closed)
         return result
 
     def counts(self) -> dict[str, int]:
         return {"started": self.started, "finished": self.finished, "failed": self.failures, "open": len(self.envs)}
+
+
+def reusable(env) -> bool:
+    """Whether `env`'s class itself (not a base class: a subclass may add state its reset does not set) says its
+    instances may play one episode after another (`reusable = True`)."""
+    return type(env).__dict__.get("reusable") is True
 
 
 def _check_text(obs, where: str) -> str:

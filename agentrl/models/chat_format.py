@@ -33,6 +33,9 @@ PLACEHOLDER = "\u2591agentrl\u2591"
 # group's episodes share one prompt, a dataset repeats rows, a game repeats its replies, and rendering one through the
 # template costs ~100 us. A full cache is emptied and fills again.
 CACHED_TEXTS = 1024
+# Turns of up to this many ids keep their decoded text (up to CACHED_TEXTS of them): short answers repeat, and the
+# tokenizer's decode costs tens of microseconds.
+CACHED_TURN_IDS = 16
 PROBE_TOOL = {
     "type": "function",
     "function": {"name": "agentrl_probe_tool", "description": "", "parameters": {"type": "object", "properties": {}}},
@@ -91,6 +94,7 @@ class ChatFormat:
         self._observation_split: tuple[str, str] | None = None
         self._prompts: dict[tuple, array] = {}
         self._observations: dict[str, array] = {}
+        self._turn_texts: dict[tuple, str] = {}  # short turns' texts by their ids (a one-token game repeats them)
         self._splits: dict[tuple, Split | None] = {}  # message shape -> the template's text around contents
 
     # ---- the prompt -------------------------------------------------------------------------------------------
@@ -157,10 +161,15 @@ class ChatFormat:
     def action_text(self, output_ids, opened_reasoning: bool = False) -> str:
         """A turn's text for the env: its end token dropped, special tokens kept where they are the family's markup,
         and the reasoning opener in front where the prompt opened it (so the turn parses whole)."""
-        if self.markup_is_special:
-            text = self.codec.turn_text(output_ids)
-        else:
-            text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
+        key = tuple(output_ids.tolist() if hasattr(output_ids, "tolist") else output_ids)
+        text = self._turn_texts.get(key) if len(key) <= CACHED_TURN_IDS else None
+        if text is None:
+            if self.markup_is_special:
+                text = self.codec.turn_text(output_ids)
+            else:
+                text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
+            if len(key) <= CACHED_TURN_IDS:
+                _remember(self._turn_texts, key, text)
         return f"{self.family.reasoning_open}{text}" if opened_reasoning else text
 
     def decode(self, ids) -> str:
@@ -264,8 +273,7 @@ class ChatFormat:
             return None
         try:
             fields = tuple(
-                tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in m.items() if k not in ("content", ID)))
-                for m in new
+                tuple(sorted((k, *_shape_value(v)) for k, v in m.items() if k not in ("content", ID))) for m in new
             )
         except (TypeError, ValueError):
             return None
@@ -411,10 +419,15 @@ def _prompt_key(first_observation: str, tools: list[dict] | None, context: list[
         return None
 
 
-def _remember(cache: dict, key, ids: array) -> None:
+def _shape_value(value) -> tuple[str, str]:
+    """A message field's value in a shape key: a string as it is (most are: roles, names), anything else as JSON."""
+    return ("text", value) if isinstance(value, str) else ("json", json.dumps(value, sort_keys=True))
+
+
+def _remember(cache: dict, key, value) -> None:
     if len(cache) >= CACHED_TEXTS:
         cache.clear()
-    cache[key] = ids
+    cache[key] = value
 
 
 def tools_as_text(tools: list[dict]) -> str:

@@ -33,6 +33,8 @@ def run_env(config: Config, layout: Layout) -> None:
         layout.rollout_ranks_served_by(layout.rank),
         after_batch=lambda: preempt.forward(layout.world, leader),
     )
+    if isinstance(host, EnvHost):
+        host.close_idle()
 
 
 def env_host(config: Config, check: bool = True) -> EnvHost:
@@ -45,6 +47,7 @@ def env_host(config: Config, check: bool = True) -> EnvHost:
         config.env.kwargs,
         call_timeout_s=config.runtime.env_step_timeout_s,
         chat_format=config.chat.format,  # the family start-up found (agentrl.run.start.check_chat_format)
+        reuse=config.env.reuse_instances,
     )
 
 

@@ -74,7 +74,7 @@ def remote_env_client(config: Config, layout: Layout, env_rank: int) -> MPIEnvCl
             check_gateway_reachable(config.agent, layout.hosts[layout.rank], layout.hosts[env_rank])
         # A call is a whole episode of the program, and the env rank runs its rollout ranks' batches one at a time.
         sharing = len(layout.rollout_ranks_served_by(env_rank))
-        timeout_s = max(timeout_s, config.agent.timeout_s * sharing)
+        timeout_s = max(timeout_s or 0.0, config.agent.timeout_s * sharing)
     return MPIEnvClient(layout.world, env_rank, timeout_s)
 
 

@@ -40,4 +40,6 @@ def run_single_process(config: Config, layout: Layout, start: RunStart) -> tuple
     logger.close()
     if worker.gateway is not None:
         worker.gateway.stop(worker.loop)
+    if rollout.env_client is not None:  # closes the env instances kept for reuse
+        rollout.env_client.shutdown()
     return done, logger.success_by_step

@@ -109,7 +109,7 @@ async def run_episode(
             try:
                 episode.extend(chat.closing_ids(episode.messages, tools), mask=0)
             except ChatTemplateError as error:
-                await env.call("close", key)
+                env.close(key)
                 return _failed(episode, str(error))
         episode.turns += 1
 
@@ -123,7 +123,7 @@ async def run_episode(
             reward = finite_reward(reward, "the env's step reward")
             episode.reward = finite_reward(episode.reward + reward, "the env's rewards summed over the episode")
         except RewardError as refused:
-            await env.call("close", key)
+            env.close(key)
             return _failed(episode, f"{refused}; fix the env's step() (the episode failed and does not train)")
         episode.turn_rewards.append(reward)
         episode.success = episode.success or bool(info.get("success", False))
@@ -141,7 +141,7 @@ async def run_episode(
         except NotAppendOnly:  # chat.rewritten=new_sample: the conversation so far, rendered, starts a new sample
             observation_ids = None
         except (ContentError, ChatTemplateError) as error:
-            await env.call("close", key)
+            env.close(key)
             return _failed(episode, str(error))
         episode.messages += new
         if observation_ids is None:
@@ -158,7 +158,7 @@ async def run_episode(
     else:
         episode.finish = "max_turns"
 
-    await env.call("close", key)
+    env.close(key)
     episode.weight_version = min(versions) if versions else -1
     if reward_fn is not None:
         try:

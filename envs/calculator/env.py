@@ -38,6 +38,8 @@ HELDOUT_SEEDS = DEFAULT_SEEDS
 
 
 class CalculatorEnv(ToolEnv):
+    reusable = True  # reset draws the problem; ToolEnv's sets the turn count
+
     def __init__(
         self,
         max_value: int = 99,

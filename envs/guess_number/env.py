@@ -38,6 +38,8 @@ def parse_guess(text: str) -> int | None:
 
 
 class GuessNumberEnv(TextEnv):
+    reusable = True  # reset draws the secret and sets every count
+
     def __init__(
         self,
         low: int = 1,

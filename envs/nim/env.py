@@ -45,6 +45,8 @@ def take_one(observation: str, rng: random.Random) -> str:
 
 
 class NimEnv(TextEnv):
+    reusable = True  # reset draws the pile and sets the mover
+
     def __init__(self, low: int = 5, high: int = 12, max_take: int = 3, invalid: str = "lose"):
         super().__init__()
         if invalid not in ("lose", "take_one"):

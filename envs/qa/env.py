@@ -34,6 +34,7 @@ class QAEnv(ToolEnv):
     """
 
     required_columns = ("prompt", "answer")
+    reusable = True  # reset sets the row, the question and the history; ToolEnv's the turn count
 
     def __init__(
         self,

@@ -81,3 +81,16 @@ def test_extra_rounds_of_dynamic_sampling_consume_more_rows_and_the_position_cou
         served = list(dict.fromkeys((e.group, e.task_id) for e in made.generated))
         assert [task_id for _, task_id in served] == [t.id for t in reference.take(step, range(generated))]
         assert stats["data/epoch"] == consumed / 32
+
+
+def test_rows_taken_together_are_the_rows_taken_one_by_one():
+    data = {
+        "prompt": [[{"role": "user", "content": f"q{i}"}] for i in range(ROWS)],
+        "answer": [str(i) for i in range(ROWS)],
+        "score": [i / 2 for i in range(ROWS)],
+    }
+    dataset = datasets.Dataset.from_dict(data)
+    together = DatasetTasks(dataset, "rows", 3, 0, 1).take(2, list(range(30)))  # over an epoch's end
+    single = DatasetTasks(dataset, "rows", 3, 0, 1)
+    one_by_one = [single.at(2, index, position) for index, position in enumerate(single.reserve(30))]
+    assert together == one_by_one and together[0].options["prompt"][0]["role"] == "user"

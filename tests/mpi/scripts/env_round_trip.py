@@ -1,6 +1,7 @@
 """mpirun -n 2: rank 1 is an env rank, rank 0 a rollout rank reaching it through MPIEnvClient.
 
-env_round_trip.py answers   batches in flight at once each get their own answers; the reply thread ends
+env_round_trip.py answers   batches in flight at once each get their own answers (closes awaited or not); the reply
+                            thread ends
 env_round_trip.py rings    both sides poll only every 2 s: the doorbells they ring make the turns fast anyway
 env_round_trip.py silent    the env rank takes a request and never answers: the call times out
 env_round_trip.py raise     the env rank raises while the rollout rank waits: the job aborts
@@ -40,7 +41,10 @@ async def episode(client, key: int, turns: int) -> list[str]:
     for turn in range(turns):
         await asyncio.sleep(0.002 * (key % 4))  # episodes reach the env in different ticks: several batches in flight
         observations.append((await client.call("step", key, f"{key}:{turn}")).value[0])
-    await client.call("close", key)
+    if key % 2:
+        await client.call("close", key)
+    else:  # not awaited, as the agent loop closes: the env rank still closes it (counted there)
+        client.close(key)
     return observations
 
 
