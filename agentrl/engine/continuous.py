@@ -420,21 +420,34 @@ class ContinuousTorchEngine(TorchEngine):
             self._join(batch, admitted, admission, logits[-1])
 
     def _leave(self, batch: RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
-        """Deliver the finished rows, keep their KV for a next turn; return which old row each row left is."""
+        """Deliver the finished rows, keep their KV for a next turn (not a caller's last turn); return which old row
+        each row left is."""
+        keeping = []
         for index, (row, done) in enumerate(zip(batch.rows, finished, strict=True)):
             if not done:
                 continue
             reason = reasons if isinstance(reasons, str) else reasons[index]
-            if reason != "abort" and self.sessions.budget_bytes > 0:
-                self._store(batch, index, row)
+            if reason != "abort" and not row.sampling.last_turn:
+                keeping.append(index)
             self._deliver(row, reason)
+        if keeping and self.sessions.budget_bytes > 0:
+            self._store(batch, keeping)
         return batch.leave(finished)
 
-    def _store(self, batch: RunningBatch | SlotBatch, index: int, row: _Row) -> None:
-        tokens = row.sequence[:-1]  # the last sampled token's key and value are not kept (a next turn feeds it)
-        kv = batch.stored_kv(index, len(tokens))
+    def _store(self, batch: RunningBatch | SlotBatch, indices: list[int]) -> None:
+        """Keep rows `indices`' KV in the store with one copy: of as many of the last rows as its budget holds."""
+        rows = [batch.rows[index] for index in indices]
+        tokens = [len(row.prompt) + len(row.output) - 1 for row in rows]  # the last sampled token is fed next turn
+        room, first = self.sessions.budget_bytes // batch.token_bytes(), len(rows)
+        while first and tokens[first - 1] <= room:
+            first -= 1
+            room -= tokens[first]
+        if first == len(rows):
+            return
+        kvs, nbytes = batch.stored_kvs(indices[first:], tokens[first:])
+        entries = [(row.sequence[:-1], kv) for row, kv in zip(rows[first:], kvs, strict=True)]
         evictions = self.sessions.evictions
-        self.sessions.put(tokens, kv, self._kv_version)
+        self.sessions.put_block(entries, self._kv_version, nbytes)
         self.stats["evictions"] += self.sessions.evictions - evictions
 
     def _take_stored(self, rows: list[_Row]) -> list:

@@ -16,6 +16,8 @@ padding rows there.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from agentrl.engine.running_batch import RowsLeaving
@@ -164,6 +166,16 @@ class SlotBatch:
         self.positions_buffer[: len(self.rows)] += 1
         self.lengths = [length + 1 for length in self.lengths]
 
-    def stored_kv(self, index: int, tokens: int) -> torch.Tensor:
-        """A copy of row `index`'s keys and values for its first `tokens` tokens: (2, layers, kv heads, tokens, dim)."""
-        return self.kv[:, :, index, :, :tokens].clone()
+    def stored_kvs(self, indices: list[int], tokens: list[int]) -> tuple[list[torch.Tensor], int]:
+        """Rows `indices`' keys and values for their first `tokens[i]` tokens, copied in one gather: per row a
+        (2, layers, kv heads, tokens, dim) view into the copy; and the copy's bytes."""
+        row_index = torch.repeat_interleave(torch.tensor(indices), torch.tensor(tokens)).to(self.device)
+        column_index = torch.tensor([column for count in tokens for column in range(count)], device=self.device)
+        block = self.kv[:, :, row_index, :, column_index]  # (all tokens, 2, layers, kv heads, dim)
+        ends = list(itertools.accumulate(tokens))
+        rows = [block[end - count : end].permute(1, 2, 3, 0, 4) for end, count in zip(ends, tokens, strict=True)]
+        return rows, block.numel() * block.element_size()
+
+    def token_bytes(self) -> int:
+        """Bytes of one token's keys and values over all layers."""
+        return self.kv[:, :, 0, :, 0].numel() * self.kv.element_size()
