@@ -444,10 +444,9 @@ class ContinuousTorchEngine(TorchEngine):
             room -= tokens[first]
         if first == len(rows):
             return
-        kvs, nbytes = batch.stored_kvs(indices[first:], tokens[first:])
-        entries = [(row.sequence[:-1], kv) for row, kv in zip(rows[first:], kvs, strict=True)]
+        block = batch.stored_kvs(indices[first:], tokens[first:])
         evictions = self.sessions.evictions
-        self.sessions.put_block(entries, self._kv_version, nbytes)
+        self.sessions.put_block([row.sequence[:-1] for row in rows[first:]], block, self._kv_version)
         self.stats["evictions"] += self.sessions.evictions - evictions
 
     def _take_stored(self, rows: list[_Row]) -> list:
@@ -565,14 +564,15 @@ def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseExcept
 def _right_aligned_past(entries, width: int, room: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns,
     in buffers with `room` more columns after them."""
-    template = next(entry for entry in entries if entry is not None).kv
+    kvs = [None if entry is None else entry.kv for entry in entries]
+    template = next(kv for kv in kvs if kv is not None)
     layers = []
     for layer, (key0, value0) in enumerate(template):
         keys = key0.new_zeros((len(entries), key0.shape[1], width + room, key0.shape[3]))[:, :, :width]
         values = value0.new_zeros((len(entries), value0.shape[1], width + room, value0.shape[3]))[:, :, :width]
-        for i, entry in enumerate(entries):
-            if entry is not None:
-                key, value = entry.kv[layer]
+        for i, kv in enumerate(kvs):
+            if kv is not None:
+                key, value = kv[layer]
                 keys[i, :, width - key.shape[2] :] = key[0]
                 values[i, :, width - value.shape[2] :] = value[0]
         layers.append((keys, values))

@@ -17,6 +17,7 @@ version empties the store. Least recently stored entries go first when the budge
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,20 +29,27 @@ BUCKET_TOKENS = 8
 
 @dataclass(eq=False)
 class KVBlock:
-    """Memory holding the KV of one or more entries: `nbytes`, counted while any of its `entries` is stored."""
+    """Memory holding the KV of one or more entries' tokens, one after another: `nbytes`, counted while any of its
+    `entries` is stored; `view(start, end)`, the KV of its tokens [start, end), as an entry's `kv`."""
 
     nbytes: int
+    view: Callable[[int, int], list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor]
     entries: int = 0
 
 
 @dataclass
 class KVEntry:
     tokens: list[int]
-    # As the batch that stored it keeps a row's cache: per layer (keys, values), each (1, heads, len(tokens), dim),
-    # from `RunningBatch`; one (2, layers, heads, len(tokens), dim) tensor from `SlotBatch`. Views into `block`.
-    kv: list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor
     version: int
     block: KVBlock
+    start: int = 0  # where the entry's tokens begin in its block
+
+    @property
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor:
+        """As the batch that stored it keeps a row's cache: per layer (keys, values), each (1, heads, len(tokens),
+        dim), from `RunningBatch`; one (2, layers, heads, len(tokens), dim) tensor from `SlotBatch`. Views made
+        when asked for: most entries are never taken."""
+        return self.block.view(self.start, self.start + len(self.tokens))
 
 
 class KVSessionStore:
@@ -61,23 +69,24 @@ class KVSessionStore:
     def put(self, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor, version: int) -> None:
         """Store one entry whose `kv` tensors are its own memory."""
         tensors = [kv] if isinstance(kv, torch.Tensor) else [tensor for pair in kv for tensor in pair]
-        self.put_block([(tokens, kv)], version, sum(tensor.numel() * tensor.element_size() for tensor in tensors))
+        nbytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
+        self.put_block([tokens], KVBlock(nbytes, lambda start, end: kv), version)
 
-    def put_block(self, entries: list[tuple[list[int], object]], version: int, nbytes: int) -> None:
-        """Store (tokens, kv) `entries` whose KV are views into one block of `nbytes` bytes; nothing if the block
-        alone exceeds the budget (the caller stores fewer rows)."""
-        entries = [(tokens, kv) for tokens, kv in entries if tokens]
-        if not entries or nbytes > self.budget_bytes:
+    def put_block(self, entries: list[list[int]], block: KVBlock, version: int) -> None:
+        """Store entries of these tokens, whose KV lie one after another in `block`; nothing if the block alone
+        exceeds the budget (the caller stores fewer rows)."""
+        if not entries or not all(entries) or block.nbytes > self.budget_bytes:
             return
-        while self._entries and self.nbytes + nbytes > self.budget_bytes:
+        while self._entries and self.nbytes + block.nbytes > self.budget_bytes:
             self._drop(next(iter(self._entries)))
             self.evictions += 1
-        block = KVBlock(nbytes, len(entries))
-        for tokens, kv in entries:
+        block.entries, start = len(entries), 0
+        for tokens in entries:
             entry_id, self._next_id = self._next_id, self._next_id + 1
-            self._entries[entry_id] = KVEntry(list(tokens), kv, version, block)
+            self._entries[entry_id] = KVEntry(list(tokens), version, block, start)
             self._buckets.setdefault(tuple(tokens[:BUCKET_TOKENS]), set()).add(entry_id)
-        self.nbytes += nbytes
+            start += len(tokens)
+        self.nbytes += block.nbytes
 
     def take(self, prompt: list[int], version: int) -> KVEntry | None:
         """Remove and return the entry whose tokens are the longest proper prefix of `prompt`, if any.

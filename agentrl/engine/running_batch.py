@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from agentrl.engine.kv_sessions import KVBlock
 from agentrl.engine.lean_decoder import COLUMN_HEADROOM
 from agentrl.engine.sampling import RowSampling
 
@@ -54,28 +55,31 @@ class RunningBatch:
         """Bytes of one token's keys and values over all layers."""
         return sum(2 * layer.keys[0, :, 0].numel() * layer.keys.element_size() for layer in self.cache.layers)
 
-    def stored_kvs(
-        self, indices: list[int], tokens: list[int]
-    ) -> tuple[list[list[tuple[torch.Tensor, torch.Tensor]]], int]:
-        """Rows `indices`' keys and values for their first `tokens[i]` tokens, copied in one gather per layer: per
-        row, per layer (1, heads, tokens, dim) views into the copies; and the copies' bytes."""
+    def stored_kvs(self, indices: list[int], tokens: list[int]) -> KVBlock:
+        """Rows `indices`' keys and values for their first `tokens[i]` tokens, one row after another, copied in one
+        gather per layer; its views per layer (1, heads, tokens, dim)."""
         masks = self.mask[indices].cpu().numpy()
         columns = [np.flatnonzero(mask)[-count:] for mask, count in zip(masks, tokens, strict=True)]
         assert all(len(kept) == count for kept, count in zip(columns, tokens, strict=True)), tokens
         device = self.mask.device
         row_index = torch.from_numpy(np.repeat(np.asarray(indices, dtype=np.int64), tokens)).to(device)
         column_index = torch.from_numpy(np.concatenate(columns).astype(np.int64)).to(device)
-        ends = np.cumsum(tokens)
-        rows: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in indices]
-        nbytes = 0
-        for layer in self.cache.layers:
-            keys, values = layer.keys[row_index, :, column_index], layer.values[row_index, :, column_index]
-            nbytes += (keys.numel() + values.numel()) * keys.element_size()
-            for row, end, count in zip(rows, ends, tokens, strict=True):  # (tokens, heads, dim) -> (1, heads, ...)
-                row.append(
-                    (keys[end - count : end].transpose(0, 1)[None], values[end - count : end].transpose(0, 1)[None])
-                )
-        return rows, nbytes
+        # Per layer (all tokens, heads, dim).
+        layers = [
+            (layer.keys[row_index, :, column_index], layer.values[row_index, :, column_index])
+            for layer in self.cache.layers
+        ]
+        nbytes = sum(
+            keys.numel() * keys.element_size() + values.numel() * values.element_size() for keys, values in layers
+        )
+
+        def view(start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [
+                (keys[start:end].transpose(0, 1)[None], values[start:end].transpose(0, 1)[None])
+                for keys, values in layers
+            ]
+
+        return KVBlock(nbytes, view)
 
     def join(self, rows: list, cache: DynamicCache, mask: torch.Tensor, positions, logits, sampling) -> None:
         """Append prefilled `rows`: their KV `cache` (right-aligned, as wide as their `mask`), mask, next
