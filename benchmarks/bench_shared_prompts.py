@@ -2,6 +2,7 @@
 
     python benchmarks/bench_shared_prompts.py                    # both tasks, 15 steps per case
     python benchmarks/bench_shared_prompts.py --tasks digit --repeats 31
+    python benchmarks/bench_shared_prompts.py --kv-cache-mb 0       # the continuous engine keeping no KV
 
 A step is what a rollout rank generates for one training step, played through the real agent loop
 (agentrl/rollout/agent_loop.py) against the real env in this process, with the quickstart's tiny model
@@ -13,9 +14,11 @@ A step is what a rollout rank generates for one training step, played through th
 
 Per step: `generate` is the engine's own time (its `busy_seconds`, the rollout's time/generate metric), `wall` the
 step's, `prefill` and `shared` the prompt tokens run through the model and those a row took from another row's
-prefill. Each (scheduler, sharing) case has its own engine, built once; steps rotate over the cases so the machine's
-load falls on all alike, and the continuous engine's kept KV is dropped before each step, as a new weight version
-drops it in training. One torch thread (`--threads`). The table gives medians and the ratio off/on of the medians.
+prefill, `reused` those a later turn took from the KV the continuous engine kept of the episode's turn before
+(`--kv-cache-mb` of memory for it, as `rollout.engine.kv_cache_mb`; an episode's last turn is not kept). Each
+(scheduler, sharing) case has its own engine, built once; steps rotate over the cases so the machine's load falls on
+all alike, and the continuous engine's kept KV is dropped before each step, as a new weight version drops it in
+training. One torch thread (`--threads`). The table gives medians and the ratio off/on of the medians.
 """
 
 from __future__ import annotations
@@ -61,6 +64,7 @@ def parse_args():
     parser.add_argument("--tasks", nargs="+", choices=sorted(TASKS), default=sorted(TASKS))
     parser.add_argument("--repeats", type=int, default=15, help="steps timed per case")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads")
+    parser.add_argument("--kv-cache-mb", type=float, default=256, help="the continuous engine's KV store budget")
     return parser.parse_args()
 
 
@@ -80,12 +84,13 @@ def task_config(task: str, out: Path):
     return from_dict(config)
 
 
-def make_engine(path: str, scheduler: str, share: bool):
+def make_engine(path: str, scheduler: str, share: bool, kv_cache_mb: float):
     model = load_causal_lm(path)
     pad = load_tokenizer(path).pad_token_id
     if scheduler == "batch":
         return TorchEngine(model, pad_token_id=pad, seed=0, share_prompts=share)
-    return ContinuousTorchEngine(model, pad_token_id=pad, seed=0, share_prompts=share)
+    kv_cache_bytes = int(kv_cache_mb * (1 << 20))
+    return ContinuousTorchEngine(model, pad_token_id=pad, seed=0, share_prompts=share, kv_cache_bytes=kv_cache_bytes)
 
 
 def step_tasks(task: str, step: int) -> list[tuple[int, dict | None]]:
@@ -122,8 +127,8 @@ def bench_task(task: str, out: Path, args) -> list[dict]:
     limits = EpisodeLimits(config.rollout.max_turns, config.rollout.max_new_tokens, config.rollout.max_episode_tokens)
     rules = EpisodeRules(SamplingParams(max_new_tokens=config.rollout.max_new_tokens, temperature=1.0), limits)
     client = LocalEnvClient(EnvHost(config.env.id, dict(config.env.kwargs), call_timeout_s=None))
-    engines = {case: make_engine(config.model.path, *case) for case in CASES}
-    samples = {case: {"generate": [], "wall": [], "prefill": [], "shared": []} for case in CASES}
+    engines = {case: make_engine(config.model.path, *case, args.kv_cache_mb) for case in CASES}
+    samples = {case: {"generate": [], "wall": [], "prefill": [], "shared": [], "reused": []} for case in CASES}
     try:
         for step in range(args.repeats + 1):  # step 0 warms every engine up, not counted
             tasks = step_tasks(task, step)
@@ -132,10 +137,11 @@ def bench_task(task: str, out: Path, args) -> list[dict]:
                 engine = engines[case]
                 if isinstance(engine, ContinuousTorchEngine):
                     engine.drop_cached_prefixes()
-                busy, prefill, shared = (
+                busy, prefill, shared, reused = (
                     engine.busy_seconds,
                     engine.stats["prefill_tokens"],
                     engine.stats["shared_tokens"],
+                    engine.stats.get("reused_tokens", 0),
                 )
                 wall, prompt_lengths = play_step(engine, client, chat, rules, tasks, step)
                 if step:
@@ -144,6 +150,7 @@ def bench_task(task: str, out: Path, args) -> list[dict]:
                     got["wall"].append(wall)
                     got["prefill"].append(engine.stats["prefill_tokens"] - prefill)
                     got["shared"].append(engine.stats["shared_tokens"] - shared)
+                    got["reused"].append(engine.stats.get("reused_tokens", 0) - reused)
     finally:
         for engine in engines.values():
             engine.shutdown()
@@ -155,8 +162,8 @@ def bench_task(task: str, out: Path, args) -> list[dict]:
 def table(results: list[dict]) -> str:
     lines = [
         "| task | scheduler | generate ms/step off | on | off/on | wall ms/step off | on | off/on | "
-        "prefill tokens/step off | on | shared on |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "prefill tokens/step off | on | shared on | reused off | on |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     by_case = {(r["task"], r["scheduler"], r["share"]): r for r in results}
     for task, scheduler in dict.fromkeys((r["task"], r["scheduler"]) for r in results):
@@ -167,7 +174,8 @@ def table(results: list[dict]) -> str:
         lines.append(
             f"| {task} | {scheduler} | {gen_off:.1f} | {gen_on:.1f} | {gen_off / gen_on:.2f}x | {wall_off:.1f} | "
             f"{wall_on:.1f} | {wall_off / wall_on:.2f}x | {prefill_off:.0f} | {prefill_on:.0f} | "
-            f"{statistics.median(on['shared']):.0f} |"
+            f"{statistics.median(on['shared']):.0f} | {statistics.median(off['reused']):.0f} | "
+            f"{statistics.median(on['reused']):.0f} |"
         )
     return "\n".join(lines)
 
@@ -179,7 +187,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for task in args.tasks:
             results += bench_task(task, Path(tmp), args)
-    print(f"\ntorch threads {args.threads}, {args.repeats} steps per case, medians\n")
+    print(f"\ntorch threads {args.threads}, {args.repeats} steps per case, kv_cache_mb {args.kv_cache_mb:g}, medians\n")
     print(table(results))
 
 

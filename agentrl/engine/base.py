@@ -34,6 +34,9 @@ class SamplingParams:
     # The LoRA adapter this request runs with, on an engine that holds several on one base (engine/shared_lora.py);
     # None: the engine's own weights.
     adapter: str | None = None
+    # No later turn continues this request's conversation (the caller knows: its episode's last turn). An engine that
+    # keeps a finished request's KV cache for the next turn (the continuous torch engine) skips keeping this one's.
+    last_turn: bool = False
 
 
 @dataclass

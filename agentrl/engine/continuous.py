@@ -420,21 +420,33 @@ class ContinuousTorchEngine(TorchEngine):
             self._join(batch, admitted, admission, logits[-1])
 
     def _leave(self, batch: RunningBatch, finished: list[bool], reasons) -> torch.Tensor | None:
-        """Deliver the finished rows, keep their KV for a next turn; return which old row each row left is."""
+        """Deliver the finished rows, keep their KV for a next turn (not a caller's last turn); return which old row
+        each row left is."""
+        keeping = []
         for index, (row, done) in enumerate(zip(batch.rows, finished, strict=True)):
             if not done:
                 continue
             reason = reasons if isinstance(reasons, str) else reasons[index]
-            if reason != "abort" and self.sessions.budget_bytes > 0:
-                self._store(batch, index, row)
+            if reason != "abort" and not row.sampling.last_turn:
+                keeping.append(index)
             self._deliver(row, reason)
+        if keeping and self.sessions.budget_bytes > 0:
+            self._store(batch, keeping)
         return batch.leave(finished)
 
-    def _store(self, batch: RunningBatch | SlotBatch, index: int, row: _Row) -> None:
-        tokens = row.sequence[:-1]  # the last sampled token's key and value are not kept (a next turn feeds it)
-        kv = batch.stored_kv(index, len(tokens))
+    def _store(self, batch: RunningBatch | SlotBatch, indices: list[int]) -> None:
+        """Keep rows `indices`' KV in the store with one copy: of as many of the last rows as its budget holds."""
+        rows = [batch.rows[index] for index in indices]
+        tokens = [len(row.prompt) + len(row.output) - 1 for row in rows]  # the last sampled token is fed next turn
+        room, first = self.sessions.budget_bytes // batch.token_bytes(), len(rows)
+        while first and tokens[first - 1] <= room:
+            first -= 1
+            room -= tokens[first]
+        if first == len(rows):
+            return
+        block = batch.stored_kvs(indices[first:], tokens[first:])
         evictions = self.sessions.evictions
-        self.sessions.put(tokens, kv, self._kv_version)
+        self.sessions.put_block([row.sequence[:-1] for row in rows[first:]], block, self._kv_version)
         self.stats["evictions"] += self.sessions.evictions - evictions
 
     def _take_stored(self, rows: list[_Row]) -> list:
@@ -552,14 +564,15 @@ def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseExcept
 def _right_aligned_past(entries, width: int, room: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns,
     in buffers with `room` more columns after them."""
-    template = next(entry for entry in entries if entry is not None).kv
+    kvs = [None if entry is None else entry.kv for entry in entries]
+    template = next(kv for kv in kvs if kv is not None)
     layers = []
     for layer, (key0, value0) in enumerate(template):
         keys = key0.new_zeros((len(entries), key0.shape[1], width + room, key0.shape[3]))[:, :, :width]
         values = value0.new_zeros((len(entries), value0.shape[1], width + room, value0.shape[3]))[:, :, :width]
-        for i, entry in enumerate(entries):
-            if entry is not None:
-                key, value = entry.kv[layer]
+        for i, kv in enumerate(kvs):
+            if kv is not None:
+                key, value = kv[layer]
                 keys[i, :, width - key.shape[2] :] = key[0]
                 values[i, :, width - value.shape[2] :] = value[0]
         layers.append((keys, values))

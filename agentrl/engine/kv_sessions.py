@@ -8,13 +8,16 @@ token and the observation). Matching by tokens, not by an episode key, needs not
 the caller (SGLang's radix cache behaves the same way) and can never pair a cache with
 tokens it was not computed from.
 
-Entries carry the weight version they were computed under; a new version empties the
-store. Least recently stored entries go first when the budget is exceeded.
+Rows that finish together are stored with one copy (`put_block`): their entries share one
+block of memory, counted against the budget from the first entry stored until the last one
+leaves (taken or evicted). Entries carry the weight version they were computed under; a new
+version empties the store. Least recently stored entries go first when the budget is exceeded.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,14 +27,29 @@ import torch
 BUCKET_TOKENS = 8
 
 
+@dataclass(eq=False)
+class KVBlock:
+    """Memory holding the KV of one or more entries' tokens, one after another: `nbytes`, counted while any of its
+    `entries` is stored; `view(start, end)`, the KV of its tokens [start, end), as an entry's `kv`."""
+
+    nbytes: int
+    view: Callable[[int, int], list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor]
+    entries: int = 0
+
+
 @dataclass
 class KVEntry:
     tokens: list[int]
-    # As the batch that stored it keeps a row's cache: per layer (keys, values), each (1, heads, len(tokens), dim),
-    # from `RunningBatch`; one (2, layers, heads, len(tokens), dim) tensor from `SlotBatch`.
-    kv: list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor
     version: int
-    nbytes: int
+    block: KVBlock
+    start: int = 0  # where the entry's tokens begin in its block
+
+    @property
+    def kv(self) -> list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor:
+        """As the batch that stored it keeps a row's cache: per layer (keys, values), each (1, heads, len(tokens),
+        dim), from `RunningBatch`; one (2, layers, heads, len(tokens), dim) tensor from `SlotBatch`. Views made
+        when asked for: most entries are never taken."""
+        return self.block.view(self.start, self.start + len(self.tokens))
 
 
 class KVSessionStore:
@@ -49,17 +67,26 @@ class KVSessionStore:
         return len(self._entries)
 
     def put(self, tokens: list[int], kv: list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor, version: int) -> None:
+        """Store one entry whose `kv` tensors are its own memory."""
         tensors = [kv] if isinstance(kv, torch.Tensor) else [tensor for pair in kv for tensor in pair]
         nbytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-        if not tokens or nbytes > self.budget_bytes:
+        self.put_block([tokens], KVBlock(nbytes, lambda start, end: kv), version)
+
+    def put_block(self, entries: list[list[int]], block: KVBlock, version: int) -> None:
+        """Store entries of these tokens, whose KV lie one after another in `block`; nothing if the block alone
+        exceeds the budget (the caller stores fewer rows)."""
+        if not entries or not all(entries) or block.nbytes > self.budget_bytes:
             return
-        while self._entries and self.nbytes + nbytes > self.budget_bytes:
+        while self._entries and self.nbytes + block.nbytes > self.budget_bytes:
             self._drop(next(iter(self._entries)))
             self.evictions += 1
-        entry_id, self._next_id = self._next_id, self._next_id + 1
-        self._entries[entry_id] = KVEntry(list(tokens), kv, version, nbytes)
-        self._buckets.setdefault(tuple(tokens[:BUCKET_TOKENS]), set()).add(entry_id)
-        self.nbytes += nbytes
+        block.entries, start = len(entries), 0
+        for tokens in entries:
+            entry_id, self._next_id = self._next_id, self._next_id + 1
+            self._entries[entry_id] = KVEntry(list(tokens), version, block, start)
+            self._buckets.setdefault(tuple(tokens[:BUCKET_TOKENS]), set()).add(entry_id)
+            start += len(tokens)
+        self.nbytes += block.nbytes
 
     def take(self, prompt: list[int], version: int) -> KVEntry | None:
         """Remove and return the entry whose tokens are the longest proper prefix of `prompt`, if any.
@@ -91,5 +118,7 @@ class KVSessionStore:
         bucket.discard(entry_id)
         if not bucket:
             del self._buckets[bucket_key]
-        self.nbytes -= entry.nbytes
+        entry.block.entries -= 1
+        if not entry.block.entries:
+            self.nbytes -= entry.block.nbytes
         return entry

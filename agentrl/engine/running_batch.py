@@ -8,10 +8,12 @@ wider than the batch.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
+from agentrl.engine.kv_sessions import KVBlock
 from agentrl.engine.lean_decoder import COLUMN_HEADROOM
 from agentrl.engine.sampling import RowSampling
 
@@ -49,20 +51,35 @@ class RunningBatch:
                 layer.keys, layer.values = layer.keys[..., first:, :], layer.values[..., first:, :]
         return keep
 
-    def stored_kv(self, index: int, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Copies of row `index`'s keys and values for its first `tokens` tokens, per layer (1, heads, tokens, dim)."""
-        row_mask = self.mask[index]
-        if int(row_mask[-tokens:].sum()) == tokens:  # no hole: the last columns, copied as they lie
-            columns = slice(row_mask.shape[0] - tokens, None)
-        else:
-            columns = row_mask.nonzero().squeeze(1)
-            assert len(columns) == tokens, (len(columns), tokens)
+    def token_bytes(self) -> int:
+        """Bytes of one token's keys and values over all layers."""
+        return sum(2 * layer.keys[0, :, 0].numel() * layer.keys.element_size() for layer in self.cache.layers)
 
-        def own(kept: torch.Tensor) -> torch.Tensor:  # indexing by a tensor copies already; a slice is a view
-            part = kept[index : index + 1, :, columns]
-            return part.clone(memory_format=torch.contiguous_format) if isinstance(columns, slice) else part
+    def stored_kvs(self, indices: list[int], tokens: list[int]) -> KVBlock:
+        """Rows `indices`' keys and values for their first `tokens[i]` tokens, one row after another, copied in one
+        gather per layer; its views per layer (1, heads, tokens, dim)."""
+        masks = self.mask[indices].cpu().numpy()
+        columns = [np.flatnonzero(mask)[-count:] for mask, count in zip(masks, tokens, strict=True)]
+        assert all(len(kept) == count for kept, count in zip(columns, tokens, strict=True)), tokens
+        device = self.mask.device
+        row_index = torch.from_numpy(np.repeat(np.asarray(indices, dtype=np.int64), tokens)).to(device)
+        column_index = torch.from_numpy(np.concatenate(columns).astype(np.int64)).to(device)
+        # Per layer (all tokens, heads, dim).
+        layers = [
+            (layer.keys[row_index, :, column_index], layer.values[row_index, :, column_index])
+            for layer in self.cache.layers
+        ]
+        nbytes = sum(
+            keys.numel() * keys.element_size() + values.numel() * values.element_size() for keys, values in layers
+        )
 
-        return [(own(layer.keys), own(layer.values)) for layer in self.cache.layers]
+        def view(start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            return [
+                (keys[start:end].transpose(0, 1)[None], values[start:end].transpose(0, 1)[None])
+                for keys, values in layers
+            ]
+
+        return KVBlock(nbytes, view)
 
     def join(self, rows: list, cache: DynamicCache, mask: torch.Tensor, positions, logits, sampling) -> None:
         """Append prefilled `rows`: their KV `cache` (right-aligned, as wide as their `mask`), mask, next

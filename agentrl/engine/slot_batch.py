@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from agentrl.engine.kv_sessions import KVBlock
 from agentrl.engine.running_batch import RowsLeaving
 from agentrl.engine.sampling import RowSampling
 
@@ -164,6 +165,14 @@ class SlotBatch:
         self.positions_buffer[: len(self.rows)] += 1
         self.lengths = [length + 1 for length in self.lengths]
 
-    def stored_kv(self, index: int, tokens: int) -> torch.Tensor:
-        """A copy of row `index`'s keys and values for its first `tokens` tokens: (2, layers, kv heads, tokens, dim)."""
-        return self.kv[:, :, index, :, :tokens].clone()
+    def stored_kvs(self, indices: list[int], tokens: list[int]) -> KVBlock:
+        """Rows `indices`' keys and values for their first `tokens[i]` tokens, one row after another, copied in one
+        gather; its views (2, layers, kv heads, tokens, dim)."""
+        row_index = torch.repeat_interleave(torch.tensor(indices), torch.tensor(tokens)).to(self.device)
+        column_index = torch.tensor([column for count in tokens for column in range(count)], device=self.device)
+        block = self.kv[:, :, row_index, :, column_index]  # (all tokens, 2, layers, kv heads, dim)
+        return KVBlock(block.numel() * block.element_size(), lambda start, end: block[start:end].permute(1, 2, 3, 0, 4))
+
+    def token_bytes(self) -> int:
+        """Bytes of one token's keys and values over all layers."""
+        return self.kv[:, :, 0, :, 0].numel() * self.kv.element_size()

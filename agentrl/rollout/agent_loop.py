@@ -80,14 +80,15 @@ async def run_episode(
     episode.prompt_len = len(episode.tokens)
     versions = set()
 
-    for _ in range(limits.max_turns):
+    for index in range(limits.max_turns):
         budget = limits.max_episode_tokens - len(episode.tokens) - 1  # room to close the turn
         if budget <= 0:
             episode.finish = "max_tokens"
             break
         opened = chat.opens_reasoning(episode.tokens)
         started = time.perf_counter()
-        turn_sampling = _for_turn(sampling, min(limits.max_new_tokens, budget), episode.turns)
+        last = index == limits.max_turns - 1
+        turn_sampling = _for_turn(sampling, min(limits.max_new_tokens, budget), episode.turns, last)
         output = await engine.generate(episode.tokens, turn_sampling)
         timers.generate += time.perf_counter() - started
         versions.add(output.weight_version)
@@ -224,15 +225,15 @@ def _finish_samples(episode: Episode) -> None:
         sample.weight_version = episode.weight_version
 
 
-def _for_turn(sampling: SamplingParams, max_new_tokens: int, turn: int) -> SamplingParams:
-    """The turn's sampling: its token budget, and with a per-episode seed (evaluation) a seed of its own per turn,
-    so turns do not replay one another's random draws."""
+def _for_turn(sampling: SamplingParams, max_new_tokens: int, turn: int, last: bool = False) -> SamplingParams:
+    """The turn's sampling: its token budget, with a per-episode seed (evaluation) a seed of its own per turn,
+    so turns do not replay one another's random draws, and whether it is the episode's `last` turn."""
     seed = sampling.seed if sampling.seed is None or turn == 0 else turn_seed(sampling.seed, turn)
-    if sampling.max_new_tokens == max_new_tokens and seed == sampling.seed:
+    if sampling.max_new_tokens == max_new_tokens and seed == sampling.seed and sampling.last_turn == last:
         return sampling
     from dataclasses import replace
 
-    return replace(sampling, max_new_tokens=max_new_tokens, seed=seed)
+    return replace(sampling, max_new_tokens=max_new_tokens, seed=seed, last_turn=last)
 
 
 def turn_seed(seed: int, turn: int) -> int:

@@ -293,3 +293,90 @@ def test_cuda_graph_steps_give_the_lean_steps_tokens_and_the_forwards_logprobs(m
     run_episodes(graphs, prompts, 2, ragged, model=model)  # sampled rows (logprobs checked against the forward)
     graphs.shutdown()
     lean.shutdown()
+
+
+def test_a_last_turn_is_not_kept_and_rows_finishing_together_share_one_copy(model, prompts):
+    engine = make_engine(model)
+
+    async def turn(last_turn):
+        sampling = SamplingParams(max_new_tokens=3, temperature=0.0, last_turn=last_turn)
+        return await asyncio.gather(*(engine.generate(prompt, sampling) for prompt in prompts))
+
+    asyncio.run(turn(last_turn=True))
+    assert len(engine.sessions) == 0 and engine.sessions.nbytes == 0
+    outputs = asyncio.run(turn(last_turn=False))  # greedy, one length: every row finishes at the same step
+    engine.shutdown()
+    kept = [len(prompt) + len(out.output_ids) - 1 for prompt, out in zip(prompts, outputs, strict=True)]
+    config = model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    token_bytes = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * 4  # keys and values, float32
+    assert len(engine.sessions) == len(prompts) and engine.sessions.nbytes == sum(kept) * token_bytes
+    blocks = set()
+    for prompt, out in zip(prompts, outputs, strict=True):  # the next turn takes each row's own cache back
+        entry = engine.sessions.take([*prompt, *out.output_ids.tolist(), 5], version=engine.weight_version)
+        assert entry.tokens == [*prompt, *out.output_ids.tolist()[:-1]]
+        assert engine.sessions.nbytes == (sum(kept) * token_bytes if len(engine.sessions) else 0)
+        blocks.add(id(entry.block))
+    assert (
+        len(blocks) == 1 and len(engine.sessions) == 0 and engine.sessions.nbytes == 0
+    )  # the shared copy is released with its last entry
+
+
+def test_rows_finishing_together_keep_the_kv_a_full_prefill_computes(model, prompts):
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
+    engine = make_engine(model)
+    outputs = asyncio.run(_all(engine, prompts, greedy))
+    entries = [
+        engine.sessions.take([*p, *o.output_ids.tolist(), 5], engine.weight_version)
+        for p, o in zip(prompts, outputs, strict=True)
+    ]
+    engine.shutdown()
+    for entry in entries:
+        with torch.no_grad():
+            cache = model(torch.tensor([entry.tokens]), use_cache=True).past_key_values
+        kv = entry.kv
+        for layer, cache_layer in enumerate(cache.layers):
+            keys = kv[0, layer] if isinstance(kv, torch.Tensor) else kv[layer][0][0]
+            values = kv[1, layer] if isinstance(kv, torch.Tensor) else kv[layer][1][0]
+            torch.testing.assert_close(keys, cache_layer.keys[0], atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(values, cache_layer.values[0], atol=1e-4, rtol=1e-4)
+
+
+async def _all(engine, prompts, sampling):
+    return await asyncio.gather(*(engine.generate(prompt, sampling) for prompt in prompts))
+
+
+@pytest.mark.parametrize("max_turns", [1, 3])
+def test_the_agent_loop_keeps_kv_for_every_turn_but_an_episodes_last(tiny_model_dir, max_turns):
+    from agentrl.config import from_dict
+    from agentrl.env.client import LocalEnvClient
+    from agentrl.env.host import EnvHost
+    from agentrl.roles.rollout_parts import rollout_worker
+
+    config = from_dict(
+        {
+            "model": {"path": str(tiny_model_dir)},
+            "rollout": {
+                "tasks_per_step": 2,
+                "group_size": 4,
+                "max_new_tokens": 3,
+                "max_turns": max_turns,
+                "engine": {"scheduler": "continuous", "cuda_graphs": ENGINE_DEFAULTS["cuda_graphs"]},
+            },
+        }
+    )
+    client = LocalEnvClient(EnvHost("guess_number", {}))
+    worker = rollout_worker(config, client, 0, 1)
+    try:
+        episodes, _ = worker.collect(step=0)
+    finally:
+        worker.engine.shutdown()
+        client.shutdown()
+    engine = worker.engine
+    assert isinstance(engine, ContinuousTorchEngine) and not any(e.error for e in episodes)
+    # Left in the store: the last turn of each episode the env ended early; an episode's turn at max_turns never is.
+    assert len(engine.sessions) == sum(e.finish != "max_turns" for e in episodes)
+    if max_turns == 1:
+        assert engine.sessions.nbytes == 0 and engine.stats["reused_tokens"] == 0
+    else:
+        assert engine.stats["reused_tokens"] > 0 and any(e.turns == max_turns for e in episodes)
