@@ -340,6 +340,7 @@ class ContinuousTorchEngine(TorchEngine):
         new = [admitted[i].sequence[n:] for i, n in zip(leaders, past, strict=True)]
         stored = [None if entries[i] is None else entries[i].kv for i in leaders]
         first = len(batch.rows)
+        batch.reserve(first + len(admitted), 1)  # the copies' slots too: prefill sizes the slots by its leaders only
         logits = self.graphs.prefill(batch, stored, new, slots=[first + i for i in leaders])
         self._count_admission(admitted, past, new, sharing)
         if sharing is None:

@@ -82,16 +82,13 @@ class _Batch:
         self.lock = threading.Lock()
         self.next = 0  # the first call no thread has taken
         self.finished = 0
-        self.current_since: float | None = None  # when the in-order thread's current call started
 
     def run_in_order(self) -> None:
         while True:
             with self.lock:
                 if self.next >= len(self.calls):
-                    self.current_since = None
                     return
                 index, self.next = self.next, self.next + 1
-                self.current_since = time.monotonic()
             self._run_one(index)
 
     def _run_one(self, index: int) -> None:
@@ -100,12 +97,6 @@ class _Batch:
             self.finished += 1
             if self.finished == len(self.calls):
                 self.ended.set()
-
-    def stalled_for(self) -> float:
-        """How long the in-order thread has been in its current call (0 when it has none)."""
-        with self.lock:
-            since = self.current_since
-        return 0.0 if since is None else time.monotonic() - since
 
     def take_rest(self) -> range:
         """The calls no thread has taken, which none will take now."""
@@ -169,7 +160,8 @@ class EnvHost:
     def _run_in_threads(self, requests: list[tuple], calls: list, given: list) -> list[tuple]:
         batch = _Batch(calls)
         self._workers.submit(batch.run_in_order)
-        deadline = time.monotonic() + self.call_timeout_s
+        started = time.monotonic()
+        deadline = started + self.call_timeout_s
         spill_after = min(SPILL_AFTER_S, self.call_timeout_s / 2)
         spilled = False
         while not batch.ended.is_set():
@@ -177,7 +169,9 @@ class EnvHost:
             if left <= 0:
                 break
             ended = batch.ended.wait(left if spilled else min(left, spill_after))
-            if not ended and not spilled and batch.stalled_for() >= spill_after:
+            # the batch as a whole, not one call: many quick calls in a row (an I/O-bound env) must not add up
+            # to the deadline one after another
+            if not ended and not spilled and time.monotonic() - started >= spill_after:
                 batch.spill(self._workers)
                 spilled = True
         batch.take_rest()  # past the deadline: calls not started never start

@@ -112,6 +112,30 @@ def test_a_batch_of_quick_calls_runs_in_one_thread_and_a_slow_call_spills_the_re
     assert [r.ok for r in results] == [False, True, True, True, True] and "timed out" in results[0].error
 
 
+class SleepyStep:
+    """An I/O-bound env: each step waits 4 ms without holding the interpreter."""
+
+    def reset(self, seed=None, options=None):
+        return "obs", {}
+
+    def step(self, action):
+        time.sleep(0.004)
+        return "obs", 0.0, False, False, {}
+
+    def close(self):
+        pass
+
+
+def test_many_quick_io_bound_calls_spill_to_threads_instead_of_adding_up_to_the_deadline():
+    host = EnvHost("sleepy", factory=lambda _id: SleepyStep(), call_timeout_s=0.3)
+    keys = list(range(100))
+    assert all(r.ok for r in host.handle_batch([("reset", k, k, None) for k in keys]))
+    started = time.monotonic()
+    results = host.handle_batch([("step", k, "a") for k in keys])  # 100 x 4 ms in order would pass 0.3 s
+    assert [r.error for r in results if not r.ok] == []
+    assert time.monotonic() - started < 0.3
+
+
 def test_check_env_passes_the_reusable_envs_and_flags_a_reset_that_leaves_state():
     assert check_env("guess_number", {}) == []
     assert check_env("nim", {}) == []

@@ -187,3 +187,13 @@ def test_a_cancelled_copy_leaves_and_the_other_copies_finish_exactly(kind, model
     for out in outputs[:1] + outputs[2:]:
         assert out.finish_reason == "length" and len(out.output_ids) == 400
         np.testing.assert_allclose(out.logprobs, forward_logprobs(model, prompt, out.output_ids, 0.9), atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["continuous", "continuous-slots"])
+def test_an_admission_of_copies_past_the_first_slots_gets_what_prefilling_each_alone_gives(kind, model_dir, distinct):
+    """80 rows of 2 prompts: the copies' slots lie past the 64 the leaders' prefill alone would reserve."""
+    prompts = [distinct[0], distinct[1]] * 40
+    samplings = [SamplingParams(max_new_tokens=3, temperature=0.0)] * len(prompts)
+    shared = generate_all(make_engine(kind, model_dir, share=True), prompts, samplings)
+    alone = generate_all(make_engine(kind, model_dir, share=False), prompts, samplings)
+    assert_same_outputs(shared, alone)
