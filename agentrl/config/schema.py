@@ -946,13 +946,13 @@ class RuntimeConfig(Section):
         ),
     )
     yield_to_trainer: Literal["auto"] | bool = Field(
-        "auto",
+        False,
         description=(
             "Linux, ranks on CPU: the rollout, env and scorer ranks on a node with a trainer rank run at a lower "
             "scheduling priority (nice +10), so the trainer, which paces a step, gets a core whenever it needs one "
             "and the others take what it leaves (unlike runtime.pin_cores, no core stays idle). auto: on when "
-            "rollout.max_staleness >= 1 and the node's ranks outnumber its cores (training and generation then "
-            "compete for cores), off otherwise (docs/performance.md#asynchronous-rollouts)."
+            "rollout.max_staleness >= 1 and the node's ranks outnumber its cores. Off by default: on the quickstart "
+            "at rollout.max_staleness=1 it made no difference (docs/performance.md#asynchronous-rollouts)."
         ),
     )
     env_step_timeout_s: float | None = Field(

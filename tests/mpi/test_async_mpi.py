@@ -31,6 +31,7 @@ def test_the_staleness_bound_holds_over_a_whole_run(tmp_path, tiny_model_dir):
             "eval.every": 5,  # evaluation steps are sync points: on exactly their step's weights
             "eval.seeds": "[1000000,8]",
             "runtime.pin_cores": "true",  # the trainer on a core of its own, the other ranks on the rest
+            "runtime.yield_to_trainer": "auto",  # and the others at a lower priority where ranks outnumber cores
         },
     )
     result = train(4, overrides, timeout=400)
