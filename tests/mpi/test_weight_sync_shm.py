@@ -80,5 +80,9 @@ def test_training_with_shared_memory_weights_matches_the_mpi_sync(
     for sync in ("shm", "shm mapped", "shm in place"):
         assert all(v < 1e-4 for _, v in runs[sync]["train/logprob_diff_vs_rollout"])
         assert all(v == 0 for _, v in runs[sync]["episode/weight_lag_mean"])
-        for metric in ("episode/reward_mean", "train/loss"):  # same seeds, same weights: the same run
-            assert runs[sync][metric] == runs["mpi"][metric], (sync, metric)
+        # same seeds, same weights: the same episodes, and the same loss up to float rounding (a GRPO loss at the
+        # first step sums advantages that cancel: about 1e-9, whose last bits move with the trainer's thread count)
+        assert runs[sync]["episode/reward_mean"] == runs["mpi"]["episode/reward_mean"], sync
+        losses, reference = runs[sync]["train/loss"], runs["mpi"]["train/loss"]
+        assert [s for s, _ in losses] == [s for s, _ in reference], sync
+        assert all(abs(a - b) < 1e-6 for (_, a), (_, b) in zip(losses, reference, strict=True)), (sync, losses)
