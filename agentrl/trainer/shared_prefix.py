@@ -2,7 +2,7 @@
 
 The episodes of a GRPO group start with the same tokens (the prompt; in multi-turn episodes, at least the first
 prompt). `plan` finds each group's longest common prefix among the micro-batch's rows and lays the rows out in one of
-two ways, whichever costs least (and only if that is less than whole rows):
+three ways, whichever costs least (and only if that is less than whole rows):
 
 - packed, one forward: `pack` makes sequences of a prefix's tokens followed by the rests of some of its rows, with
   position ids that continue each rest from its row's split and a 4D attention mask (a rest attends to its prefix up
@@ -11,6 +11,9 @@ two ways, whichever costs least (and only if that is less than whole rows):
 - on a KV cache, two forwards: the prefixes, then every row's rest on its prefix's cache, expanded to the rows with an
   index. Cheapest where rests are long (multi-turn episodes after a short prompt), whose attention packing would
   square; it pays a second forward.
+- as a tree, one forward: each group's rows as one prefix tree (agentrl/trainer/prefix_tree.py), every prefix any
+  two of its rows share computed once, the prompt and beyond it (multi-turn rows that made the same moves). Its cost
+  is the largest tree's nodes and, squared, their attention.
 
 Either way a prefix position stands for every row that continues it, so backward sums its gradient over those rows:
 the same logits, loss and gradients as whole rows, up to float rounding. `prepare` turns a plan into what
@@ -28,6 +31,7 @@ import torch
 
 from agentrl.config import ConfigError
 from agentrl.engine.hf import cache_keyword
+from agentrl.trainer import prefix_tree
 
 MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D mask as given
 SECOND_FORWARD_COST = (
@@ -47,6 +51,7 @@ class PrefixPlan:
     whole_positions: int  # rows x the longest row: what whole rows forward
     sequence: np.ndarray | None = None  # (rows,) the packed sequence of each row's rest; None: one per prefix
     cached: bool = False  # the rests on the prefixes' KV cache (two forwards), not packed
+    tree: prefix_tree.PrefixTree | None = None  # each group's rows as one prefix tree (one forward)
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,8 @@ class CachedRows:
 
 
 def check_model(model: torch.nn.Module) -> tuple[str, ...]:
-    """The layouts `model` can forward ("packed", "cached"); refuse, naming the fix, a model that can take neither."""
+    """The layouts `model` can forward ("packed", "tree", "cached"); refuse, naming the fix, a model that can take
+    none."""
     base = _unwrapped(model)
     taken = inspect.signature(base.forward).parameters
     missing = [name for name in ("position_ids", "attention_mask") if name not in taken]
@@ -78,7 +84,11 @@ def check_model(model: torch.nn.Module) -> tuple[str, ...]:
     attention = getattr(config, "_attn_implementation", None)
     layouts = tuple(
         name
-        for name, able in (("packed", attention in MASKED_ATTENTION), ("cached", cache_keyword(base) in taken))
+        for name, able in (
+            ("packed", attention in MASKED_ATTENTION),
+            ("tree", attention in MASKED_ATTENTION),
+            ("cached", cache_keyword(base) in taken),
+        )
         if able
     )
     if missing or windowed or not layouts:
@@ -111,7 +121,7 @@ def plan(
     lengths: np.ndarray,
     groups: np.ndarray,
     pair_cost: float = 0.0,
-    layouts: tuple[str, ...] = ("packed", "cached"),
+    layouts: tuple[str, ...] = ("packed", "tree", "cached"),
 ) -> PrefixPlan | None:
     """The rows' split into shared prefixes, and their layout (None: whole rows cost least).
 
@@ -124,7 +134,9 @@ def plan(
     - cached: prefixes x the longest prefix H, plus rows x the longest rest R, each rest attending to H + R keys,
       plus SECOND_FORWARD_COST; the prefixes may be cut to one of the groups' own lengths (any prefix of a shared
       prefix is shared), the cheapest cut taken.
-    Of equal costs the packed layout is taken.
+    - tree: each group's prefix tree, cut into runs of its walk and packed into sequences (`prefix_tree.fit`); a
+      sequence of length N costs N + N^2 x pair_cost.
+    Of equal costs the packed layout is taken, then the tree.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
     rows = len(lengths)
@@ -166,6 +178,10 @@ def plan(
             cost = sequences * (width + width * width * pair_cost)
             if cost < best_cost:
                 best, best_cost = PrefixPlan(owner, split, leader, sequences * width, whole, sequence), cost
+    if "tree" in layouts:
+        tree, cost = prefix_tree.fit(ids, lengths, owner, pair_cost)
+        if cost < best_cost:
+            best, best_cost = PrefixPlan(owner, common[owner], leader, tree.positions, whole, tree=tree), cost
     if "cached" in layouts:
         for cut in np.unique(common):
             split = np.minimum(common, cut)[owner]
@@ -238,6 +254,8 @@ def prepare(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Pa
     """What `position_logits` forwards for a plan, made on the host from its right-padded `ids`."""
     if prefix_plan.cached:
         return CachedRows(prefix_plan, np.asarray(lengths, dtype=np.int64))
+    if prefix_plan.tree is not None:
+        return prefix_tree.pack(ids, lengths, prefix_plan.tree)
     return pack(ids, lengths, prefix_plan)
 
 

@@ -1,0 +1,143 @@
+"""A group's rows as one token tree: every prefix any two rows share forwarded once (`trainer.shared_prefix`).
+
+A group's episodes share more than their prompt: in a multi-turn episode, rows that made the same first move get the
+same reply and go on alike until they differ. `grow` puts each group's rows in a prefix tree (a node per distinct
+prefix, in the order a depth-first walk meets them, so a node's ancestors come before it) and `pack` lays each tree
+out as one sequence: a node's position id is its depth, and it attends to its ancestors and itself only. A node
+stands for every row through it, so backward sums its gradient over them, as for the one shared prefix.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PrefixTree:
+    """Each row position's node in its group's tree."""
+
+    node: np.ndarray  # (rows, longest) node of row r's first t+1 tokens in tree owner[r]; past a row: its last
+    owner: np.ndarray  # (rows,) the tree (group) of each row
+    nodes: np.ndarray  # (trees,) nodes in each tree
+    creator: np.ndarray  # (rows,) each row's first position not shared with a row before it in the walk
+
+    @property
+    def positions(self) -> int:
+        """What one forward of the trees, each padded to the largest, computes."""
+        return len(self.nodes) * int(self.nodes.max())
+
+
+def grow(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> PrefixTree:
+    """The trees of right-padded `ids` (rows, longest), rows of equal `owner` (0..trees-1) in one tree."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    owner = np.asarray(owner, dtype=np.int64)
+    rows, longest = ids.shape
+    columns = np.arange(longest)
+    order, fresh = walk(ids, lengths, owner)
+    new = lengths[order] - fresh  # nodes each walked row adds
+    tree = owner[order]
+    trees = int(owner.max()) + 1
+    nodes = np.bincount(tree, weights=new, minlength=trees).astype(np.int64)
+    before = np.cumsum(new) - new  # nodes added before each walked row, over all trees
+    base = before - (np.cumsum(nodes) - nodes)[tree]  # ... within its own tree
+    # position t of walked row i is the node added by the last row j <= i of its tree with fresh[j] <= t
+    added = np.where(fresh[:, None] <= columns, np.arange(rows)[:, None], -1)
+    by = np.maximum.accumulate(added, axis=0)
+    within = np.minimum(columns, lengths[order][:, None] - 1)
+    by = by[np.arange(rows)[:, None], within]
+    walked_node = base[by] + within - fresh[by]
+    node = np.empty_like(walked_node)
+    node[order] = walked_node
+    creator = np.empty(rows, dtype=np.int64)
+    creator[order] = fresh
+    return PrefixTree(node, owner, nodes, creator)
+
+
+def walk(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows in depth-first order (by owner, then by tokens), and how many leading tokens each shares with the row
+    walked before it (0 for an owner's first row)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    owner = np.asarray(owner, dtype=np.int64)
+    padded = np.where(np.arange(ids.shape[1]) < lengths[:, None], ids, -1)  # a shorter row sorts before those it begins
+    order = np.lexsort(np.vstack([padded.T[::-1], owner[None]]))
+    walked = padded[order]
+    differs = walked[1:] != walked[:-1]
+    shared = np.where(differs.any(axis=1), differs.argmax(axis=1), ids.shape[1])
+    fresh = np.concatenate([[0], np.minimum(shared, lengths[order[1:]])])
+    fresh[np.flatnonzero(np.diff(owner[order]) != 0) + 1] = 0
+    return order, fresh
+
+
+def fit(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray, pair_cost: float) -> tuple[PrefixTree, float]:
+    """The cheapest trees of width W, for W from the longest row up to the largest group's tree: each group's walk cut
+    into runs of at most W nodes (a run's tree repeats what its rows share with earlier runs), the runs' trees
+    packed first-fit, largest first, into sequences of W (attending only within their own tree). A sequence of N
+    positions costs N + N^2 x pair_cost. Returns the trees and their cost."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    order, fresh = walk(ids, lengths, owner)
+    walked_lengths, walked_owner = lengths[order].tolist(), np.asarray(owner)[order].tolist()
+    new = (lengths[order] - fresh).tolist()
+    starts = [i == 0 or walked_owner[i] != walked_owner[i - 1] for i in range(len(order))]
+    groups = np.bincount(np.asarray(owner)[order], weights=lengths[order] - fresh)
+    width, largest = int(lengths.max()), int(groups.max())
+    best = None
+    while True:
+        run, runs = np.empty(len(order), dtype=np.int64), []
+        for i, (length, added) in enumerate(zip(walked_lengths, new, strict=True)):
+            if starts[i] or runs[-1] + added > width:
+                runs.append(length)  # a run's first row adds all its tokens
+            else:
+                runs[-1] += added
+            run[i] = len(runs) - 1
+        fills: list[int] = []
+        sequence = np.empty(len(runs), dtype=np.int64)
+        offset = np.empty(len(runs), dtype=np.int64)
+        for k in sorted(range(len(runs)), key=lambda k: -runs[k]):
+            place = next((j for j, fill in enumerate(fills) if fill + runs[k] <= width), len(fills))
+            if place == len(fills):
+                fills.append(0)
+            sequence[k], offset[k] = place, fills[place]
+            fills[place] += runs[k]
+        longest = max(fills)
+        cost = len(fills) * (longest + longest * longest * pair_cost)
+        if best is None or cost < best[0]:
+            best = (cost, run, sequence, offset, np.asarray(fills, dtype=np.int64))
+        if width >= largest:
+            break
+        width = min(largest, width * 3 // 2 + 1)
+    cost, run, sequence, offset, fills = best
+    run_of = np.empty(len(order), dtype=np.int64)
+    run_of[order] = run
+    tree = grow(ids, lengths, run_of)
+    return PrefixTree(tree.node + offset[run_of][:, None], sequence[run_of], fills, tree.creator), cost
+
+
+def pack(ids: np.ndarray, lengths: np.ndarray, tree: PrefixTree):
+    """The trees as `shared_prefix.Packing`: sequence k holds tree k's nodes, right-padded to the largest tree."""
+    from agentrl.trainer.shared_prefix import Packing
+
+    lengths = np.asarray(lengths, dtype=np.int64)
+    longest = ids.shape[1]
+    trees, width = len(tree.nodes), int(tree.nodes.max())
+    packed_ids = np.zeros((trees, width), dtype=ids.dtype)
+    position_ids = np.zeros((trees, width), dtype=np.int64)
+    allowed = np.zeros((trees, width, width), dtype=bool)
+    columns = np.arange(longest)
+    inside = columns < lengths[:, None]
+    sequence = np.broadcast_to(tree.owner[:, None], ids.shape)
+    packed_ids[sequence[inside], tree.node[inside]] = ids[inside]
+    position_ids[sequence[inside], tree.node[inside]] = np.broadcast_to(columns, ids.shape)[inside]
+    # a node's row of the mask, written by the row that added it: its own first t+1 positions' nodes
+    adds = inside & (columns >= tree.creator[:, None])
+    row, depth = np.nonzero(adds)
+    seen = columns[None, :] <= depth[:, None]  # (added nodes, longest)
+    keys = tree.node[row]
+    query = np.broadcast_to(tree.node[row, depth][:, None], keys.shape)
+    where = np.broadcast_to(tree.owner[row][:, None], keys.shape)
+    allowed[where[seen], query[seen], keys[seen]] = True
+    padding = np.arange(width)[None, :] >= tree.nodes[:, None]
+    allowed[:, np.arange(width), np.arange(width)] |= padding  # padding attends to itself: no row without a key
+    index = tree.owner[:, None] * width + tree.node
+    return Packing(packed_ids, position_ids, allowed, index)
