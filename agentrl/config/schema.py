@@ -763,11 +763,14 @@ class TrainerConfig(Section):
     )
     shared_prefix: bool = Field(
         False,
-        description="Forward the token prefix a group's episodes share (the prompt; in multi-turn episodes at least "
-        "the first one) once per micro-batch: one forward of packed sequences, each a prefix then the rests of "
-        "some of its episodes, under a 4D attention mask (a rest sees its prefix and itself). The same loss and "
-        "gradients up to float rounding, fewer positions computed. A micro-batch where packing would not cost less "
-        "(groups of one, short prompts before long rests) forwards whole rows. Needs sdpa or eager attention and no "
+        description="Forward the tokens a group's episodes share once per micro-batch: the prompt, and in "
+        "multi-turn episodes every turn that episodes of the group played alike. Per micro-batch the cheapest of "
+        "three layouts: packed sequences, each a prefix then the rests of some of its episodes, under a 4D "
+        "attention mask (a rest sees its prefix and itself); each group's episodes as a prefix tree (a token sees "
+        "its ancestors), packed into sequences (which also packs short episodes together); or the prefixes forwarded "
+        "first and the rests on their KV cache. The same loss and gradients up to float rounding, fewer positions "
+        "computed (`train/shared_prefix_positions`). A micro-batch where no layout costs less (groups of one of "
+        "like lengths, short prompts before long rests) forwards whole rows. Needs sdpa or eager attention and no "
         "sliding-window layers; not with parallelism.fsdp or parallelism.activation_checkpointing (not tested).",
     )
 

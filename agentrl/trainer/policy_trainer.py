@@ -389,8 +389,9 @@ class PolicyTrainer:
             self.announced_whole_rows = True
             print(
                 "agentrl: trainer.shared_prefix: a micro-batch forwards whole rows, as sharing its groups' prefixes "
-                "would not cost less (groups of one, prefixes of a few tokens before long rests, or groups split "
-                "across micro-batches: trainer.micro_batch_size a multiple of rollout.group_size keeps them whole); "
+                "would not cost less (groups of one of like lengths, prefixes of a few tokens before long rests, or "
+                "groups split across micro-batches: trainer.micro_batch_size a multiple of rollout.group_size keeps "
+                "them whole); "
                 "said once",
                 file=sys.stderr,
                 flush=True,

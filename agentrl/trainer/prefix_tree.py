@@ -21,7 +21,6 @@ class PrefixTree:
     node: np.ndarray  # (rows, longest) node of row r's first t+1 tokens in tree owner[r]; past a row: its last
     owner: np.ndarray  # (rows,) the tree (group) of each row
     nodes: np.ndarray  # (trees,) nodes in each tree
-    creator: np.ndarray  # (rows,) each row's first position not shared with a row before it in the walk
 
     @property
     def positions(self) -> int:
@@ -50,9 +49,7 @@ def grow(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> PrefixTree:
     walked_node = base[by] + within - fresh[by]
     node = np.empty_like(walked_node)
     node[order] = walked_node
-    creator = np.empty(rows, dtype=np.int64)
-    creator[order] = fresh
-    return PrefixTree(node, owner, nodes, creator)
+    return PrefixTree(node, owner, nodes)
 
 
 def walk(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -111,7 +108,7 @@ def fit(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray, pair_cost: floa
     run_of = np.empty(len(order), dtype=np.int64)
     run_of[order] = run
     tree = grow(ids, lengths, run_of)
-    return PrefixTree(tree.node + offset[run_of][:, None], sequence[run_of], fills, tree.creator), cost
+    return PrefixTree(tree.node + offset[run_of][:, None], sequence[run_of], fills), cost
 
 
 def pack(ids: np.ndarray, lengths: np.ndarray, tree: PrefixTree):
@@ -123,21 +120,31 @@ def pack(ids: np.ndarray, lengths: np.ndarray, tree: PrefixTree):
     trees, width = len(tree.nodes), int(tree.nodes.max())
     packed_ids = np.zeros((trees, width), dtype=ids.dtype)
     position_ids = np.zeros((trees, width), dtype=np.int64)
-    allowed = np.zeros((trees, width, width), dtype=bool)
     columns = np.arange(longest)
     inside = columns < lengths[:, None]
     sequence = np.broadcast_to(tree.owner[:, None], ids.shape)
     packed_ids[sequence[inside], tree.node[inside]] = ids[inside]
     position_ids[sequence[inside], tree.node[inside]] = np.broadcast_to(columns, ids.shape)[inside]
-    # a node's row of the mask, written by the row that added it: its own first t+1 positions' nodes
-    adds = inside & (columns >= tree.creator[:, None])
-    row, depth = np.nonzero(adds)
-    seen = columns[None, :] <= depth[:, None]  # (added nodes, longest)
-    keys = tree.node[row]
-    query = np.broadcast_to(tree.node[row, depth][:, None], keys.shape)
-    where = np.broadcast_to(tree.owner[row][:, None], keys.shape)
-    allowed[where[seen], query[seen], keys[seen]] = True
-    padding = np.arange(width)[None, :] >= tree.nodes[:, None]
-    allowed[:, np.arange(width), np.arange(width)] |= padding  # padding attends to itself: no row without a key
+    allowed = _ancestors(position_ids)
     index = tree.owner[:, None] * width + tree.node
     return Packing(packed_ids, position_ids, allowed, index)
+
+
+def _ancestors(depth: np.ndarray) -> np.ndarray:
+    """(sequences, width, width) bool: whether node m is node n's ancestor or n itself. A sequence's nodes are
+    depth-first walks one after another (padding: depth 0, each its own root), so m's subtree is the nodes from m
+    up to the first later node no deeper than m."""
+    width = depth.shape[1]
+    nodes = np.arange(width)
+    after = np.triu(np.ones((width, width), dtype=bool), 1)  # (m, j): j after m
+    causal = np.tril(np.ones((width, width), dtype=bool))  # (n, m): m up to n
+    allowed = np.empty((len(depth), width, width), dtype=bool)
+    later = np.empty((width, width), dtype=bool)
+    for k, row in enumerate(depth):  # a sequence at a time: temporaries of one sequence's mask
+        np.less_equal(row[None, :], row[:, None], out=later)
+        later &= after
+        end = later.argmax(axis=1)
+        end[~later[nodes, end]] = width  # the subtree runs to the sequence's end
+        np.less(nodes[:, None], end[None, :], out=allowed[k])
+        allowed[k] &= causal
+    return allowed

@@ -155,12 +155,11 @@ def plan(
     )  # tokens each row shares with its leader
     common = shortest - 1  # a row keeps a token after its prefix
     np.minimum.at(common, owner, agree)
-    if common.min() < 1:
-        return None
+    shared = common.min() >= 1  # else some group shares no token before a row's last: only the tree can pack it
     longest = int(lengths.max())
     whole = rows * longest
     best, best_cost = None, rows * (longest + longest * longest * pair_cost)
-    if "packed" in layouts:
+    if "packed" in layouts and shared:
         split = common[owner]
         rest = lengths - split
         by_rest = np.lexsort((-rest, owner))  # within a prefix, longest rest first
@@ -182,7 +181,7 @@ def plan(
         tree, cost = prefix_tree.fit(ids, lengths, owner, pair_cost)
         if cost < best_cost:
             best, best_cost = PrefixPlan(owner, common[owner], leader, tree.positions, whole, tree=tree), cost
-    if "cached" in layouts:
+    if "cached" in layouts and shared:
         for cut in np.unique(common):
             split = np.minimum(common, cut)[owner]
             tail = int((lengths - split).max())
@@ -238,9 +237,14 @@ def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packi
     sees[to] = split[row_of]
 
     causal = columns[None, :] <= columns[:, None]
-    same = segment[:, :, None] == segment[:, None, :]
-    prefix_key = (segment[:, None, :] == -1) & (columns[None, None, :] < sees[:, :, None])
-    allowed = causal & (same | prefix_key)
+    allowed = np.empty((sequences, packed, packed), dtype=bool)
+    prefix_key = np.empty((packed, packed), dtype=bool)
+    for k in range(sequences):  # a sequence at a time, in place: temporaries of one sequence's mask
+        np.equal(segment[k][:, None], segment[k][None, :], out=allowed[k])
+        np.less(columns[None, :], sees[k][:, None], out=prefix_key)
+        prefix_key &= segment[k][None, :] == -1
+        allowed[k] |= prefix_key
+        allowed[k] &= causal
 
     position = np.arange(ids.shape[1])
     within = np.minimum(position, lengths[:, None] - 1)  # past a row's end: its last token's (masked in the loss)

@@ -160,9 +160,12 @@ def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir, attention):
         kinds = [shared_prefix.PrefixPlan(owner, split, leader, 0, 0, *sequence)]
         if not sequence:  # on the prefixes' KV cache: a prefix's rows split alike there
             kinds.append(shared_prefix.PrefixPlan(owner, split, leader, 0, 0, cached=True))
-        if not sequence:  # as trees of the same rows
-            tree = shared_prefix.prefix_tree.grow(ids.numpy(), lengths, owner)
-            kinds.append(shared_prefix.PrefixPlan(owner, split, leader, 0, 0, tree=tree))
+        if not sequence:  # as trees of the same rows: one per owner, and cut into runs packed together
+            for tree in (
+                shared_prefix.prefix_tree.grow(ids.numpy(), lengths, owner),
+                shared_prefix.prefix_tree.fit(ids.numpy(), lengths, owner, pair_cost=1.0)[0],
+            ):
+                kinds.append(shared_prefix.PrefixPlan(owner, split, leader, 0, 0, tree=tree))
         for plan in kinds:
             with torch.no_grad():
                 got = shared_prefix.logits(model, ids, lengths, plan)
@@ -217,6 +220,10 @@ def test_a_tree_shares_every_prefix_two_rows_of_a_group_share():
     assert node[0, :4].tolist() == node[2, :4].tolist() and node[0, 4] != node[2, 4]
     assert node[1, :3].tolist() == node[0, :3].tolist() and node[1, 3] not in node[0].tolist() + node[2].tolist()
     assert node[4].tolist() == node[5].tolist()
+    # a row of one token keeps nothing after a shared prefix, so only the tree shares with it
+    short = shared_prefix.plan(np.array([[5, 1, 2, 3], [5, 0, 0, 0], [5, 1, 2, 4]]), np.array([4, 1, 4]), np.zeros(3))
+    assert short.tree is not None and short.positions == 5
+    assert shared_prefix.plan(ids[:1], lengths[:1], np.array([0]), layouts=("packed", "cached")) is None
     packing = shared_prefix.prepare(ids, lengths, plan)
     for row, length in enumerate(lengths):  # each row's tokens and positions, read back through its nodes
         flat = packing.index[row, :length]
@@ -227,6 +234,39 @@ def test_a_tree_shares_every_prefix_two_rows_of_a_group_share():
         for t in range(length):  # a node attends to exactly its row's nodes up to it
             sees = np.flatnonzero(packing.allowed[sequence[t], within[t]])
             assert sorted(sees.tolist()) == sorted(set(within[: t + 1].tolist())), (row, t)
+
+
+def test_a_tree_cut_into_runs_repeats_what_they_share_and_packs_them_first_fit():
+    """Priced attention narrows the trees: a group's walk is cut into runs of at most W nodes, each run's tree
+    repeating the tokens it shares with earlier runs, and runs of any group share a sequence where they fit."""
+    rows = [
+        [5, 10, 11, 12, 13, 14],
+        [5, 20, 21, 22, 23, 24],
+        [5, 30, 31],
+        [5, 40],  # group 0: one tree of 6 + 5 + 2 + 1 = 14 nodes
+        [7, 8],  # group 1
+    ]
+    lengths = np.array([len(row) for row in rows])
+    ids = np.array([row + [0] * (6 - len(row)) for row in rows])
+    owner = np.array([0, 0, 0, 0, 1])
+    whole = shared_prefix.prefix_tree.grow(ids, lengths, owner)
+    assert whole.nodes.tolist() == [14, 2]
+    narrow, cost = shared_prefix.prefix_tree.fit(ids, lengths, owner, pair_cost=1.0)
+    # W = 6, the longest row: runs [row 0], [row 1], [rows 2, 3] (4 nodes: the shared 5 once), [row 4]; the last
+    # two fit one sequence. 3 x (6 + 36) beats W = 9 (2 x (9 + 81)) and one tree per group (2 x (14 + 196))
+    assert narrow.nodes.tolist() == [6, 6, 6] and cost == 3 * (6 + 36)
+    assert narrow.owner.tolist() == [0, 1, 2, 2, 2]
+    assert narrow.node[2, 0] == narrow.node[3, 0] != narrow.node[4, 0]
+    for tree in (whole, narrow):
+        packing = shared_prefix.prefix_tree.pack(ids, lengths, tree)
+        width = packing.ids.shape[1]
+        for row, length in enumerate(lengths):
+            flat = packing.index[row, :length]
+            assert packing.ids.reshape(-1)[flat].tolist() == rows[row]
+            assert packing.position_ids.reshape(-1)[flat].tolist() == list(range(length))
+            for t in range(length):  # a node sees exactly its row's nodes up to it, in its own sequence
+                sees = np.flatnonzero(packing.allowed[flat[t] // width, flat[t] % width])
+                assert sorted(sees.tolist()) == sorted(set((flat[: t + 1] % width).tolist())), (row, t)
 
 
 def test_plan_prices_attention_and_picks_the_cheaper_layout():
