@@ -111,10 +111,9 @@ def fit(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray, pair_cost: floa
     return PrefixTree(tree.node + offset[run_of][:, None], sequence[run_of], fills), cost
 
 
-def pack(ids: np.ndarray, lengths: np.ndarray, tree: PrefixTree):
-    """The trees as `shared_prefix.Packing`: sequence k holds tree k's nodes, right-padded to the largest tree."""
-    from agentrl.trainer.shared_prefix import Packing
-
+def pack(ids: np.ndarray, lengths: np.ndarray, tree: PrefixTree) -> tuple[np.ndarray, ...]:
+    """The trees as the fields of `shared_prefix.Packing` (ids, position ids, mask, index): sequence k holds tree k's
+    nodes, right-padded to the largest tree."""
     lengths = np.asarray(lengths, dtype=np.int64)
     longest = ids.shape[1]
     trees, width = len(tree.nodes), int(tree.nodes.max())
@@ -127,7 +126,7 @@ def pack(ids: np.ndarray, lengths: np.ndarray, tree: PrefixTree):
     position_ids[sequence[inside], tree.node[inside]] = np.broadcast_to(columns, ids.shape)[inside]
     allowed = _ancestors(position_ids)
     index = tree.owner[:, None] * width + tree.node
-    return Packing(packed_ids, position_ids, allowed, index)
+    return packed_ids, position_ids, allowed, index
 
 
 def _ancestors(depth: np.ndarray) -> np.ndarray:

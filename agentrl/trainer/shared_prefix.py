@@ -259,7 +259,7 @@ def prepare(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Pa
     if prefix_plan.cached:
         return CachedRows(prefix_plan, np.asarray(lengths, dtype=np.int64))
     if prefix_plan.tree is not None:
-        return prefix_tree.pack(ids, lengths, prefix_plan.tree)
+        return Packing(*prefix_tree.pack(ids, lengths, prefix_plan.tree))
     return pack(ids, lengths, prefix_plan)
 
 

@@ -258,7 +258,7 @@ def test_a_tree_cut_into_runs_repeats_what_they_share_and_packs_them_first_fit()
     assert narrow.owner.tolist() == [0, 1, 2, 2, 2]
     assert narrow.node[2, 0] == narrow.node[3, 0] != narrow.node[4, 0]
     for tree in (whole, narrow):
-        packing = shared_prefix.prefix_tree.pack(ids, lengths, tree)
+        packing = shared_prefix.Packing(*shared_prefix.prefix_tree.pack(ids, lengths, tree))
         width = packing.ids.shape[1]
         for row, length in enumerate(lengths):
             flat = packing.index[row, :length]
