@@ -11,9 +11,9 @@ three ways, whichever costs least (and only if that is less than whole rows):
 - on a KV cache, two forwards: the prefixes, then every row's rest on its prefix's cache, expanded to the rows with an
   index. Cheapest where rests are long (multi-turn episodes after a short prompt), whose attention packing would
   square; it pays a second forward.
-- as a tree, one forward: each group's rows as one prefix tree (agentrl/trainer/prefix_tree.py), every prefix any
-  two of its rows share computed once, the prompt and beyond it (multi-turn rows that made the same moves). Its cost
-  is the largest tree's nodes and, squared, their attention.
+- as a tree, one forward: each group's rows as one prefix tree, or all the micro-batch's rows as one
+  (agentrl/trainer/prefix_tree.py), every prefix any two rows share computed once, the prompt and beyond it
+  (multi-turn rows that made the same moves). Its cost is the trees' nodes and, squared, their attention.
 
 Either way a prefix position stands for every row that continues it, so backward sums its gradient over those rows:
 the same logits, loss and gradients as whole rows, up to float rounding. `prepare` turns a plan into what
@@ -134,8 +134,8 @@ def plan(
     - cached: prefixes x the longest prefix H, plus rows x the longest rest R, each rest attending to H + R keys,
       plus SECOND_FORWARD_COST; the prefixes may be cut to one of the groups' own lengths (any prefix of a shared
       prefix is shared), the cheapest cut taken.
-    - tree: each group's prefix tree, cut into runs of its walk and packed into sequences (`prefix_tree.fit`); a
-      sequence of length N costs N + N^2 x pair_cost.
+    - tree: each group's prefix tree, or one tree of all the rows, cut into runs of its walk and packed into
+      sequences (`prefix_tree.fit`); a sequence of length N costs N + N^2 x pair_cost.
     Of equal costs the packed layout is taken, then the tree.
     """
     lengths = np.asarray(lengths, dtype=np.int64)
@@ -178,9 +178,12 @@ def plan(
             if cost < best_cost:
                 best, best_cost = PrefixPlan(owner, split, leader, sequences * width, whole, sequence), cost
     if "tree" in layouts:
-        tree, cost = prefix_tree.fit(ids, lengths, owner, pair_cost)
-        if cost < best_cost:
-            best, best_cost = PrefixPlan(owner, common[owner], leader, tree.positions, whole, tree=tree), cost
+        # a tree per group, and one of all the rows: groups share more where their prompts agree (a game whose secret
+        # the prompt does not show: its groups' episodes that guessed and were answered alike are the same tokens)
+        for tree_owner in (owner, np.zeros_like(owner)) if prefixes > 1 else (owner,):
+            tree, cost = prefix_tree.fit(ids, lengths, tree_owner, pair_cost)
+            if cost < best_cost:
+                best, best_cost = PrefixPlan(owner, common[owner], leader, tree.positions, whole, tree=tree), cost
     if "cached" in layouts and shared:
         for cut in np.unique(common):
             split = np.minimum(common, cut)[owner]

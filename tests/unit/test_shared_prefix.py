@@ -163,6 +163,7 @@ def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir, attention):
         if not sequence:  # as trees of the same rows: one per owner, and cut into runs packed together
             for tree in (
                 shared_prefix.prefix_tree.grow(ids.numpy(), lengths, owner),
+                shared_prefix.prefix_tree.grow(ids.numpy(), lengths, np.zeros_like(owner)),  # one tree, many roots
                 shared_prefix.prefix_tree.fit(ids.numpy(), lengths, owner, pair_cost=1.0)[0],
             ):
                 kinds.append(shared_prefix.PrefixPlan(owner, split, leader, 0, 0, tree=tree))
@@ -211,11 +212,13 @@ def test_a_tree_shares_every_prefix_two_rows_of_a_group_share():
     lengths = np.array([5, 4, 6, 6, 2, 2])
     plan = shared_prefix.plan(ids, lengths, np.array([0, 0, 0, 1, 2, 2]))
     # group 0: [1 2 3 4] shared by rows 0 and 2, [1 2 3] by all three: 8 nodes (the packed layout's one
-    # sequence holds 3 + 2 + 1 + 3 = 9); group 1: its row's 6; group 2: its two rows are one path of 2. Packed
-    # first-fit, largest first, in sequences of 8: group 0's tree, then group 1's and group 2's together
-    assert plan.tree is not None and plan.tree.nodes.tolist() == [8, 8]
-    assert plan.tree.owner.tolist() == [0, 0, 0, 1, 1, 1]
-    assert plan.positions == 2 * 8 < 3 * 9  # the packed layout: 3 sequences of 9
+    # sequence holds 3 + 2 + 1 + 3 = 9); group 1: its row's 6; group 2's two rows are group 0's first two nodes.
+    # One tree of all the rows (14 nodes, one sequence) beats a tree per group (two sequences of 8)
+    assert plan.tree is not None and plan.tree.nodes.tolist() == [14]
+    assert plan.positions == 14 < 3 * 9  # the packed layout: 3 sequences of 9
+    per_group, _ = shared_prefix.prefix_tree.fit(ids, lengths, np.array([0, 0, 0, 1, 2, 2]), pair_cost=0.0)
+    assert per_group.nodes.tolist() == [8, 8]  # group 0's tree; group 1's and group 2's in one sequence
+    assert plan.tree.node[4].tolist() == plan.tree.node[0, :2].tolist() + [plan.tree.node[0, 1]] * 4
     node = plan.tree.node
     assert node[0, :4].tolist() == node[2, :4].tolist() and node[0, 4] != node[2, 4]
     assert node[1, :3].tolist() == node[0, :3].tolist() and node[1, 3] not in node[0].tolist() + node[2].tolist()
