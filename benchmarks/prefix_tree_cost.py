@@ -4,13 +4,13 @@
     python benchmarks/prefix_tree_cost.py --steps 30 --timed 5 20 29 --repeats 7
     python benchmarks/prefix_tree_cost.py --end-to-end 60         # also: agentrl train with the tree allowed or not
 
-`record`: trains the game for `--steps` steps in this process (one process, 1 torch thread, `trainer.shared_prefix`)
-and keeps every batch the trainer got. Then, per step, the positions each layout computes over the sum of the
-episodes' lengths (the longest common prefix per group against a prefix tree per group), and for the `--timed`
-steps the forward + backward of the batch (a log-softmax summed as the loss; medians of `--repeats`) in whole rows,
-in the layout `plan` picks without the tree, and with the tree alone. With `--end-to-end N`: `agentrl train` of the
-same config for N steps, the tree allowed and not, alternating twice, each in a child process: median s/step over
-steps 10 on, the train phase, and the last 10 steps' mean reward.
+`record`: trains the game for `--steps` steps in a child process (one process, 1 torch thread,
+`trainer.shared_prefix`) and keeps every batch the trainer got. Then, per step, the positions each layout computes
+over the sum of the episodes' lengths (the longest common prefix per group, a prefix tree per group, one tree of all
+the rows), and for the `--timed` steps the forward + backward of the batch (a log-softmax summed as the loss; medians
+of `--repeats`) in whole rows, in the layout `plan` picks without the tree, and with the tree alone. With
+`--end-to-end N`: `agentrl train` of the same config for N steps, the tree allowed and not, alternating twice, each
+in a child process: median s/step over steps 10 on, the train phase, and the last 10 steps' mean reward.
 """
 
 from __future__ import annotations
@@ -69,8 +69,9 @@ def rows(batch: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, lengths, np.unique(batch["group"], return_inverse=True)[1].reshape(-1)
 
 
-def distinct_prefixes(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[int, int]:
-    """(positions with each group's longest common prefix once, nodes of each group's prefix tree)."""
+def distinct_prefixes(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[int, int, int]:
+    """(positions with each group's longest common prefix once, nodes of each group's prefix tree, nodes of one
+    tree of all the rows)."""
     from agentrl.trainer import prefix_tree
 
     common = 0
@@ -80,7 +81,8 @@ def distinct_prefixes(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -
         same = (ids[members, :shortest] == ids[members[0], :shortest]).all(axis=0)
         shared = min(int(np.argmin(same)) if not same.all() else shortest, shortest - 1)
         common += shared + int((lengths[members] - shared).sum())
-    return common, int(prefix_tree.grow(ids, lengths, owner).nodes.sum())
+    one = int(prefix_tree.grow(ids, lengths, np.zeros_like(owner)).nodes.sum())
+    return common, int(prefix_tree.grow(ids, lengths, owner).nodes.sum()), one
 
 
 def timed(model, ids, lengths, owner, layouts, repeats: int) -> tuple[int, float]:
@@ -147,13 +149,13 @@ def main() -> None:
     train("record", config, args.steps, work / "record", batches)
     kept = pickle.loads(batches.read_bytes())
     print(f"the game, {len(kept)} steps, seed 0 (`{json.loads(config.read_text())['env']['id']}`, 8 groups x 8)\n")
-    print("| step | episodes' tokens | longest common prefix per group | prefix tree per group |")
-    print("|---|---|---|---|")
+    print("| step | episodes' tokens | longest common prefix per group | prefix tree per group | one prefix tree |")
+    print("|---|---|---|---|---|")
     for step, batch in enumerate(kept):
         ids, lengths, owner = rows(batch)
-        common, nodes = distinct_prefixes(ids, lengths, owner)
+        common, nodes, one = distinct_prefixes(ids, lengths, owner)
         total = int(lengths.sum())
-        print(f"| {step} | {total} | {common / total:.2f} | {nodes / total:.2f} |")
+        print(f"| {step} | {total} | {common / total:.2f} | {nodes / total:.2f} | {one / total:.2f} |")
 
     model = AutoModelForCausalLM.from_pretrained(work / "model-guess", attn_implementation="sdpa")
     print("\n| step | layout | positions | fwd+bwd ms |")

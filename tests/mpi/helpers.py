@@ -193,6 +193,7 @@ def small_run(tmp_path: Path, model_dir: Path, **extra) -> list[str]:
         "layout.trainer": 1,
         "layout.rollout": 1,
         "layout.env": 0,
+        "trainer.shared_prefix": "false",  # whole rows: the runs here go under FSDP and against whole-row references
         **extra,
     }
     return [f"{key}={value}" for key, value in settings.items()]
