@@ -30,15 +30,18 @@ class PrefixTree:
 
 def grow(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> PrefixTree:
     """The trees of right-padded `ids` (rows, longest), rows of equal `owner` (0..trees-1) in one tree."""
-    lengths = np.asarray(lengths, dtype=np.int64)
     owner = np.asarray(owner, dtype=np.int64)
-    rows, longest = ids.shape
-    columns = np.arange(longest)
     order, fresh = walk(ids, lengths, owner)
+    return _grown(order, fresh, np.asarray(lengths, dtype=np.int64), owner, ids.shape[1])
+
+
+def _grown(order: np.ndarray, fresh: np.ndarray, lengths: np.ndarray, owner: np.ndarray, longest: int) -> PrefixTree:
+    """The trees of a walk (`walk`'s order and shared counts; `fresh` 0 where a tree starts)."""
+    rows = len(order)
+    columns = np.arange(longest)
     new = lengths[order] - fresh  # nodes each walked row adds
     tree = owner[order]
-    trees = int(owner.max()) + 1
-    nodes = np.bincount(tree, weights=new, minlength=trees).astype(np.int64)
+    nodes = np.bincount(tree, weights=new, minlength=int(owner.max()) + 1).astype(np.int64)
     before = np.cumsum(new) - new  # nodes added before each walked row, over all trees
     base = before - (np.cumsum(nodes) - nodes)[tree]  # ... within its own tree
     # position t of walked row i is the node added by the last row j <= i of its tree with fresh[j] <= t
@@ -73,12 +76,13 @@ def fit(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray, pair_cost: floa
     packed first-fit, largest first, into sequences of W (attending only within their own tree). A sequence of N
     positions costs N + N^2 x pair_cost. Returns the trees and their cost."""
     lengths = np.asarray(lengths, dtype=np.int64)
+    owner = np.asarray(owner, dtype=np.int64)
     order, fresh = walk(ids, lengths, owner)
-    walked_lengths, walked_owner = lengths[order].tolist(), np.asarray(owner)[order].tolist()
+    walked_lengths = lengths[order].tolist()
     new = (lengths[order] - fresh).tolist()
+    walked_owner = owner[order].tolist()
     starts = [i == 0 or walked_owner[i] != walked_owner[i - 1] for i in range(len(order))]
-    groups = np.bincount(np.asarray(owner)[order], weights=lengths[order] - fresh)
-    width, largest = int(lengths.max()), int(groups.max())
+    width, largest = int(lengths.max()), int(np.bincount(walked_owner, weights=new).max())
     best = None
     while True:
         run, runs = np.empty(len(order), dtype=np.int64), []
@@ -105,9 +109,11 @@ def fit(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray, pair_cost: floa
             break
         width = min(largest, width * 3 // 2 + 1)
     cost, run, sequence, offset, fills = best
+    # the runs' trees from the same walk: a run's rows are consecutive in it, and its first row shares nothing
     run_of = np.empty(len(order), dtype=np.int64)
     run_of[order] = run
-    tree = grow(ids, lengths, run_of)
+    run_fresh = np.where(np.diff(run, prepend=-1) != 0, 0, fresh)
+    tree = _grown(order, run_fresh, lengths, run_of, ids.shape[1])
     return PrefixTree(tree.node + offset[run_of][:, None], sequence[run_of], fills), cost
 
 
