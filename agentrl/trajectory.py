@@ -9,6 +9,7 @@ state the turn acted in, `turn_call`: the turn's place among its episode's turns
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import math
@@ -105,22 +106,15 @@ def _shown(value, limit: int = 80) -> str:
     return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
-# state_key's keys by the state's repr (a game's states and a dataset's prompts repeat); emptied when full
-_STATE_KEYS: dict[str, int] = {}
-CACHED_STATE_KEYS = 4096
-
-
 def state_key(value) -> int:
     """A stable int64 key of an env state (an env's `info["state_key"]`, or the observation text)."""
-    text = repr(value)
-    key = _STATE_KEYS.get(text)
-    if key is None:
-        digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
-        key = int.from_bytes(digest, "little", signed=True)
-        if len(_STATE_KEYS) >= CACHED_STATE_KEYS:
-            _STATE_KEYS.clear()
-        _STATE_KEYS[text] = key
-    return key
+    return _text_key(repr(value))
+
+
+@functools.lru_cache(maxsize=4096)  # a game's states and a dataset's prompts repeat
+def _text_key(text: str) -> int:
+    digest = hashlib.blake2b(text.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little", signed=True)
 
 
 def pack(episodes: list[Episode], group_offset: int = 0) -> dict[str, np.ndarray]:

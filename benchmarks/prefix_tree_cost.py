@@ -62,11 +62,13 @@ def train(mode: str, config: Path, steps: int, run_dir: Path, out: Path) -> None
 
 
 def rows(batch: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    lengths = np.diff(batch["offsets"])
-    ids = np.zeros((len(lengths), int(lengths.max())), dtype=np.int64)
-    for row, (start, end) in enumerate(zip(batch["offsets"][:-1], batch["offsets"][1:], strict=True)):
-        ids[row, : end - start] = batch["tokens"][start:end]
-    return ids, lengths, np.unique(batch["group"], return_inverse=True)[1].reshape(-1)
+    """The batch's episodes as the trainer lays them out (right-padded ids, lengths), and each one's group."""
+    import torch
+
+    from agentrl.trainer.policy_trainer import _rows
+
+    ids, _, lengths = _rows(batch, np.arange(len(batch["offsets"]) - 1), "tokens", torch.long)
+    return ids.numpy(), np.asarray(lengths), np.unique(batch["group"], return_inverse=True)[1].reshape(-1)
 
 
 def distinct_prefixes(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[int, int, int]:

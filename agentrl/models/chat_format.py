@@ -161,14 +161,16 @@ class ChatFormat:
     def action_text(self, output_ids, opened_reasoning: bool = False) -> str:
         """A turn's text for the env: its end token dropped, special tokens kept where they are the family's markup,
         and the reasoning opener in front where the prompt opened it (so the turn parses whole)."""
-        key = tuple(output_ids.tolist() if hasattr(output_ids, "tolist") else output_ids)
-        text = self._turn_texts.get(key) if len(key) <= CACHED_TURN_IDS else None
+        key = None  # a long turn is decoded without building a key: it seldom repeats
+        if len(output_ids) <= CACHED_TURN_IDS:
+            key = tuple(output_ids.tolist() if hasattr(output_ids, "tolist") else output_ids)
+        text = None if key is None else self._turn_texts.get(key)
         if text is None:
             if self.markup_is_special:
                 text = self.codec.turn_text(output_ids)
             else:
                 text = self.tokenizer.decode(output_ids, skip_special_tokens=True)
-            if len(key) <= CACHED_TURN_IDS:
+            if key is not None:
                 _remember(self._turn_texts, key, text)
         return f"{self.family.reasoning_open}{text}" if opened_reasoning else text
 

@@ -170,8 +170,8 @@ def set_threads(config: Config, layout: Layout, only_if_loaded: bool = False) ->
     """torch's threads, and with runtime.pin_cores this rank's cores; `only_if_loaded`: torch's threads only where
     something imported it (an env rank whose envs do without torch)."""
     threads = config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // layout.node_size)
-    roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
     if config.runtime.pin_cores and layout.gpu is None and hasattr(os, "sched_setaffinity"):
+        roles_on_node = _roles_on_node(layout)
         available = sorted(os.sched_getaffinity(0))
         cores = pinned_cores(available, roles_on_node, layout.role)
         if cores is not None:
@@ -191,8 +191,7 @@ def set_threads(config: Config, layout: Layout, only_if_loaded: bool = False) ->
 def yield_to_trainer(config: Config, layout: Layout) -> None:
     """runtime.yield_to_trainer: this rank's priority, before it starts any thread (Linux's nice is per thread, and
     threads inherit it)."""
-    roles_on_node = [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
-    if not yields_to_trainer(config, layout, roles_on_node):
+    if not yields_to_trainer(config, layout, _roles_on_node(layout)):
         return
     if layout.role is not Role.TRAINER:
         os.nice(YIELD_NICENESS)
@@ -214,6 +213,10 @@ def yields_to_trainer(config: Config, layout: Layout, roles_on_node: list[Role])
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         return config.rollout.max_staleness >= 1 and len(roles_on_node) > cores
     return True
+
+
+def _roles_on_node(layout: Layout) -> list[Role]:
+    return [role for role, node in zip(layout.roles, layout.nodes, strict=True) if node == layout.node]
 
 
 def seed_everything(seed: int, torch_too: bool = True) -> None:
