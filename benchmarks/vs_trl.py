@@ -19,7 +19,8 @@ of this venv); and `agentrl train`:
 - `agentrl-4`*: `mpirun -n 4`, 1 trainer, 2 rollout, 1 env (the quickstart's ranks); `agentrl-4c`: the same, continuous;
 - `agentrl-2`: `mpirun -n 2`, 1 trainer, 1 rollout with its envs in-process; `agentrl-2t`: the same, 2 torch threads
   a rank; `agentrl-2a`: the same, `rollout.max_staleness=1` (step n+1 generated while step n trains: one step
-  off-policy); `agentrl-2ac`*: `2a` with the continuous scheduler; `agentrl-3a`: 1 trainer, 2 rollout, staleness 1;
+  off-policy); `agentrl-2ac`*: `2a` with the continuous scheduler; `agentrl-2at`: `2a` with
+  `algorithm.correction.mode=tis`; `agentrl-3a`: 1 trainer, 2 rollout, staleness 1;
 - any of those with a `p` after it (`agentrl-1tp`, `agentrl-2acp`): the same with `trainer.shared_prefix=true` (a
   group's prompt forwarded once in training).
 
@@ -72,6 +73,8 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
     # step n+1 generated while step n trains (one step off-policy)
     "agentrl-2a": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0", "rollout.max_staleness=1"]),
     "agentrl-2ac": (2, [*TWO, "rollout.max_staleness=1", "rollout.engine.scheduler=continuous"]),
+    # ... with the older weights' episodes weighted by min(pi_old / mu, 2) instead of clipped against mu
+    "agentrl-2at": (2, [*TWO, "rollout.max_staleness=1", "algorithm.correction.mode=tis"]),
     "agentrl-4c": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1", "rollout.engine.scheduler=continuous"]),
     "agentrl-3a": (3, ["layout.trainer=1", "layout.rollout=2", "layout.env=0", "rollout.max_staleness=1"]),
 }

@@ -52,9 +52,9 @@ LOSS_AGGREGATIONS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", 
 class CorrectionOptions(Section):
     """Rollout/trainer mismatch correction with the rollout engine's own per-token log-probs (mu).
 
-    Off (`none`), the rollout's log-probs serve as the old policy. On, the trainer recomputes
-    the old policy's log-probs (one extra forward pass per step) and weights or masks each
-    token by pi_old / mu.
+    Off (`none`), the rollout's log-probs serve as the old policy. On, the old policy's log-probs are the
+    trainer's own before the step's updates (with trainer.updates_per_step=1, each micro-batch's forward; with
+    more updates, one extra forward pass per step) and each token is weighted or masked by pi_old / mu.
     """
 
     mode: Literal["none", "tis", "mask", "tis_mask"] = Field(

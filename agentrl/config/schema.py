@@ -1300,8 +1300,9 @@ class Config(Section):
         elif self.trainer.updates_per_step == 1:
             self._notes.append(
                 f"rollout.max_staleness={staleness} with algorithm.correction.mode={correction.mode}: the clipped "
-                "ratio is taken against the trainer's recomputed log-probs, which trainer.updates_per_step=1 keeps "
-                "at 1, so no clip bounds an update (docs/async.md); mode none clips against the rollout's own"
+                "ratio is taken against the trainer's own log-probs before the update, which "
+                "trainer.updates_per_step=1 keeps at 1, so no clip bounds an update (docs/async.md); mode none "
+                "clips against the rollout's own"
             )
 
     @property

@@ -206,7 +206,9 @@ class PolicyTrainer:
         self.prefix_positions[:] = 0
         prepared = self.algorithm.prepare(batch, valid, lambda name: self._extra_outputs(batch, name))
         advantages = self.algorithm.advantages(batch, valid)
-        old_logp = self._old_logprobs(batch) if self.algorithm.needs_old_logprobs else batch["logprobs"]
+        old_logp = batch["logprobs"]  # the rollout's own (correction.mode none): the old policy is mu
+        if self.algorithm.needs_old_logprobs:  # None: each micro-batch's own forward is the old policy (see below)
+            old_logp = self._old_logprobs(batch) if self._recomputes_old_logprobs() else None
         micro_size = self.micro_batch_size
         sums: dict[str, float] = {}
         grad_norms = []
@@ -324,6 +326,12 @@ class PolicyTrainer:
     def _compute(self):
         return parallel.compute_context(self.device, self.parallelism.mixed_precision, self.sharded)
 
+    def _recomputes_old_logprobs(self) -> bool:
+        """Whether the old policy's log-probs take a forward of their own. With one update a step the weights do not
+        move before every micro-batch has been forwarded, so each micro-batch's forward, detached, is the old policy
+        itself, to the last bit: no extra forward."""
+        return self.updates_per_step > 1
+
     def _old_logprobs(self, batch) -> np.ndarray:
         """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
         temperature = self.temperature
@@ -432,7 +440,7 @@ class PolicyTrainer:
             return layout.gather(flat, torch.float32)[:, 1:].to(self.device)
 
         mask, rollout_logp, adv = predicted(batch["loss_mask"]), predicted(batch["logprobs"]), predicted(advantages)
-        old = rollout_logp if old_logp is batch["logprobs"] else predicted(old_logp)
+        old = rollout_logp if old_logp is batch["logprobs"] else None if old_logp is None else predicted(old_logp)
         rows = {name: predicted(flat) for name, flat in prepared.per_token.items()}
         ids, attention = ids.to(self.device), layout.attention().to(self.device)
         temperature = self.temperature
@@ -446,6 +454,8 @@ class PolicyTrainer:
         targets = ids[:, 1:]
         token_logits = TokenLogits(flat, index, temperature)
         logp = token_logits.logprobs(targets)
+        if old is None:
+            old = logp.detach()
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad(), self._compute():

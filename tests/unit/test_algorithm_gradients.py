@@ -734,3 +734,46 @@ def test_the_loss_is_told_the_schedulers_factor(tiny_model_dir):
         trainer.train_step(batch)
     assert told == pytest.approx(expected)
     assert told[0] < told[1] and told[2] > told[3]  # the warm-up, then the decay
+
+
+@pytest.mark.parametrize("shared_prefix", [False, True])
+def test_one_update_takes_the_old_policy_from_its_own_forward(tiny_model_dir, monkeypatch, shared_prefix):
+    """With trainer.updates_per_step=1 a correction mode needs no forward of its own for pi_old: each micro-batch's
+    forward is it. The step then trains exactly as with pi_old recomputed first; with mu (the rollout's log-probs,
+    which differ here) taken as pi_old instead, it would not."""
+    from agentrl.trainer.policy_trainer import PolicyTrainer
+
+    options = {"correction": {"mode": "tis", "cap": 1.2}}
+    sections = {"trainer": {"micro_batch_size": 4, "shared_prefix": shared_prefix}, "optimizer": {"lr": 1e-2}}
+    config = config_for("grpo", options, tiny_model_dir, **sections)
+    batch = make_batch()
+    # mu far from the policy on some tokens: some tis weights capped, some not
+    batch["logprobs"] = np.random.default_rng(3).uniform(-5.0, 0.0, len(batch["tokens"])).astype(np.float32)
+
+    def step(old_policy: str):
+        torch.manual_seed(0)
+        trainer = policy_trainer(config, str(tiny_model_dir), "cpu")
+        if old_policy == "recomputed":
+            monkeypatch.setattr(PolicyTrainer, "_recomputes_old_logprobs", lambda self: True)
+        elif old_policy == "rollout":  # the mistake the shortcut must not make
+            monkeypatch.setattr(type(trainer.algorithm), "needs_old_logprobs", property(lambda self: False))
+        before = [p.detach().clone() for p in trainer.params]
+        forwards = []
+        hook = capture(trainer.model.lm_head, forwards)
+        try:
+            metrics = trainer.train_step(batch)
+        finally:
+            hook.remove()
+            monkeypatch.undo()
+        moved = max(float((p.detach() - b).abs().max()) for p, b in zip(trainer.params, before, strict=True))
+        no_grad_forwards = sum(not out.requires_grad for out in forwards)
+        return [p.detach().clone() for p in trainer.params], no_grad_forwards, metrics, moved
+
+    own, own_extra, own_metrics, moved = step("own forward")
+    recomputed, recomputed_extra, _, _ = step("recomputed")
+    assert own_extra == 0 and recomputed_extra == 2  # the recompute forwards both micro-batches once more
+    assert moved > 1e-4 and own_metrics["train/correction_capped_tokens"] > 0
+    for a, b in zip(own, recomputed, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-7)
+    as_mu, _, _, _ = step("rollout")
+    assert max(float((a - b).abs().max()) for a, b in zip(own, as_mu, strict=True)) > 1e-5
