@@ -1285,9 +1285,10 @@ class Config(Section):
         """Asynchronous rollouts train on episodes of older weights (mu). With `algorithm.correction.mode=none`, the
         default, every algorithm's clipped ratio is pi / mu, against the rollout's own log-probs: the importance
         weight of the staleness, clipped, so each update stays near the weights that generated the episodes (PPO
-        with the behaviour policy as the old one). The other modes take the ratio against the trainer's recomputed
-        log-probs and weight it by pi_old / mu (decoupled PPO). With one optimizer update per step that ratio is 1,
-        so nothing bounds an update: on the quickstart at max_staleness=2 a seed collapsed (docs/async.md)."""
+        with the behaviour policy as the old one). The other modes take the ratio against the trainer's own
+        log-probs before the update and weight it by pi_old / mu (decoupled PPO). With one optimizer update per step
+        that ratio is 1, so nothing bounds an update: on the quickstart at max_staleness=2 a seed collapsed
+        (docs/async.md)."""
         correction = getattr(self.algorithm, "correction", None)
         staleness = self.rollout.max_staleness
         if not staleness or correction is None:

@@ -329,7 +329,7 @@ class PolicyTrainer:
     def _recomputes_old_logprobs(self) -> bool:
         """Whether the old policy's log-probs take a forward of their own. With one update a step the weights do not
         move before every micro-batch has been forwarded, so each micro-batch's forward, detached, is the old policy
-        itself, to the last bit: no extra forward."""
+        itself: no extra forward."""
         return self.updates_per_step > 1
 
     def _old_logprobs(self, batch) -> np.ndarray:
