@@ -74,15 +74,10 @@ def rows(batch: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def distinct_prefixes(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[int, int, int]:
     """(positions with each group's longest common prefix once, nodes of each group's prefix tree, nodes of one
     tree of all the rows)."""
-    from agentrl.trainer import prefix_tree
+    from agentrl.trainer import prefix_tree, shared_prefix
 
-    common = 0
-    for group in np.unique(owner):
-        members = np.flatnonzero(owner == group)
-        shortest = int(lengths[members].min())
-        same = (ids[members, :shortest] == ids[members[0], :shortest]).all(axis=0)
-        shared = min(int(np.argmin(same)) if not same.all() else shortest, shortest - 1)
-        common += shared + int((lengths[members] - shared).sum())
+    _, shared = shared_prefix.common_prefixes(ids, lengths, owner)
+    common = int(shared.sum() + (lengths - shared[owner]).sum())
     one = int(prefix_tree.grow(ids, lengths, np.zeros_like(owner)).nodes.sum())
     return common, int(prefix_tree.grow(ids, lengths, owner).nodes.sum()), one
 

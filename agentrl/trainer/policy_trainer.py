@@ -440,7 +440,6 @@ class PolicyTrainer:
             return layout.gather(flat, torch.float32)[:, 1:].to(self.device)
 
         mask, rollout_logp, adv = predicted(batch["loss_mask"]), predicted(batch["logprobs"]), predicted(advantages)
-        old = rollout_logp if old_logp is batch["logprobs"] else None if old_logp is None else predicted(old_logp)
         rows = {name: predicted(flat) for name, flat in prepared.per_token.items()}
         ids, attention = ids.to(self.device), layout.attention().to(self.device)
         temperature = self.temperature
@@ -454,8 +453,12 @@ class PolicyTrainer:
         targets = ids[:, 1:]
         token_logits = TokenLogits(flat, index, temperature)
         logp = token_logits.logprobs(targets)
-        if old is None:
+        if old_logp is None:  # one update a step: this forward is the old policy
             old = logp.detach()
+        elif old_logp is batch["logprobs"]:
+            old = rollout_logp
+        else:
+            old = predicted(old_logp)
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad(), self._compute():

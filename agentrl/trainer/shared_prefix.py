@@ -144,17 +144,8 @@ def plan(
     owner = owner.reshape(-1)
     prefixes = len(keys)
     members = np.bincount(owner, minlength=prefixes)
-    first = np.cumsum(members) - members  # each prefix's first row in `order`
-    order = np.lexsort((lengths, owner))
-    leader = order[first]  # each prefix's shortest row
-    shortest = lengths[leader]
-    columns = np.arange(ids.shape[1])
-    differs = (ids != ids[leader[owner]]) | (columns >= shortest[owner][:, None])
-    agree = np.where(
-        differs.any(axis=1), differs.argmax(axis=1), ids.shape[1]
-    )  # tokens each row shares with its leader
-    common = shortest - 1  # a row keeps a token after its prefix
-    np.minimum.at(common, owner, agree)
+    first = np.cumsum(members) - members  # each prefix's first row, counted in rows sorted by prefix
+    leader, common = common_prefixes(ids, lengths, owner)
     shared = common.min() >= 1  # else some group shares no token before a row's last: only the tree can pack it
     longest = int(lengths.max())
     whole = rows * longest
@@ -194,6 +185,22 @@ def plan(
             if cost < best_cost:
                 best, best_cost = PrefixPlan(owner, split, leader, positions, whole, cached=True), cost
     return best
+
+
+def common_prefixes(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per group (`owner`: each row's group, 0..groups-1): its shortest row (the leader), and how many leading tokens
+    all its rows share, cut so that every row keeps at least one token after them."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    members = np.bincount(owner)
+    order = np.lexsort((lengths, owner))
+    leader = order[np.cumsum(members) - members]  # each group's shortest row
+    shortest = lengths[leader]
+    columns = np.arange(ids.shape[1])
+    differs = (ids != ids[leader[owner]]) | (columns >= shortest[owner][:, None])
+    agree = np.where(differs.any(axis=1), differs.argmax(axis=1), ids.shape[1])  # tokens shared with the leader
+    common = shortest - 1  # a row keeps a token after its prefix
+    np.minimum.at(common, owner, agree)
+    return leader, common
 
 
 def pack(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Packing:
