@@ -7,6 +7,7 @@ only ever awaits `generate`; concurrent calls are how a backend gets to batch.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -102,6 +103,16 @@ class Engine(abc.ABC):
     def event_loop(self):
         """The asyncio loop `generate` must be awaited on, or None when any loop will do."""
         return None
+
+    def watch_batches(self, hook: Callable[[], None] | None) -> bool:
+        """Call `hook` on the running event loop before each batch starts and when no batch is left to run (None
+        removes it); False where this engine has no such point, its batches running on a loop or thread of its own.
+        A rank running ahead takes new weights there, so it need not look for them on a timer while batches run."""
+        return False
+
+    def running_batches(self) -> bool:
+        """Whether a batch runs or waits on the running event loop (after which `watch_batches`' hook is called)."""
+        return False
 
     def join_weight_group(
         self, address: str, port: int, rank_offset: int, world_size: int, group_name: str, backend: str

@@ -183,6 +183,9 @@ class ContinuousTorchEngine(TorchEngine):
         self._enqueue(row, self._hand_over)
         return await row.future
 
+    def watch_batches(self, hook) -> bool:
+        return False  # rows join the running batch at any step, on the engine's own thread
+
     async def _hand_over(self, queue: _LoopQueue) -> None:
         """Pass the requests of one burst (all the coroutines woken together) to the worker at once."""
         try:

@@ -22,6 +22,7 @@ import inspect
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -136,6 +137,7 @@ class TorchEngine(Engine):
         self._model_lock = threading.Lock()  # a batch and a weight update never overlap
         self._abort_epoch = 0  # bumped by abort_all; a batch from an older epoch stops early
         self.grammars: GrammarVocab | None = None  # set by allow_grammars: requests may carry an output grammar
+        self._batch_hook: Callable[[], None] | None = None  # watch_batches
 
     # ---- requests -------------------------------------------------------------------
 
@@ -175,11 +177,21 @@ class TorchEngine(Engine):
         if queue.scheduler is None or queue.scheduler.done():
             queue.scheduler = loop.create_task(schedule(queue))
 
+    def watch_batches(self, hook: Callable[[], None] | None) -> bool:
+        self._batch_hook = hook
+        return True
+
+    def running_batches(self) -> bool:
+        queue = self._queues.get(asyncio.get_running_loop())
+        return queue is not None and queue.scheduler is not None
+
     async def _schedule(self, queue: _LoopQueue) -> None:
         loop = asyncio.get_running_loop()
         try:
             while queue.pending:
                 await self._wait_for_quiet(queue)
+                if self._batch_hook is not None:  # may cancel requests: before they are taken
+                    self._batch_hook()
                 batch = [r for r in queue.pending[: self.max_batch_size] if not r.future.done()]
                 del queue.pending[: self.max_batch_size]
                 if not batch:
@@ -200,6 +212,9 @@ class TorchEngine(Engine):
                 for request, output in zip(batch, outputs, strict=True):
                     if not request.future.done():
                         request.future.set_result(output)
+            queue.scheduler = None
+            if self._batch_hook is not None:  # no batch left: a watcher goes back to its timer
+                self._batch_hook()
         finally:
             queue.scheduler = None
 

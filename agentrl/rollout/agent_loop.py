@@ -250,18 +250,61 @@ class Stopped(Exception):
     """The trainer announced a stop while this rank's episodes were in flight; they were cancelled."""
 
 
-# How often episodes in flight look for new weights: the event loop is free while the engine's thread runs a
-# batch, so a weight update waits at most this long to start (then for the running batch to end).
+# How often episodes in flight look for new weights while the engine runs no batch (or has no point between its
+# batches to look at): a weight update waits at most this long to start (then for the running batch to end).
 POLL_WEIGHTS_S = 0.002
 
 
-async def gather_polling(coroutines, between_batches: Callable[[], bool]):
+async def gather_polling(coroutines, between_batches: Callable[[], bool], engine: Engine | None = None):
+    """Run `coroutines` to the end, calling `between_batches` (False: stop them, raise Stopped) as they run: before
+    each of `engine`'s batches where it calls a hook there (`Engine.watch_batches`), and every POLL_WEIGHTS_S while
+    it runs none."""
+    loop = asyncio.get_running_loop()
     episodes = asyncio.gather(*coroutines)
-    while not episodes.done():
-        if not between_batches():
-            episodes.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await episodes
-            raise Stopped
-        await asyncio.wait([episodes], timeout=POLL_WEIGHTS_S)
+    lookout = _Lookout(episodes, between_batches)
+    woken: asyncio.Future | None = None
+
+    def at_batch() -> None:
+        lookout.look()
+        if woken is not None and not woken.done():
+            woken.set_result(None)
+
+    watched = engine is not None and engine.watch_batches(at_batch)
+    try:
+        while not episodes.done():
+            lookout.look()
+            if watched and engine.running_batches():
+                woken = loop.create_future()
+                await asyncio.wait([episodes, woken], return_when=asyncio.FIRST_COMPLETED)
+            else:
+                await asyncio.wait([episodes], timeout=POLL_WEIGHTS_S)
+    finally:
+        if watched:
+            engine.watch_batches(None)
+    if lookout.failure is not None or lookout.stopped:
+        with contextlib.suppress(asyncio.CancelledError):
+            await episodes
+        if lookout.failure is not None:
+            raise lookout.failure
+        raise Stopped
     return episodes.result()
+
+
+class _Lookout:
+    """`between_batches` for episodes in flight: a stop or a failure it raises cancels them, to be reported by the
+    gather (it may run inside the engine's scheduler, where raising would strand the batch's requests)."""
+
+    def __init__(self, episodes: asyncio.Future, between_batches: Callable[[], bool]):
+        self.episodes, self.between_batches = episodes, between_batches
+        self.stopped = False
+        self.failure: BaseException | None = None
+
+    def look(self) -> None:
+        if self.stopped or self.failure is not None:
+            return
+        try:
+            self.stopped = not self.between_batches()
+        except Exception as exc:
+            self.failure = exc
+        if self.stopped or self.failure is not None:
+            self.episodes.cancel()

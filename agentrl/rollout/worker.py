@@ -355,7 +355,7 @@ class RolloutWorker:
         """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""
         if self.between_batches is None:
             return self.loop.run_until_complete(gather_episodes(coroutines))
-        return self.loop.run_until_complete(gather_polling(coroutines, self.between_batches))
+        return self.loop.run_until_complete(gather_polling(coroutines, self.between_batches, self.engine))
 
     def _name_failed_rows(self, episodes: list[Episode]) -> None:
         source = getattr(self.task_source, "source", None)

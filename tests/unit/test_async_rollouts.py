@@ -1,6 +1,8 @@
 """Asynchronous rollouts in one process: per-token weight versions, new weights reaching episodes in flight,
 a stop cancelling them, the trainer's staleness bound and its metrics, the config's checks."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -101,12 +103,48 @@ def test_new_weights_reach_episodes_in_flight_at_their_next_turn(tiny_model_dir)
         assert (versions[~generated] == -1).all() and (versions[generated] >= 4).all()
 
 
-def test_a_stop_cancels_the_episodes_in_flight(tiny_model_dir):
-    worker = worker_for(tiny_model_dir)
+@pytest.mark.parametrize("scheduler", ["batch", "continuous"])
+def test_a_stop_cancels_the_episodes_in_flight(tiny_model_dir, scheduler):
+    worker = worker_for(tiny_model_dir, engine={"scheduler": scheduler})
     worker.between_batches = lambda: worker.engine.stats["batches"] < 1
     with pytest.raises(Stopped):
         worker.collect(step=0)
     worker.between_batches = None  # the worker and its env host still serve the next collect
+    episodes, _ = worker.collect(step=1)
+    assert len(episodes) == 8 and all(e.turns >= 1 for e in episodes)
+
+
+def test_the_batch_scheduler_looks_for_weights_between_its_batches_not_on_a_timer(tiny_model_dir):
+    worker = worker_for(tiny_model_dir)
+    engine = worker.engine
+    run_batch = engine._run_batch
+
+    def slow_batch(*args, **kwargs):  # 30 ms a batch: a timer of POLL_WEIGHTS_S would look 15 times during each
+        time.sleep(0.03)
+        return run_batch(*args, **kwargs)
+
+    engine._run_batch = slow_batch
+    looks = []
+    worker.between_batches = lambda: looks.append(engine._model_lock.locked()) or True
+    episodes, _ = worker.collect(step=0)
+    batches = engine.stats["batches"]
+    assert len(episodes) == 8 and batches >= 3
+    assert not any(looks), "looked for weights while a batch held the model"
+    assert batches <= len(looks) <= 3 * batches + 5  # before each batch, when none is left, and while env replies come
+
+
+def test_a_failure_looking_for_weights_before_a_batch_reaches_the_collect(tiny_model_dir):
+    worker = worker_for(tiny_model_dir)
+
+    def between_batches() -> bool:
+        if worker.engine.stats["batches"] >= 1:
+            raise RuntimeError("weights of version 3 arrived where version 2 was announced")
+        return True
+
+    worker.between_batches = between_batches
+    with pytest.raises(RuntimeError, match="version 3 arrived"):
+        worker.collect(step=0)
+    worker.between_batches = None  # nothing left stranded: the next collect runs
     episodes, _ = worker.collect(step=1)
     assert len(episodes) == 8 and all(e.turns >= 1 for e in episodes)
 
