@@ -137,6 +137,7 @@ class RunningAhead:
         worker, poll = self.worker, self.watcher.poll
         if self.config.rollout.partial_rollouts and worker.engine.event_loop is None:
             worker.between_batches = poll
+            worker.weights_at_batches = lambda: not self.watcher.paces_trainer()
         elif worker.dispatch is not None and worker.engine.event_loop is None:
             # Whole episodes on one version, tasks from one queue: a rank takes new weights mid-step while none of its
             # groups runs. Taking them only between steps hung: a rank in the weight handoff waited for rank 0, which

@@ -155,6 +155,9 @@ class RolloutWorker:
         # whole-episode versions and dynamic dispatch, wrapped by `when_idle`); it takes newly published weights and
         # returns False once the trainer said stop.
         self.between_batches: Callable[[], bool] | None = None
+        # Whether `between_batches` may wait for the engine's batch boundaries (the timer runs only while none runs):
+        # where the trainer's weight send does not wait for this rank to receive.
+        self.weights_at_batches: Callable[[], bool] = lambda: False
         self.groups_live = 0  # rollout.dispatch=dynamic: claimed groups whose episodes are still running
         # rollout.dispatch=dynamic: where this rank claims its tasks (agentrl/rollout/dispatch.py); set by `run`,
         # else (one rollout rank) a queue of its own.
@@ -355,7 +358,8 @@ class RolloutWorker:
         """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""
         if self.between_batches is None:
             return self.loop.run_until_complete(gather_episodes(coroutines))
-        return self.loop.run_until_complete(gather_polling(coroutines, self.between_batches, self.engine))
+        engine = self.engine if self.weights_at_batches() else None
+        return self.loop.run_until_complete(gather_polling(coroutines, self.between_batches, engine))
 
     def _name_failed_rows(self, episodes: list[Episode]) -> None:
         source = getattr(self.task_source, "source", None)

@@ -53,6 +53,11 @@ class WeightSync(abc.ABC):
     def begin_update(self) -> None:  # noqa: B027 - optional hook
         """Trainer leader: its optimizer is about to change the weights it sent last."""
 
+    def paces_sender(self) -> bool:
+        """Rollout rank: whether the trainer's `send` may wait until this rank has received, so that a rank running
+        ahead should start receiving as soon as a version is announced, not at its engine's next batch."""
+        return True
+
 
 def plan_buckets(sizes: list[int], bucket_bytes: int) -> list[tuple[int, int]]:
     """[start, end) tensor index ranges whose byte sizes add up to at most bucket_bytes (one oversized tensor alone)."""

@@ -222,6 +222,11 @@ class SharedMemoryWeights(WeightSync):
     def is_node_leader(self) -> bool:
         return self.node_comm.Get_rank() == 0
 
+    def paces_sender(self) -> bool:
+        """Only a node leader away from the trainer's node: the trainer broadcasts each bucket to it. On the trainer's
+        node the trainer starts its barriers and goes on (before the first sync: not known yet)."""
+        return self.node_comm is None or (self.is_node_leader and self.comm.Get_rank() != 0)
+
     def _window_for(self, slots: int, capacity: int) -> SharedWindow:
         if self.window is None or not self.window.fits(slots, capacity):
             if self.window is not None:

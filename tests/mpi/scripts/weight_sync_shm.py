@@ -118,7 +118,10 @@ def sync_three_versions(layout: Layout, model_dir: str, choice: str, prefix: str
         assert not engine.weights_mapped, "stop must copy the weights out of the window it frees"
         part = "node leader (broadcast into the window)" if sync.is_node_leader else "window reader"
         how = "views the window" if sync.mapped else "copies from the window"
-        say(f"rank {layout.rank} on node {layout.node} is a {part}; it {how}")
+        say(
+            f"rank {layout.rank} on node {layout.node} is a {part}; it {how}; the trainer waits for it: "
+            f"{sync.paces_sender()}"
+        )
     expected = transport.bcast_object(layout.world, held if layout.is_trainer_leader else None, root=0)
     if layout.role is Role.ROLLOUT:
         for version, mine, theirs in zip(versions, held, expected, strict=True):
