@@ -3,8 +3,16 @@
     python benchmarks/vs_trl.py                                  # both tasks, seeds 0 1 2, 30 steps, every side
     python benchmarks/vs_trl.py --tasks digit --seeds 0 --sides trl agentrl-1 --steps 20
     python benchmarks/vs_trl.py --report benchmarks/results/vs-trl.md     # also append the tables to that file
+    python benchmarks/vs_trl.py --shape qwen0.5b --trl-python python3 --sides trl agentrl-1 --seeds 0   # on a GPU
 
-Tasks (both GRPO, 8 prompts x 8 completions a step, lr 5e-3, no KL, float32, the quickstart's tiny model shape):
+`--shape qwen0.5b` trains a model of Qwen2.5-0.5B's width, depth and heads (0.29B parameters, random weights, the
+tasks' own small tokenizer: no download) at lr 5e-5 on both sides; where CUDA is available both sides train on the
+GPU (TRL's default device, agentrl's layout binds it), in float32 as on CPU. `--trl-python` runs TRL's side with an
+interpreter where trl already imports (a machine without network: install trl's and accelerate's wheels there),
+instead of making `--trl-venv` with pip.
+
+Tasks (both GRPO, 8 prompts x 8 completions a step, lr 5e-3, no KL, float32, the quickstart's tiny model shape
+(`--shape`)):
 - `digit`: one turn; the prompt names a digit, the reply is graded by `benchmarks.tasks.digit` (1 for that digit,
   0.1 for another digit); 2 new tokens. Success: the named digit.
 - `guess`: the quickstart's guess-the-number game (1..7, 4 guesses, one token a turn), the env's reward.
@@ -84,28 +92,35 @@ TRL = {"trl": 2, "trl-1t": 1}  # side -> torch threads
 SIDES = (*TRL, *AGENTRL)
 DEFAULT_SIDES = ("trl", "trl-1t", "agentrl-1", "agentrl-1t", "agentrl-1c", "agentrl-4", "agentrl-2ac")
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128, "init_std": 0.1}  # the quickstart's
+SHAPES = {  # --shape -> (model.tiny, learning rate of both sides)
+    "tiny": (TINY, 5e-3),
+    # Qwen2.5-0.5B's width, depth and heads (MLP 4x wide, KV heads half the heads): 0.29B parameters, tokenizer
+    # trained on the tasks' texts as for the tiny one; for a GPU
+    "qwen0.5b": ({"hidden_size": 896, "num_layers": 24, "num_heads": 14, "vocab_size": 128, "init_std": 0.02}, 5e-5),
+}
 GAME = {"low": 1, "high": 7, "max_guesses": 4, "progress_reward": 0.5, "name_the_last": True}  # the quickstart's
 TASKS = {  # task -> rollout settings both sides share
     "digit": {"max_turns": 1, "max_new_tokens": 2, "max_episode_tokens": 64},
     "guess": {"max_turns": 4, "max_new_tokens": 1, "max_episode_tokens": 256},
 }
-PROMPTS, GROUP, LR = 8, 8, 5e-3
+PROMPTS, GROUP = 8, 8
 TRL_VERSION = "1.16.0"
 
 
-def agentrl_config(task: str, out: Path) -> Path:
+def agentrl_config(task: str, out: Path, shape: str) -> Path:
     """The task's agentrl config (YAML, which JSON is), written under `out`."""
+    tiny, lr = SHAPES[shape]
     rollout = {"tasks_per_step": PROMPTS, "group_size": GROUP, **TASKS[task]}
     config = {
         "run_dir": str(out / "runs" / task),
         "steps": 30,
         "seed": 0,
         "layout": {"trainer": 1, "rollout": 1, "env": 0},
-        "model": {"path": str(out / f"model-{task}"), "tiny": TINY},
+        "model": {"path": str(out / f"model-{task}"), "tiny": tiny},
         "rollout": rollout,
         "trainer": {"micro_batch_size": PROMPTS * GROUP},
         "algorithm": {"name": "grpo"},
-        "optimizer": {"lr": LR},
+        "optimizer": {"lr": lr},
         "checkpoint": {"every": 0},
         "logging": {"sample_every": 0, "progress": False},
     }
@@ -138,13 +153,29 @@ def trl_python(venv: Path) -> Path:
     return python
 
 
+def gpu_memory_mib(pids: set[int], smi_csv: str) -> float:
+    """GPU memory the processes `pids` hold, from `nvidia-smi --query-compute-apps=pid,used_memory
+    --format=csv,noheader,nounits` (a line per process and GPU)."""
+    used = 0.0
+    for line in smi_csv.splitlines():
+        pid, _, mib = line.partition(",")
+        if pid.strip().isdigit() and int(pid) in pids:
+            used += float(mib)
+    return used
+
+
+NVIDIA_SMI = shutil.which("nvidia-smi")
+SMI_QUERY = ["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
+
+
 class Watch:
-    """Peak RSS (and PSS) summed over a process and its descendants, and their CPU seconds over time, sampled on a
-    thread."""
+    """Peak RSS (and PSS) summed over a process and its descendants, their CPU seconds over time and, where
+    nvidia-smi runs, their peak GPU memory, sampled on a thread."""
 
     def __init__(self, pid: int, every_s: float = 0.1):
         self.root = psutil.Process(pid)
         self.rss = self.pss = 0
+        self.gpu = 0.0
         self.cpu: list[tuple[float, float]] = []  # (time, CPU seconds of the live processes)
         self.every_s = every_s
         self.stopped = threading.Event()
@@ -173,13 +204,23 @@ class Watch:
                     continue
             self.rss = max(self.rss, rss)
             self.pss = max(self.pss, pss)
+            if NVIDIA_SMI and tick % 5 == 0:
+                self.gpu = max(self.gpu, self._gpu())
             self.cpu.append((time.time(), cpu))
             tick += 1
+
+    def _gpu(self) -> float:
+        pids = {process.pid for process in self._tree()}
+        try:
+            listed = subprocess.run([NVIDIA_SMI, *SMI_QUERY], capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return 0.0
+        return gpu_memory_mib(pids, listed)
 
     def stop(self) -> dict:
         self.stopped.set()
         self.thread.join()
-        return {"rss": self.rss / 2**20, "pss": self.pss / 2**20, "cpu": self.cpu}
+        return {"rss": self.rss / 2**20, "pss": self.pss / 2**20, "gpu": self.gpu, "cpu": self.cpu}
 
 
 def launch(command: list[str], env: dict, log: Path) -> dict:
@@ -196,12 +237,12 @@ def launch(command: list[str], env: dict, log: Path) -> dict:
     return {"wall": time.time() - started, **watched}
 
 
-def run_trl(python: Path, threads: int, task: str, seed: int, steps: int, out: Path, name: str) -> dict:
+def run_trl(python: Path, threads: int, task: str, seed: int, steps: int, out: Path, name: str, lr: float) -> dict:
     result = out / "results" / f"{name}.json"
     command = [
         str(python), "benchmarks/vs_trl_side.py", "--task", task, "--model", str(out / f"model-{task}"),
-        "--steps", str(steps), "--seed", str(seed), "--threads", str(threads), "--work", str(out / "trl-work"),
-        "--out", str(result), "--max-turns", str(TASKS[task]["max_turns"]),
+        "--lr", str(lr), "--steps", str(steps), "--seed", str(seed), "--threads", str(threads),
+        "--work", str(out / "trl-work"), "--out", str(result), "--max-turns", str(TASKS[task]["max_turns"]),
         "--max-new-tokens", str(TASKS[task]["max_new_tokens"]),
     ]  # fmt: skip
     command += ["--rows", str(out / "digit.jsonl")] if task == "digit" else ["--game", json.dumps(GAME)]
@@ -279,6 +320,7 @@ def summary(run: dict, warmup: int) -> dict:
         "sampled_s": _mean([s["sampled_tokens"] for s in later]) / step_s,
         "rss": run["rss"],
         "pss": run["pss"],
+        "gpu": run.get("gpu", 0.0),
         "startup": ends[0] - run["started"] - (intervals[0] if intervals else 0.0),
         "wall": run["wall"],
     }
@@ -327,10 +369,11 @@ def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
     """Medians over seeds per task and side. `x TRL`: the median over seeds of samples/s over the faster TRL side's
     (1 or 2 threads) in that seed; `x TRL by CPU`: the TRL side's least CPU seconds a step over this side's (every
     side trains 64 episodes a step), which the machine's other load moves less than wall time."""
+    gpu = any(r["summary"]["gpu"] for r in rows)  # a column only where a run held GPU memory
     lines = [
         "| task | side | s/step | samples/s | x TRL | CPU s/step | x TRL by CPU | tokens/s | sampled tok/s "
-        "| peak RSS MiB | peak PSS MiB | start-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| peak RSS MiB | peak PSS MiB |" + (" peak GPU MiB |" if gpu else "") + " start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "") + "---|",
     ]
     for task in tasks:
         trl: dict[int, float] = {}  # seed -> the faster TRL side's samples/s
@@ -351,7 +394,7 @@ def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
             lines.append(
                 f"| {task} | {side} | {med['step_s']:.4f} | {med['samples_s']:.0f} | {ratio} | {med['cpu_s']:.4f} | "
                 f"{cpu_ratio} | {med['tokens_s']:.0f} | {med['sampled_s']:.0f} | {med['rss']:.0f} | "
-                f"{med['pss']:.0f} | {med['startup']:.1f} |"
+                f"{med['pss']:.0f} | " + (f"{med['gpu']:.0f} | " if gpu else "") + f"{med['startup']:.1f} |"
             )
     return "\n".join(lines)
 
@@ -397,30 +440,35 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
     parser.add_argument("--window", type=int, default=10, help="steps per learning-curve window")
-    parser.add_argument("--out", type=Path, default=REPO / "runs" / "vs-trl")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the model both sides train")
+    parser.add_argument("--out", type=Path, help="default: runs/vs-trl, runs/vs-trl-SHAPE for another shape")
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
+    parser.add_argument("--trl-python", type=Path, help="a python where trl already imports, instead of --trl-venv")
     parser.add_argument("--report", type=Path, help="append the tables and the commands to this markdown file")
     args = parser.parse_args()
     if args.steps <= args.warmup + 2:
         parser.error(f"--steps {args.steps} leaves no step to time after --warmup {args.warmup}; raise --steps")
-    out = args.out.resolve()
+    out = (args.out or REPO / "runs" / ("vs-trl" if args.shape == "tiny" else f"vs-trl-{args.shape}")).resolve()
     for folder in ("results", "logs", "runs"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     digit.write(out / "digit.jsonl", 512)
-    python = trl_python(args.trl_venv.resolve()) if set(args.sides) & set(TRL) else None
+    python = None
+    if set(args.sides) & set(TRL):
+        python = args.trl_python or trl_python(args.trl_venv.resolve())
     if python is not None:
         print("TRL: GRPOConfig changed from its defaults (and why):")
         for task in args.tasks:
             command = [str(python), "benchmarks/vs_trl_side.py", "--task", task, "--print-changes"]
+            command += ["--lr", str(SHAPES[args.shape][1])]
             command += ["--max-new-tokens", str(TASKS[task]["max_new_tokens"])]
             changes = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
             for field, (value, why) in json.loads(changes.stdout).items():
                 print(f"  {task}: {field} = {'(per run)' if value is None else value}: {why}")
-    configs = {task: agentrl_config(task, out) for task in args.tasks}
+    configs = {task: agentrl_config(task, out, args.shape) for task in args.tasks}
 
     def one(task: str, side: str, seed: int, steps: int, name: str) -> dict:
         if side in TRL:
-            return run_trl(python, TRL[side], task, seed, steps, out, name)
+            return run_trl(python, TRL[side], task, seed, steps, out, name, SHAPES[args.shape][1])
         return run_agentrl(side, configs[task], seed, steps, out, name)
 
     for task in args.tasks:  # warm-up: builds the model folder (agentrl), fills the disk cache; not counted

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TRL_CHANGES = {
     "per_device_train_batch_size": (64, "8 prompts x 8 completions per step, one optimizer step per batch"),
     "num_generations": (8, "the group size (the default, stated)"),
-    "learning_rate": (5e-3, "agentrl's optimizer.lr in both configs"),
+    "learning_rate": (5e-3, "agentrl's optimizer.lr in both configs (--lr)"),
     "lr_scheduler_type": ("constant", "agentrl's lr_scheduler.decay default (TRL's: linear to 0)"),
     "adam_beta2": (0.99, "agentrl's optimizer.betas default (0.9, 0.99); TRL's: 0.999"),
     "epsilon_high": (0.28, "agentrl's clip-higher default (0.2 / 0.28); inert here: one update per batch"),
@@ -214,11 +214,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--lr", type=float, default=5e-3, help="learning_rate (agentrl's optimizer.lr)")
     parser.add_argument("--work", help="TRL's output_dir (nothing is saved there)")
     parser.add_argument("--out")
     parser.add_argument("--print-changes", action="store_true", help="print the GRPOConfig changes as JSON, exit")
     args = parser.parse_args()
     changes = {**TRL_CHANGES, **task_changes(args.task, args.max_new_tokens)}
+    changes["learning_rate"] = (args.lr, changes["learning_rate"][1])
     if args.print_changes:
         print(json.dumps({name: [value, why] for name, (value, why) in changes.items()}))
         return
