@@ -449,6 +449,7 @@ def main() -> None:
     if args.steps <= args.warmup + 2:
         parser.error(f"--steps {args.steps} leaves no step to time after --warmup {args.warmup}; raise --steps")
     out = (args.out or REPO / "runs" / ("vs-trl" if args.shape == "tiny" else f"vs-trl-{args.shape}")).resolve()
+    lr = SHAPES[args.shape][1]  # both sides' learning rate
     for folder in ("results", "logs", "runs"):
         (out / folder).mkdir(parents=True, exist_ok=True)
     digit.write(out / "digit.jsonl", 512)
@@ -459,7 +460,7 @@ def main() -> None:
         print("TRL: GRPOConfig changed from its defaults (and why):")
         for task in args.tasks:
             command = [str(python), "benchmarks/vs_trl_side.py", "--task", task, "--print-changes"]
-            command += ["--lr", str(SHAPES[args.shape][1])]
+            command += ["--lr", str(lr)]
             command += ["--max-new-tokens", str(TASKS[task]["max_new_tokens"])]
             changes = subprocess.run(command, cwd=REPO, capture_output=True, text=True, check=True)
             for field, (value, why) in json.loads(changes.stdout).items():
@@ -468,7 +469,7 @@ def main() -> None:
 
     def one(task: str, side: str, seed: int, steps: int, name: str) -> dict:
         if side in TRL:
-            return run_trl(python, TRL[side], task, seed, steps, out, name, SHAPES[args.shape][1])
+            return run_trl(python, TRL[side], task, seed, steps, out, name, lr)
         return run_agentrl(side, configs[task], seed, steps, out, name)
 
     for task in args.tasks:  # warm-up: builds the model folder (agentrl), fills the disk cache; not counted

@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 TRL_CHANGES = {
     "per_device_train_batch_size": (64, "8 prompts x 8 completions per step, one optimizer step per batch"),
     "num_generations": (8, "the group size (the default, stated)"),
-    "learning_rate": (5e-3, "agentrl's optimizer.lr in both configs (--lr)"),
+    "learning_rate": (None, "agentrl's optimizer.lr in both configs (--lr)"),
     "lr_scheduler_type": ("constant", "agentrl's lr_scheduler.decay default (TRL's: linear to 0)"),
     "adam_beta2": (0.99, "agentrl's optimizer.betas default (0.9, 0.99); TRL's: 0.999"),
     "epsilon_high": (0.28, "agentrl's clip-higher default (0.2 / 0.28); inert here: one update per batch"),

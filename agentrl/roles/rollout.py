@@ -137,7 +137,6 @@ class RunningAhead:
         worker, poll = self.worker, self.watcher.poll
         if self.config.rollout.partial_rollouts and worker.engine.event_loop is None:
             worker.between_batches = poll
-            worker.weights_at_batches = lambda: not self.watcher.paces_trainer()
         elif worker.dispatch is not None and worker.engine.event_loop is None:
             # Whole episodes on one version, tasks from one queue: a rank takes new weights mid-step while none of its
             # groups runs. Taking them only between steps hung: a rank in the weight handoff waited for rank 0, which
@@ -147,6 +146,8 @@ class RunningAhead:
             # SGLang updates weights by running its own loop
             print(f"agentrl: {type(worker.engine).__name__} takes new weights between steps only", flush=True)
         self.watcher.wait_for(start_step)
+        # known once the first version has come (the shared-memory sync learns its nodes then)
+        worker.weights_at_batches = worker.between_batches == poll and not self.watcher.sync.paces_sender()
 
     def weights_for(self, step: int) -> bool:
         return self.watcher.wait_for(step)

@@ -272,11 +272,11 @@ async def gather_polling(coroutines, between_batches: Callable[[], bool], engine
     watched = engine is not None and engine.watch_batches(at_batch)
     try:
         while not episodes.done():
-            lookout.look()
-            if watched and engine.running_batches():
+            if watched and engine.running_batches():  # the hook looks before each batch: wait for it to say idle
                 woken = loop.create_future()
                 await asyncio.wait([episodes, woken], return_when=asyncio.FIRST_COMPLETED)
             else:
+                lookout.look()
                 await asyncio.wait([episodes], timeout=POLL_WEIGHTS_S)
     finally:
         if watched:

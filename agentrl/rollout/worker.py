@@ -157,7 +157,7 @@ class RolloutWorker:
         self.between_batches: Callable[[], bool] | None = None
         # Whether `between_batches` may wait for the engine's batch boundaries (the timer runs only while none runs):
         # where the trainer's weight send does not wait for this rank to receive.
-        self.weights_at_batches: Callable[[], bool] = lambda: False
+        self.weights_at_batches = False
         self.groups_live = 0  # rollout.dispatch=dynamic: claimed groups whose episodes are still running
         # rollout.dispatch=dynamic: where this rank claims its tasks (agentrl/rollout/dispatch.py); set by `run`,
         # else (one rollout rank) a queue of its own.
@@ -358,7 +358,7 @@ class RolloutWorker:
         """Run coroutines to the end on this rank's loop; running ahead, new weights are taken between batches."""
         if self.between_batches is None:
             return self.loop.run_until_complete(gather_episodes(coroutines))
-        engine = self.engine if self.weights_at_batches() else None
+        engine = self.engine if self.weights_at_batches else None
         return self.loop.run_until_complete(gather_polling(coroutines, self.between_batches, engine))
 
     def _name_failed_rows(self, episodes: list[Episode]) -> None:

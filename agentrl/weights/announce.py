@@ -76,10 +76,6 @@ class WeightWatcher:
     def _announced(self) -> bool:
         return transport.probe(self.comm, self.leader, Tag.WEIGHTS)
 
-    def paces_trainer(self) -> bool:
-        """Whether the trainer's send may wait for this rank to receive (`WeightSync.paces_sender`)."""
-        return self.sync.paces_sender()
-
     def poll(self) -> bool:
         while not self.stopped and self._announced():
             self._take()

@@ -126,7 +126,7 @@ def test_the_batch_scheduler_looks_for_weights_between_its_batches_not_on_a_time
     engine._run_batch = slow_batch
     looks = []
     worker.between_batches = lambda: looks.append(engine._model_lock.locked()) or True
-    worker.weights_at_batches = lambda: True  # the trainer's send does not wait for this rank (shm on its node)
+    worker.weights_at_batches = True  # the trainer's send does not wait for this rank (shm on its node)
     episodes, _ = worker.collect(step=0)
     batches = engine.stats["batches"]
     assert len(episodes) == 8 and batches >= 3
@@ -134,7 +134,7 @@ def test_the_batch_scheduler_looks_for_weights_between_its_batches_not_on_a_time
     assert batches <= len(looks) <= 3 * batches + 5  # before each batch, when none is left, and while env replies come
 
     looks.clear()  # where the trainer's send waits for this rank to receive: still on the timer, batches or not
-    worker.weights_at_batches = lambda: False
+    worker.weights_at_batches = False
     worker.collect(step=1)
     assert sum(looks) >= engine.stats["batches"] - batches, "no look while batches ran: the trainer would wait"
 
