@@ -66,9 +66,12 @@ def evaluate(config, target: Target, command: list[str]) -> dict | None:
 
 def _evaluate_role(config, layout, target: Target, started: float) -> dict | None:
     from agentrl.layout import Role
+    from agentrl.run.freed_memory import keep_freed_memory
     from agentrl.run.start import seed_everything, set_threads
 
     set_threads(config, layout)
+    if config.runtime.keep_freed_memory:
+        keep_freed_memory()
     seed_everything(config.seed + layout.rank)
     report = None
     if layout.single_process:

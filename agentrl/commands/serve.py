@@ -196,10 +196,12 @@ def _serve(args, world, section, served: Served, stops: _StopSignals) -> None:
     from agentrl import transport
     from agentrl.layout import job_nodes
     from agentrl.models.loading import load_tokenizer
+    from agentrl.run.freed_memory import keep_freed_memory
     from agentrl.run.liveness import Liveness
     from agentrl.serve.generation import LocalBackend
 
     hf_logging.disable_progress_bar()
+    keep_freed_memory()  # generation's tensors reuse freed pages; MALLOC_*_THRESHOLD_ in the environment overrides
     rank, size = world.Get_rank(), world.Get_size()
     tokenizer = load_tokenizer(served.path)
     engine, max_positions = _engine(args, section, served, rank)

@@ -192,6 +192,7 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     from transformers.utils import logging as hf_logging
 
     from agentrl.models.loading import import_model_code, load_tokenizer
+    from agentrl.run.freed_memory import keep_freed_memory
     from agentrl.run.supervise import restart_count
     from agentrl.tracking import open_trackers
     from agentrl.tracking.run_logger import RunLogger
@@ -206,6 +207,8 @@ def run_sft(config: SFTConfig, world, command: list[str]) -> tuple[int, int]:
     import_model_code()  # side by side, before rank 0's model check imports the same and the others wait
     start, total, data, val = transport.agree_on_root(world, lambda: prepare_run(config, size, *inputs))
     torch.set_num_threads(config.runtime.torch_threads or max(1, (os.cpu_count() or 1) // size))
+    if config.runtime.keep_freed_memory:
+        keep_freed_memory()
     torch.manual_seed(config.seed + rank)
     device = device_for(world)
     shared = shared_gpu(world, device)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from agentrl.config import Config
 from agentrl.layout import Layout, Role
+from agentrl.run.freed_memory import keep_freed_memory
 from agentrl.run.start import RunStart, seed_everything, set_threads, yield_to_trainer
 
 
@@ -22,6 +23,8 @@ def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | Non
     trainer leader, or the single process), else None. Each role's module is imported only on its ranks: env
     ranks load no torch unless an env does."""
     yield_to_trainer(config, layout)
+    if config.runtime.keep_freed_memory:
+        keep_freed_memory()
     if layout.role is Role.ENV and not layout.single_process:
         from agentrl.roles.env import run_env
 

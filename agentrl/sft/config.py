@@ -51,6 +51,7 @@ class SFTRuntime(Section):
 
     peer_timeout_s: float | None = RuntimeConfig.model_fields["peer_timeout_s"]
     torch_threads: int = RuntimeConfig.model_fields["torch_threads"]
+    keep_freed_memory: bool = RuntimeConfig.model_fields["keep_freed_memory"]
 
 
 class SFTConfig(Section):
