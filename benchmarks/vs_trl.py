@@ -19,9 +19,10 @@ Tasks (both GRPO, 8 prompts x 8 completions a step, lr 5e-3, no KL, float32, the
   Success: the number found. TRL plays it through `rollout_func` (benchmarks/vs_trl_side.py says why).
 
 Sides (`--sides`; the default ones are marked *): `trl`* and `trl-1t`* (GRPOTrainer, one process, 2 and 1 torch
-threads: on a machine others load, 2 threads can be several times slower than 1; `x TRL` divides by the faster of the
-two, seed by seed), in their own venv (`--trl-venv`, made here on first use with the torch and transformers versions
-of this venv); and `agentrl train`:
+threads: on a machine others load, 2 threads can be several times slower than 1; `x TRL` divides by the fastest TRL
+side of the run, seed by seed); `trl-k`* and `trl-1tk`*: the same with glibc's malloc keeping freed memory through
+the environment, as agentrl's ranks do by default (`runtime.keep_freed_memory`); TRL runs in its own venv
+(`--trl-venv`, made here on first use with the torch and transformers versions of this venv); and `agentrl train`:
 - `agentrl-1`*: one process, the config as it is (2 torch threads); `agentrl-1t`*: the same, runtime.torch_threads=1;
   `agentrl-1c`*: one process, `rollout.engine.scheduler=continuous`;
 - `agentrl-4`*: `mpirun -n 4`, 1 trainer, 2 rollout, 1 env (the quickstart's ranks); `agentrl-4c`: the same, continuous;
@@ -66,6 +67,7 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from agentrl.run import freed_memory  # noqa: E402
 from benchmarks.tasks import digit  # noqa: E402
 
 TWO = ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]
@@ -89,8 +91,19 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
 SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once in training
 AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}
 TRL = {"trl": 2, "trl-1t": 1}  # side -> torch threads
+TRL |= {"trl-k": 2, "trl-1tk": 1}  # "k": glibc's heap keeps freed memory, as agentrl's ranks' does by default
 SIDES = (*TRL, *AGENTRL)
-DEFAULT_SIDES = ("trl", "trl-1t", "agentrl-1", "agentrl-1t", "agentrl-1c", "agentrl-4", "agentrl-2ac")
+DEFAULT_SIDES = (
+    "trl",
+    "trl-1t",
+    "trl-k",
+    "trl-1tk",
+    "agentrl-1",
+    "agentrl-1t",
+    "agentrl-1c",
+    "agentrl-4",
+    "agentrl-2ac",
+)
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128, "init_std": 0.1}  # the quickstart's
 SHAPES = {  # --shape -> (model.tiny, learning rate of both sides)
     "tiny": (TINY, 5e-3),
@@ -237,7 +250,8 @@ def launch(command: list[str], env: dict, log: Path) -> dict:
     return {"wall": time.time() - started, **watched}
 
 
-def run_trl(python: Path, threads: int, task: str, seed: int, steps: int, out: Path, name: str, lr: float) -> dict:
+def run_trl(python: Path, side: str, task: str, seed: int, steps: int, out: Path, name: str, lr: float) -> dict:
+    threads = TRL[side]
     result = out / "results" / f"{name}.json"
     command = [
         str(python), "benchmarks/vs_trl_side.py", "--task", task, "--model", str(out / f"model-{task}"),
@@ -247,6 +261,11 @@ def run_trl(python: Path, threads: int, task: str, seed: int, steps: int, out: P
     ]  # fmt: skip
     command += ["--rows", str(out / "digit.jsonl")] if task == "digit" else ["--game", json.dumps(GAME)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"}
+    if side.endswith("k"):  # the thresholds runtime.keep_freed_memory sets in agentrl's ranks, through the environment
+        env |= {
+            "MALLOC_MMAP_THRESHOLD_": str(freed_memory.MMAP_THRESHOLD),
+            "MALLOC_TRIM_THRESHOLD_": str(freed_memory.TRIM_THRESHOLD),
+        }
     watched = launch(command, env, out / "logs" / f"{name}.log")
     data = json.loads(result.read_text())
     steps_out = [
@@ -366,8 +385,8 @@ def check_same_tokens(task: str, out: Path) -> None:
 
 
 def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
-    """Medians over seeds per task and side. `x TRL`: the median over seeds of samples/s over the faster TRL side's
-    (1 or 2 threads) in that seed; `x TRL by CPU`: the TRL side's least CPU seconds a step over this side's (every
+    """Medians over seeds per task and side. `x TRL`: the median over seeds of samples/s over the fastest TRL side's
+    in that seed; `x TRL by CPU`: the TRL side's least CPU seconds a step over this side's (every
     side trains 64 episodes a step), which the machine's other load moves less than wall time."""
     gpu = any(r["summary"]["gpu"] for r in rows)  # a column only where a run held GPU memory
     lines = [
@@ -376,7 +395,7 @@ def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "") + "---|",
     ]
     for task in tasks:
-        trl: dict[int, float] = {}  # seed -> the faster TRL side's samples/s
+        trl: dict[int, float] = {}  # seed -> the fastest TRL side's samples/s
         trl_cpu: dict[int, float] = {}  # seed -> the TRL side's least CPU seconds a step
         for r in rows:
             if r["task"] == task and r["side"] in TRL:
@@ -469,7 +488,7 @@ def main() -> None:
 
     def one(task: str, side: str, seed: int, steps: int, name: str) -> dict:
         if side in TRL:
-            return run_trl(python, TRL[side], task, seed, steps, out, name, lr)
+            return run_trl(python, side, task, seed, steps, out, name, lr)
         return run_agentrl(side, configs[task], seed, steps, out, name)
 
     for task in args.tasks:  # warm-up: builds the model folder (agentrl), fills the disk cache; not counted

@@ -4,8 +4,9 @@ glibc's malloc gives a block of at least its mmap threshold pages of its own, un
 the heap's free top back to the kernel once it grows past the trim threshold (by default twice the largest block
 freed so far, at most 64 MiB). A step on CPU allocates and frees the same tensors of a few MiB again and again, so
 their pages keep going back, and each one comes again as a page fault the kernel zeroes: 2,000-9,000 faults in one
-train step of the vs_trl game, about a tenth of its time (benchmarks/results/vs-trl.md). Fixed thresholds keep them
-in the heap: blocks under MMAP_THRESHOLD from the heap, and up to TRIM_THRESHOLD of free heap kept.
+train step of the vs_trl game, 130-152 ms against 122-128 without them (docs/performance.md, "Freed memory kept in
+each rank's heap"). Fixed thresholds keep them in the heap: blocks under MMAP_THRESHOLD from the heap, and up to
+TRIM_THRESHOLD of free heap kept.
 
 Either threshold set in the environment (`MALLOC_MMAP_THRESHOLD_`, `MALLOC_TRIM_THRESHOLD_`) is the user's own
 choice and is kept; another allocator preloaded (jemalloc, tcmalloc) makes these calls moot.
