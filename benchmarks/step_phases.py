@@ -158,7 +158,8 @@ def report(args) -> None:
     ranks = sorted((json.loads(p.read_text()) for p in folder.glob("rank_*.json")), key=lambda r: r["rank"])
     if not ranks:
         raise SystemExit(f"step_phases: no rank_*.json in {folder}; run `step_phases.py run --out {folder} ...` first")
-    steps = sorted(b for r in ranks for _, b, _ in r["intervals"].get(STEP_PHASE, []))
+    leader = next((r for r in ranks if STEP_PHASE in r["intervals"]), ranks[0])  # one trainer rank's step ends
+    steps = sorted(b for _, b, _ in leader["intervals"].get(STEP_PHASE, []))
     if len(steps) <= args.warmup + 1:
         raise SystemExit(f"step_phases: {len(steps)} trainer steps; need more than --warmup {args.warmup} + 1")
     start, end = steps[args.warmup - 1] if args.warmup else steps[0], steps[-1]

@@ -30,6 +30,8 @@ the environment, as agentrl's ranks do by default (`runtime.keep_freed_memory`);
   a rank; `agentrl-2a`: the same, `rollout.max_staleness=1` (step n+1 generated while step n trains: one step
   off-policy); `agentrl-2ac`*: `2a` with the continuous scheduler; `agentrl-2at`: `2a` with
   `algorithm.correction.mode=tis`; `agentrl-3a`: 1 trainer, 2 rollout, staleness 1;
+- `agentrl-4d`: `mpirun -n 4`, 2 trainer ranks (data parallel) and 2 rollout ranks with their envs in-process, in
+  lockstep, so that each phase has both cores; `agentrl-4dc`: the same, continuous scheduler;
 - any of those with a `p` after it (`agentrl-1tp`, `agentrl-2acp`): the same with `trainer.shared_prefix=true` (a
   group's prompt forwarded once in training).
 
@@ -87,6 +89,9 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
     "agentrl-2at": (2, [*TWO, "rollout.max_staleness=1", "algorithm.correction.mode=tis"]),
     "agentrl-4c": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1", "rollout.engine.scheduler=continuous"]),
     "agentrl-3a": (3, ["layout.trainer=1", "layout.rollout=2", "layout.env=0", "rollout.max_staleness=1"]),
+    # two trainer ranks (data parallel) and two rollout ranks taking turns: each phase on both cores
+    "agentrl-4d": (4, ["layout.trainer=2", "layout.rollout=2", "layout.env=0"]),
+    "agentrl-4dc": (4, ["layout.trainer=2", "layout.rollout=2", "layout.env=0", "rollout.engine.scheduler=continuous"]),
 }
 SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once in training
 AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}
