@@ -95,8 +95,8 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
 }
 SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once in training
 AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}
-TRL = {"trl": 2, "trl-1t": 1}  # side -> torch threads
-TRL |= {"trl-k": 2, "trl-1tk": 1}  # "k": glibc's heap keeps freed memory, as agentrl's ranks' does by default
+# side -> torch threads; "k": glibc's heap keeps freed memory, as agentrl's ranks' does by default
+TRL = {"trl": 2, "trl-1t": 1, "trl-k": 2, "trl-1tk": 1}
 SIDES = (*TRL, *AGENTRL)
 DEFAULT_SIDES = (
     "trl",

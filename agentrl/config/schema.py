@@ -963,9 +963,9 @@ class RuntimeConfig(Section):
         description=(
             "Linux with glibc: each rank's heap keeps up to 256 MiB of the memory its tensors free, and serves blocks "
             "under 64 MiB itself, so the next step's tensors reuse those pages instead of faulting in fresh zeroed "
-            "ones (the quickstart on 2 cores: 5-11% less time; docs/performance.md#freed-memory-kept-in-each-ranks-heap). "
-            "A rank's memory then shrinks less after a peak. MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the "
-            "environment takes precedence."
+            "ones (the quickstart on 2 cores: 5-11% less time; "
+            "docs/performance.md#freed-memory-kept-in-each-ranks-heap). A rank's memory then shrinks less after a "
+            "peak. MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ in the environment takes precedence."
         ),
     )
     env_step_timeout_s: float | None = Field(
