@@ -9,6 +9,12 @@ latency: the wait still polls on its schedule, so correctness never depends on a
 The socket is a Unix datagram socket in Linux's abstract namespace (no file to clean up),
 named after the process and a random token. Its address is (hostname, name); a ring to
 an address on another host is not attempted.
+
+A training job's ranks also share one doorbell each (`share`, at the role's start): every
+polled wait in the process (`transport.Backoff`) sleeps on it unless given its own, and a rank
+rings the ranks that wait on what it just did (`ring_ranks`): a rollout rank the trainer ranks
+after shipping a batch, a trainer rank every other rank after publishing weights. A ring that
+wakes a wait for something else costs one more poll.
 """
 
 from __future__ import annotations
@@ -66,3 +72,26 @@ class Doorbell:
 
     def close(self) -> None:
         self.socket.close()
+
+
+_shared: Doorbell | None = None  # this process's, once `share` ran
+_addresses: list[Address | None] = []  # every rank's, by rank in the communicator given to `share`
+
+
+def share(bell: Doorbell | None, addresses: list[Address | None]) -> None:
+    """Make `bell` this process's doorbell for polled waits, and `addresses` (by rank) the ones `ring_ranks` rings."""
+    global _shared, _addresses
+    _shared, _addresses = bell, list(addresses)
+
+
+def shared() -> Doorbell | None:
+    return _shared
+
+
+def ring_ranks(ranks=None) -> None:
+    """Ring the shared doorbells of `ranks` (None: every other rank) that live on this host; the others poll."""
+    if _shared is None:
+        return
+    for rank in range(len(_addresses)) if ranks is None else ranks:
+        if rank < len(_addresses) and _addresses[rank] != _shared.address:
+            _shared.ring(_addresses[rank])

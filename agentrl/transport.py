@@ -23,6 +23,7 @@ from enum import IntEnum
 
 import numpy as np
 
+from agentrl import node_wakeup
 from agentrl.errors import EXIT_USER_ERROR, RefusedOnEveryRank, UserError
 from agentrl.node_wakeup import Doorbell
 
@@ -89,7 +90,7 @@ class Backoff:
         doorbell: Doorbell | None = None,
     ):
         self.delay = MIN_SLEEP_S
-        self.doorbell = doorbell
+        self.doorbell = doorbell or node_wakeup.shared()
         self.max_sleep_s = max_sleep_s
         self.started = time.monotonic()
         self.deadline = None if timeout_s is None else self.started + timeout_s

@@ -12,8 +12,10 @@ What the trainer side and a rollout rank are built from, each part given the con
 
 from __future__ import annotations
 
+from agentrl import node_wakeup, transport
 from agentrl.config import Config
 from agentrl.layout import Layout, Role
+from agentrl.node_wakeup import Doorbell
 from agentrl.run.freed_memory import keep_freed_memory
 from agentrl.run.start import RunStart, seed_everything, set_threads, yield_to_trainer
 
@@ -25,6 +27,8 @@ def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | Non
     yield_to_trainer(config, layout)
     if config.runtime.keep_freed_memory:
         keep_freed_memory()
+    bell = Doorbell.create()  # the hand-overs between roles ring it (agentrl/node_wakeup.py)
+    node_wakeup.share(bell, transport.allgather_object(layout.world, None if bell is None else bell.address))
     if layout.role is Role.ENV and not layout.single_process:
         from agentrl.roles.env import run_env
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 
-from agentrl import transport
+from agentrl import node_wakeup, transport
 from agentrl.config import Config
 from agentrl.layout import Layout
 from agentrl.roles.rollout_parts import rollout_parts
@@ -105,8 +105,14 @@ class Lockstep:
         return self.idle_s
 
     def ship(self, messages) -> bool:
-        for trainer, message in messages:
-            transport.send(self.layout.world, message, self.layout.trainer_ranks[trainer], Tag.TRAJECTORIES)
+        world, trainer_ranks = self.layout.world, self.layout.trainer_ranks
+        sends = [
+            (trainer_ranks[trainer], transport.isend(world, message, trainer_ranks[trainer], Tag.TRAJECTORIES))
+            for trainer, message in messages
+        ]
+        node_wakeup.ring_ranks([rank for rank, _ in sends])
+        for rank, request in sends:
+            transport.wait_sent(request, f"send to rank {rank} (tag {Tag.TRAJECTORIES.name})")
         return True
 
     def next_weights(self, step: int) -> bool:
@@ -166,6 +172,7 @@ class RunningAhead:
         self.in_flight = [
             transport.isend(world, message, trainer_ranks[trainer], Tag.TRAJECTORIES) for trainer, message in messages
         ]
+        node_wakeup.ring_ranks([trainer_ranks[trainer] for trainer, _ in messages])
         return True
 
     def next_weights(self, step: int) -> bool:

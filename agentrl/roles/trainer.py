@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from agentrl import transport
+from agentrl import node_wakeup, transport
 from agentrl.config import Config
 from agentrl.data.recorder import StepRecorder
 from agentrl.evaluation.report import receive_results
@@ -50,6 +50,7 @@ def run_trainer(config: Config, layout: Layout, start_step: int) -> tuple[int, d
             weights = AnnouncedWeights(weights, layout.world, layout.rollout_ranks)
         weights.place(trainer.model)
     weights.send(trainer.named_weights(), start_step)
+    node_wakeup.ring_ranks()
     logger, evaluate, recorder = None, None, None
     if layout.is_trainer_leader:
         results = receive_results(layout) if config.eval.enabled else None
@@ -136,8 +137,10 @@ def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, 
             print(f"\nagentrl: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)
         if weights is not None and stopping:
             weights.stop()
+            node_wakeup.ring_ranks()  # the rollout ranks waiting for it look now
         elif weights is not None and (done < config.steps or config.eval.due(done)):
             weights.send(trainer.named_weights(), done)
+            node_wakeup.ring_ranks()
         synced = time.perf_counter()
         saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping
 

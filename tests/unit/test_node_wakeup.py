@@ -41,3 +41,27 @@ def test_a_backoff_with_a_doorbell_sleeps_until_rung():
     started = time.monotonic()
     backoff.sleep()
     assert time.monotonic() - started < 5.0
+
+
+def test_a_polled_wait_sleeps_on_the_shared_doorbell_and_ring_ranks_wakes_it():
+    from agentrl import node_wakeup
+
+    waiter, ringer = Doorbell(), Doorbell()
+    try:
+        node_wakeup.share(waiter, [waiter.address, ringer.address])
+        long_sleeps = transport.Polling(fraction=1.0, min_s=30.0, max_s=30.0)
+        found = []
+        backoff = transport.Backoff(polling=long_sleeps)  # no doorbell given: the shared one
+        threading.Timer(0.2, lambda: (found.append(True), ringer.ring(waiter.address))).start()
+        started = time.monotonic()
+        while not found:
+            backoff.sleep()
+        assert time.monotonic() - started < 5.0
+        # ring_ranks rings the others, never itself (a ring to its own bell would wake its next wait for nothing)
+        node_wakeup.ring_ranks()
+        assert not waiter.wait(0.05)
+        node_wakeup.share(ringer, [waiter.address, ringer.address])
+        node_wakeup.ring_ranks([0, 1, 7])  # rank 7: not in the job; nothing to ring
+        assert waiter.wait(1.0)
+    finally:
+        node_wakeup.share(None, [])
