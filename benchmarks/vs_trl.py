@@ -73,6 +73,7 @@ from agentrl.run import freed_memory  # noqa: E402
 from benchmarks.tasks import digit  # noqa: E402
 
 TWO = ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]
+TWO_AND_TWO = ["layout.trainer=2", "layout.rollout=2", "layout.env=0"]
 AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one process
     "agentrl-1": (1, []),
     "agentrl-1t": (1, ["runtime.torch_threads=1"]),
@@ -90,8 +91,8 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
     "agentrl-4c": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1", "rollout.engine.scheduler=continuous"]),
     "agentrl-3a": (3, ["layout.trainer=1", "layout.rollout=2", "layout.env=0", "rollout.max_staleness=1"]),
     # two trainer ranks (data parallel) and two rollout ranks taking turns: each phase on both cores
-    "agentrl-4d": (4, ["layout.trainer=2", "layout.rollout=2", "layout.env=0"]),
-    "agentrl-4dc": (4, ["layout.trainer=2", "layout.rollout=2", "layout.env=0", "rollout.engine.scheduler=continuous"]),
+    "agentrl-4d": (4, TWO_AND_TWO),
+    "agentrl-4dc": (4, [*TWO_AND_TWO, "rollout.engine.scheduler=continuous"]),
 }
 SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once in training
 AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}
