@@ -107,12 +107,11 @@ class Lockstep:
     def ship(self, messages) -> bool:
         world, trainer_ranks = self.layout.world, self.layout.trainer_ranks
         sends = [
-            (trainer_ranks[trainer], transport.isend(world, message, trainer_ranks[trainer], Tag.TRAJECTORIES))
-            for trainer, message in messages
+            transport.isend(world, message, trainer_ranks[trainer], Tag.TRAJECTORIES) for trainer, message in messages
         ]
-        node_wakeup.ring_ranks([rank for rank, _ in sends])
-        for rank, request in sends:
-            transport.wait_sent(request, f"send to rank {rank} (tag {Tag.TRAJECTORIES.name})")
+        node_wakeup.ring_ranks([trainer_ranks[trainer] for trainer, _ in messages])
+        for request in sends:
+            transport.wait_sent(request, "a batch to a trainer rank")
         return True
 
     def next_weights(self, step: int) -> bool:
