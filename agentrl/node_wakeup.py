@@ -13,8 +13,9 @@ an address on another host is not attempted.
 A training job's ranks also share one doorbell each (`share`, at the role's start): every
 polled wait in the process (`transport.Backoff`) sleeps on it unless given its own, and a rank
 rings the ranks that wait on what it just did (`ring_ranks`): a rollout rank the trainer ranks
-after shipping a batch, a trainer rank every other rank after publishing weights. A ring that
-wakes a wait for something else costs one more poll.
+after shipping a batch, a trainer rank every other rank after publishing weights, and a rank
+that joins a polled collective the communicator's other ranks (`ring_members`), which may be
+asleep in it. A ring that wakes a wait for something else costs one more poll.
 """
 
 from __future__ import annotations
@@ -76,12 +77,16 @@ class Doorbell:
 
 _shared: Doorbell | None = None  # this process's, once `share` ran
 _addresses: list[Address | None] = []  # every rank's, by rank in the communicator given to `share`
+_group = None  # that communicator's MPI group, to find a sub-communicator's ranks in it
+_members: dict[int, list[int]] = {}  # communicator handle -> its other ranks, by rank in `_group`
 
 
-def share(bell: Doorbell | None, addresses: list[Address | None]) -> None:
-    """Make `bell` this process's doorbell for polled waits, and `addresses` (by rank) the ones `ring_ranks` rings."""
-    global _shared, _addresses
-    _shared, _addresses = bell, list(addresses)
+def share(bell: Doorbell | None, addresses: list[Address | None], group=None) -> None:
+    """Make `bell` this process's doorbell for polled waits, and `addresses` (by rank) the ones `ring_ranks` rings;
+    `group`: the MPI group of the communicator they were gathered on, for `ring_members`."""
+    global _shared, _addresses, _group
+    _shared, _addresses, _group = bell, list(addresses), group
+    _members.clear()
 
 
 def shared() -> Doorbell | None:
@@ -95,3 +100,17 @@ def ring_ranks(ranks=None) -> None:
     for rank in range(len(_addresses)) if ranks is None else ranks:
         if rank < len(_addresses) and _addresses[rank] != _shared.address:
             _shared.ring(_addresses[rank])
+
+
+def ring_members(comm) -> None:
+    """Ring the other ranks of `comm` (a communicator of ranks among those `share` was given) on this host."""
+    if _shared is None or _group is None or comm.Get_size() == 1:
+        return
+    key = comm.py2f()
+    if key not in _members:
+        from mpi4py import MPI
+
+        mine = comm.Get_rank()
+        others = [rank for rank in range(comm.Get_size()) if rank != mine]
+        _members[key] = [r for r in MPI.Group.Translate_ranks(comm.Get_group(), others, _group) if r >= 0]
+    ring_ranks(_members[key])

@@ -108,11 +108,12 @@ class Backoff:
         return delay
 
     def sleep(self) -> None:
-        """Sleep the next delay; with a doorbell, until it is rung if that comes sooner."""
+        """Sleep the next delay; with a doorbell, until it is rung if that comes sooner. A ring starts the sleeps
+        over from the shortest: what it announced may take a few more looks (a collective's rounds)."""
         if self.doorbell is None:
             time.sleep(self.next_delay())
-        else:
-            self.doorbell.wait(self.next_delay())
+        elif self.doorbell.wait(self.next_delay()):
+            self.delay, self.started = MIN_SLEEP_S, time.monotonic()
 
 
 class BackgroundProgress:
@@ -170,6 +171,16 @@ def wait(
 ) -> None:
     """Complete a non-blocking MPI request without spinning."""
     wait_until(request.Test, timeout_s, what, max_sleep_s)
+
+
+def wait_collective(comm, request, what: str, max_sleep_s: float = MAX_SLEEP_S) -> None:
+    """Complete a non-blocking collective of `comm`, polled: one test (this rank's part on its way), a ring to the
+    other ranks (one that came first sleeps in its own wait and would look only at its next poll; rung, it polls
+    from the shortest sleep again), then the wait."""
+    done = request.Test()
+    node_wakeup.ring_members(comm)
+    if not done:
+        wait(request, what=what, max_sleep_s=max_sleep_s)
 
 
 def pickled(comm):
@@ -240,7 +251,7 @@ def recv(
 
 def bcast_array(comm, array: np.ndarray, root: int = 0, max_sleep_s: float = MAX_SLEEP_S) -> None:
     """Broadcast a contiguous numpy array in place (non-blocking collective, polled)."""
-    wait(comm.Ibcast(array, root=root), what="a broadcast", max_sleep_s=max_sleep_s)
+    wait_collective(comm, comm.Ibcast(array, root=root), "a broadcast", max_sleep_s)
 
 
 def bcast_object(comm, obj, root: int = 0, max_sleep_s: float = MAX_SLEEP_S):
@@ -300,14 +311,14 @@ def free_shared(window) -> None:
 
 
 def barrier(comm) -> None:
-    wait(comm.Ibarrier(), what="a barrier")
+    wait_collective(comm, comm.Ibarrier(), "a barrier")
 
 
 def allreduce_sum(comm, array: np.ndarray, max_sleep_s: float = MAX_SLEEP_S) -> np.ndarray:
     from mpi4py import MPI
 
     out = np.empty_like(array)
-    wait(comm.Iallreduce(array, out, op=MPI.SUM), what="an allreduce", max_sleep_s=max_sleep_s)
+    wait_collective(comm, comm.Iallreduce(array, out, op=MPI.SUM), "an allreduce", max_sleep_s)
     return out
 
 
@@ -319,10 +330,10 @@ def allgather_object(comm, obj) -> list:
 
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = np.empty(comm.Get_size(), dtype=np.int64)
-    wait(comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), what="an allgather")
+    wait_collective(comm, comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), "an allgather")
     displacements = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
-    wait(comm.Iallgatherv(payload, [gathered, sizes, displacements, MPI.BYTE]), what="an allgather")
+    wait_collective(comm, comm.Iallgatherv(payload, [gathered, sizes, displacements, MPI.BYTE]), "an allgather")
     return [pickle.loads(gathered[d : d + n].tobytes()) for d, n in zip(displacements, sizes, strict=True)]
 
 

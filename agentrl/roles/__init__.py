@@ -28,7 +28,8 @@ def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | Non
     if config.runtime.keep_freed_memory:
         keep_freed_memory()
     bell = Doorbell.create()  # the hand-overs between roles ring it (agentrl/node_wakeup.py)
-    node_wakeup.share(bell, transport.allgather_object(layout.world, None if bell is None else bell.address))
+    addresses = transport.allgather_object(layout.world, None if bell is None else bell.address)
+    node_wakeup.share(bell, addresses, layout.world.Get_group())
     if layout.role is Role.ENV and not layout.single_process:
         from agentrl.roles.env import run_env
 

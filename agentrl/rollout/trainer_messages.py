@@ -3,29 +3,54 @@ stats, and for the trainer leader the data position, episode records and sample 
 
 from __future__ import annotations
 
-import numpy as np
-
 from agentrl.rollout.failures import FailureTally
 from agentrl.trajectory import Episode, pack
 
 
-def shard_for_trainers(episodes: list[Episode], trainers: int, rotate: int = 0) -> list[list[Episode]]:
-    """Split whole groups over trainer ranks in contiguous chunks of sizes that differ by at most one.
+def shard_for_trainers(
+    episodes: list[Episode], trainers: int, rotate: int = 0, shared_prefix: bool = False
+) -> list[list[Episode]]:
+    """Split whole groups over trainer ranks, as many to each as the others give or take one, balancing what they
+    cost to train: the rows' tokens, or with `shared_prefix` (trainer.shared_prefix) the distinct prefixes of the
+    group's rows (a token tree's nodes), which is what the trainer forwards. The costliest group goes first, each
+    to the trainer with the least cost so far that still takes groups (verl balances its data-parallel ranks'
+    sequence lengths alike): data-parallel trainers wait for the slowest at every gradient sum.
 
-    When the groups do not divide evenly (dynamic sampling left a share short), the larger chunks
-    go to trainers `rotate`, `rotate + 1`, ... (mod trainers): each rollout rank passes its own
-    index, so the remainders of several rollout ranks land on different trainers. A trainer may
-    get no group at all (an empty shard); the trainer still joins every collective.
+    When the groups do not divide evenly (dynamic sampling left a share short), the extra groups go to trainers
+    `rotate`, `rotate + 1`, ... (mod trainers): each rollout rank passes its own index, so the remainders of
+    several rollout ranks land on different trainers. A trainer may get no group at all (an empty shard); the
+    trainer still joins every collective.
     """
-    groups = sorted({e.group for e in episodes})
-    base, extra = divmod(len(groups), trainers)
-    sizes = [base + ((index - rotate) % trainers < extra) for index in range(trainers)]
-    bounds = np.cumsum([0, *sizes])
-    owner = {group: index for index in range(trainers) for group in groups[bounds[index] : bounds[index + 1]]}
-    shards: list[list[Episode]] = [[] for _ in range(trainers)]
+    by_group: dict[int, list[Episode]] = {}
     for episode in episodes:
+        by_group.setdefault(episode.group, []).append(episode)
+    base, extra = divmod(len(by_group), trainers)
+    order = [(rotate + k) % trainers for k in range(trainers)]  # who takes the extra groups, and wins ties
+    room = {trainer: base + (k < extra) for k, trainer in enumerate(order)}
+    load = dict.fromkeys(order, 0)
+    cost = {group: _training_cost(rows, shared_prefix) for group, rows in by_group.items()}
+    owner = {}
+    for group in sorted(by_group, key=lambda group: (-cost[group], group)):
+        owner[group] = min((t for t in order if room[t]), key=lambda t: load[t])
+        room[owner[group]] -= 1
+        load[owner[group]] += cost[group]
+    shards: list[list[Episode]] = [[] for _ in range(trainers)]
+    for episode in episodes:  # in the order they came
         shards[owner[episode.group]].append(episode)
     return shards
+
+
+def _training_cost(episodes: list[Episode], shared_prefix: bool) -> int:
+    """Tokens a trainer forwards for a group's rows (each episode's further samples are rows too)."""
+    rows = [e.tokens for episode in episodes for e in (episode, *episode.more_samples)]
+    if not shared_prefix:
+        return sum(len(row) for row in rows)
+    nodes, previous = 0, []
+    for row in sorted(rows):  # a row shares the most with its neighbour in sorted order
+        shared = next((i for i, (a, b) in enumerate(zip(previous, row, strict=False)) if a != b), len(previous))
+        nodes += len(row) - shared
+        previous = row
+    return nodes
 
 
 def batch_messages(config, worker, index: int, trainers: int, step: int, episodes, stats):
@@ -33,7 +58,7 @@ def batch_messages(config, worker, index: int, trainers: int, step: int, episode
     the first trainer (the leader) this rank's data position and, with rollout.dump_episodes, the episode
     records; rollout rank 0 adds sample texts for TensorBoard."""
     failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
-    for trainer_index, shard in enumerate(shard_for_trainers(episodes, trainers, index)):
+    for trainer_index, shard in enumerate(shard_for_trainers(episodes, trainers, index, config.trainer.shared_prefix)):
         samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
         message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
         if trainer_index == 0 and (index == 0 or config.rollout.dispatch == "static"):

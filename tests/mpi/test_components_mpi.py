@@ -42,6 +42,14 @@ def test_a_rank_waiting_for_a_late_one_sleeps_instead_of_spinning(tiny_model_dir
     assert len(shares) == 2 and max(shares) < 0.3, result.stdout  # a blocking MPI wait used 0.5 to 1
 
 
+def test_a_rank_late_to_a_collective_rings_the_ranks_waiting_in_it():
+    result = script(3, "collective_ring.py", timeout=120)
+    assert_ok(result)
+    for what in ("allreduce", "broadcast"):
+        late = float(re.search(rf"{what}: rank 0 out ([0-9.]+) s after", result.stdout).group(1))
+        assert late < 0.3, result.stdout  # polled alone: about 0.6 s (sleeps doubling from 50 us)
+
+
 def test_exception_on_one_rank_aborts_all():
     started = time.monotonic()
     result = script(3, "raise_on_one_rank.py", timeout=60)

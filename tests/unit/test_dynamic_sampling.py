@@ -162,6 +162,27 @@ def test_uneven_shards_rotate_the_larger_chunks_and_may_be_empty(tiny_model_dir)
     assert [len(s) for s in shard_for_trainers([], 2, 1)] == [0, 0]
 
 
+def test_shards_balance_what_the_groups_cost_to_train(tiny_model_dir):
+    from agentrl.trajectory import Episode
+
+    def group(g, lengths, shared=0):
+        return [Episode(group=g, task_seed=g, tokens=[1] * shared + [g + 2 + i] * (n - shared)) for i, n in
+                enumerate(lengths)]  # fmt: skip
+
+    # in order, contiguous halves would give one trainer groups 0 and 1 (200 tokens) and the other 2 and 3 (20)
+    episodes = [*group(0, [50, 50]), *group(1, [50, 50]), *group(2, [5, 5]), *group(3, [5, 5])]
+    shards = shard_for_trainers(episodes, 2)
+    assert sorted(sum(len(e.tokens) for e in shard) for shard in shards) == [110, 110]
+    assert [len({e.group for e in shard}) for shard in shards] == [2, 2]
+    assert all(shard == [e for e in episodes if e in shard] for shard in shards)  # each in the order they came
+    # with the shared prefix, a group costs its distinct prefixes: group 4's rows repeat a 90-token prefix (300 tokens,
+    # 120 distinct), group 5's share nothing (200); by tokens 4 is the costliest, by the tree 5 is
+    episodes = [*group(4, [100, 100, 100], shared=90), *group(5, [100, 100]), *group(6, [30, 30]), *group(7, [10, 10])]
+    for shared_prefix, partner in ((False, 7), (True, 6)):
+        shards = shard_for_trainers(episodes, 2, shared_prefix=shared_prefix)
+        assert {e.group for e in next(shard for shard in shards if shard[0].group == 4)} == {4, partner}
+
+
 def test_trainers_count_groups_without_signal():
     from agentrl.metrics import episode_metrics, episode_sums
     from agentrl.trajectory import Episode, pack
