@@ -50,7 +50,7 @@ def make_side(config: Config, name: str, device: str, comm, group, start_step: i
 
     view = policy_view(config, name)
     resumed_from = checkpoint.step_path(view.run_dir, start_step) if start_step else None
-    trainer = policy_trainer(view, str(resumed_from or view.model.path), device, group)
+    trainer = policy_trainer(view, str(resumed_from or view.model.path), device, group, comm)
     ratings = EloRatings() if name == learner_of(config) else None
     side = PolicySide(name, view, trainer, load_tokenizer(view.model.path), comm, leader, ratings=ratings)
     if resumed_from is not None:

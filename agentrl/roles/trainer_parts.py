@@ -19,15 +19,16 @@ from agentrl.trainer.policy_trainer import PolicySections, PolicyTrainer
 from agentrl.weights import make_weight_sync
 
 
-def policy_trainer(config: Config, weights_path: str, device: str, group=None) -> PolicyTrainer:
-    """The policy trainer of `weights_path` (the model, or a checkpoint to resume) among the ranks of `group`."""
-    return PolicyTrainer(weights_path, device, group, PolicySections.of(config), algorithm_of(config))
+def policy_trainer(config: Config, weights_path: str, device: str, group=None, comm=None) -> PolicyTrainer:
+    """The policy trainer of `weights_path` (the model, or a checkpoint to resume) among the ranks of `group`
+    (torch.distributed) and `comm` (the same ranks' MPI communicator)."""
+    return PolicyTrainer(weights_path, device, group, PolicySections.of(config), algorithm_of(config), comm)
 
 
 def make_trainer(config: Config, layout: Layout, start_step: int, group=None):
     """The policy trainer (resumed from the checkpoint of `start_step`, if any) and the tokenizer."""
     resumed_from = checkpoint.step_path(config.run_dir, start_step) if start_step else None
-    trainer = policy_trainer(config, str(resumed_from or config.model.path), layout.device, group)
+    trainer = policy_trainer(config, str(resumed_from or config.model.path), layout.device, group, layout.role_comm)
     if resumed_from is not None:
         checkpoint.load_state(
             resumed_from, trainer.optimizer, trainer.scheduler, trainer.model, extra_state=trainer.extra_state

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from agentrl import transport
 from agentrl.algorithms.base import Algorithm, ExtraModel, LossInputs, Prepared, Reduce, valid_episodes
 from agentrl.config import (
     ConfigError,
@@ -86,6 +87,7 @@ class PolicyTrainer:
         group,
         sections: PolicySections,
         algorithm: Callable[[Reduce], Algorithm],
+        comm=None,
     ):
         model, trainer, optimizer = sections.model, sections.trainer, sections.optimizer
         self.model_config = model
@@ -96,12 +98,17 @@ class PolicyTrainer:
         self.device = device
         self.group = group  # torch.distributed group of trainer ranks, None when alone
         self.parallelism = sections.parallelism
+        # the trainer ranks' MPI communicator: on CPU, without FSDP, the trainer's sums go over it (shared memory on a
+        # node, polled; gloo's TCP round trip is several times slower for a step's gradient and counts)
+        self.sum_comm = comm if comm is not None and group is not None and device == "cpu" else None
         if self.parallelism.fsdp and group is None:
             raise ConfigError(
                 "parallelism.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one trainer rank there "
                 "is nothing to shard: set parallelism.fsdp=false (parallelism.mixed_precision=bf16 then uses autocast)"
             )
         self.sharded = self.parallelism.fsdp
+        if self.sharded:
+            self.sum_comm = None  # FSDP's own collectives go over the torch group: the sums keep to it too
         self.algorithm = algorithm(self._reduce)
         self.model = self._load(weights_path)
         self.model.train()
@@ -168,6 +175,8 @@ class PolicyTrainer:
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over trainer ranks, returned on the tensor's own device (NCCL reduces only GPU tensors)."""
+        if self.sum_comm is not None:
+            return torch.from_numpy(transport.allreduce_sum(self.sum_comm, tensor.detach().contiguous().numpy()))
         if self.group is not None:
             import torch.distributed as dist
 

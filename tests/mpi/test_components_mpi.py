@@ -19,7 +19,8 @@ def test_trainer_replicas_stay_identical(tiny_model_dir):
     result = script(2, "replicas.py", str(tiny_model_dir), *REPLICA_ALGORITHMS, timeout=240)
     assert_ok(result)
     for algorithm in REPLICA_ALGORITHMS:
-        assert f"{algorithm}: replicas identical and equal to whole-batch training" in result.stdout
+        assert f"{algorithm}: replicas identical and equal to whole-batch training (sums over MPI)" in result.stdout
+    assert "grpo: replicas identical and equal to whole-batch training (sums over torch.distributed)" in result.stdout
 
 
 def test_rollout_ranks_hold_the_trainers_version(tiny_model_dir):

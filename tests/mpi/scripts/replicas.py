@@ -1,5 +1,6 @@
 """mpirun -n 2 replicas.py MODEL_DIR [ALGORITHM ...]: two trainer ranks, each on half the groups, end every
-step with identical weights, and match one rank trained on the whole batch, for each algorithm named."""
+step with identical weights, and match one rank trained on the whole batch, for each algorithm named; their sums
+over MPI (a CPU training run's), and for the first algorithm also over torch.distributed (FSDP's, a GPU's)."""
 
 import sys
 
@@ -15,7 +16,7 @@ from agentrl.trajectory import concat
 from tests.mpi.scripts.batches import synthetic_batch
 
 
-def check(algorithm: str, model_dir: str, world, group) -> None:
+def check(algorithm: str, model_dir: str, world, group, over_mpi: bool) -> None:
     rank = world.Get_rank()
     config = from_dict(
         {
@@ -27,7 +28,8 @@ def check(algorithm: str, model_dir: str, world, group) -> None:
         }
     )
     torch.manual_seed(0)
-    trainer = policy_trainer(config, model_dir, "cpu", group)
+    trainer = policy_trainer(config, model_dir, "cpu", group, world if over_mpi else None)
+    assert (trainer.sum_comm is not None) == over_mpi
     vocab = trainer.model.config.vocab_size
     half = range(0, 4) if rank == 0 else range(4, 8)
     for step in range(3):
@@ -44,15 +46,18 @@ def check(algorithm: str, model_dir: str, world, group) -> None:
             alone.train_step(concat(halves))
         for (name, a), (_, b) in zip(alone.model.named_parameters(), trainer.model.named_parameters(), strict=True):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{algorithm} {name}: 2 ranks != 1 rank")
-        print(f"{algorithm}: replicas identical and equal to whole-batch training", flush=True)
+        route = "MPI" if over_mpi else "torch.distributed"
+        print(f"{algorithm}: replicas identical and equal to whole-batch training (sums over {route})", flush=True)
     transport.barrier(world)
 
 
 def main():
     world = MPI.COMM_WORLD
     group = init_trainer_group(world, "cpu")
-    for algorithm in sys.argv[2:] or ["grpo"]:
-        check(algorithm, sys.argv[1], world, group)
+    algorithms = sys.argv[2:] or ["grpo"]
+    for algorithm in algorithms:
+        check(algorithm, sys.argv[1], world, group, over_mpi=True)
+    check(algorithms[0], sys.argv[1], world, group, over_mpi=False)
 
 
 if __name__ == "__main__":
