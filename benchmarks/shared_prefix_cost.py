@@ -4,6 +4,7 @@
     python benchmarks/shared_prefix_cost.py --steps 20 --threads 2
     python benchmarks/shared_prefix_cost.py --steps 20 --baseline ../main --unfused   # before/after, side by side
     python benchmarks/shared_prefix_cost.py --freed-memory          # also with runtime.keep_freed_memory off
+    python benchmarks/shared_prefix_cost.py --shapes guess --compile --warmup 8   # also torch.compile'd
 
 Each variant's PolicyTrainer loads the quickstart's tiny model shape (hidden 64, 2 layers, vocab 128) and trains
 `--steps` steps on the same batches, the variants taking turns step by step (in a rotating order) so the machine's
@@ -12,8 +13,10 @@ other load falls on all alike. Variants: whole rows and `trainer.shared_prefix=t
 packed sequences; `cached`: the prefixes, then the rests on their KV cache; by default the plan picks the cheaper per
 micro-batch); with `--freed-memory` also both in a process whose heap hands freed memory back to the kernel (glibc's
 own thresholds: `runtime.keep_freed_memory=false`; the trainers otherwise keep it, as a training rank does by
-default); with `--baseline PATH` also both with the agentrl checkout at PATH (its own defaults: the code before a
-change, e.g. a `git worktree` of main). Each checkout's trainers run in a child process of their own (this one's too,
+default); with `--compile` also both with the trainer's model compiled (`torch.compile(dynamic=True)` of its
+decoder; the first steps compile and recompile, tens of seconds on CPU: give `--warmup` 8 or more); with
+`--baseline PATH` also both with the agentrl checkout at PATH (its own defaults: the code before a change, e.g. a
+`git worktree` of main). Each checkout's trainers run in a child process of their own (this one's too,
 one per heap setting), which the parent asks for one step at a time; only one computes at any moment.
 Batches have the shapes of benchmarks/vs_trl.py's tasks, 8 groups x 8 episodes, random tokens:
 - `digit`: a 14-token prompt, then 2 generated tokens (16 tokens, as the digit task's episodes);
@@ -96,6 +99,9 @@ def worker(checkout: str, model: str, threads: int, keep: bool) -> None:
             trainers[request["build"]] = policy_trainer(config, model, "cpu")
             if request.get("layouts"):
                 trainers[request["build"]].prefix_layouts = tuple(request["layouts"])
+            if request.get("compile"):
+                decoder = trainers[request["build"]].model.model
+                decoder.forward = torch.compile(decoder.forward, dynamic=True)
             answer = {"built": request["build"]}
         else:  # {"step": seed, "shape": name, "trainer": name}
             data = batch(request["shape"], np.random.default_rng(request["step"]), vocab)
@@ -133,10 +139,10 @@ class Worker:
 
 
 def variants(
-    baseline: str | None, unfused: bool, layouts: bool, freed: bool
+    baseline: str | None, unfused: bool, layouts: bool, freed: bool, compiled: bool = False
 ) -> list[tuple[str, tuple[str, bool], bool, dict, list]]:
     """(name, (checkout, heap keeps freed memory), shared_prefix, optimizer options, the layouts the plan may take) of
-    every variant measured."""
+    every variant measured; the optimizer options' "compile" key compiles the model instead."""
     out = []
     checkouts = ([("baseline", baseline)] if baseline else []) + [("this", str(REPO))]
     for label, checkout in checkouts:
@@ -148,6 +154,8 @@ def variants(
                 kinds += [(f", {name} only", {}, [name], True) for name in ("packed", "cached")]
             if label == "this" and freed:
                 kinds.append((", runtime.keep_freed_memory=false", {}, [], False))
+            if label == "this" and compiled:
+                kinds.append((", torch.compile", {"compile": True}, [], True))
             for suffix, optimizer, only, keep in kinds:
                 rows = "shared_prefix" if shared else "whole rows"
                 out.append((f"{label}: {rows}{suffix}", (checkout, keep), shared, optimizer, only))
@@ -164,6 +172,7 @@ def main() -> None:
     parser.add_argument("--unfused", action="store_true", help="also this checkout with optimizer.fused=false")
     parser.add_argument("--layouts", action="store_true", help="also the shared prefix in each layout alone")
     parser.add_argument("--freed-memory", action="store_true", help="also with runtime.keep_freed_memory=false")
+    parser.add_argument("--compile", action="store_true", help="also with the trainer's model torch.compile'd")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     parser.add_argument("--model", help=argparse.SUPPRESS)
     parser.add_argument("--hand-back", action="store_true", help=argparse.SUPPRESS)
@@ -177,7 +186,7 @@ def main() -> None:
     from agentrl.models.tiny import TinyShape, build_tiny_model
 
     baseline = str(Path(args.baseline).resolve()) if args.baseline else None
-    measured = variants(baseline, args.unfused, args.layouts, args.freed_memory)
+    measured = variants(baseline, args.unfused, args.layouts, args.freed_memory, args.compile)
     with tempfile.TemporaryDirectory() as folder:
         model = Path(folder) / "model"
         shape = TinyShape(hidden_size=64, num_layers=2, num_heads=4, vocab_size=VOCAB, init_std=0.1)
@@ -191,7 +200,9 @@ def main() -> None:
             print("|---|---|---|---|---|---|---|")
             for shape in args.shapes:
                 for name, process, shared, optimizer, only in measured:
-                    request = {"build": f"{shape} {name}", "shared": shared, "optimizer": optimizer, "layouts": only}
+                    request = {"build": f"{shape} {name}", "shared": shared, "layouts": only}
+                    request |= {"optimizer": {k: v for k, v in optimizer.items() if k != "compile"}}
+                    request |= {"compile": optimizer.get("compile", False)}
                     workers[process].ask(request)
                 timings = {name: [] for name, *_ in measured}
                 positions = {name: 1.0 for name, *_ in measured}
