@@ -175,8 +175,10 @@ class PolicyTrainer:
 
     def _allreduce(self, tensor: torch.Tensor) -> torch.Tensor:
         """Sum over trainer ranks, returned on the tensor's own device (NCCL reduces only GPU tensors)."""
-        if self.sum_comm is not None:
-            return torch.from_numpy(transport.allreduce_sum(self.sum_comm, tensor.detach().contiguous().numpy()))
+        if self.sum_comm is not None:  # bfloat16 (model.dtype) has no numpy or MPI type: summed in float32
+            wide = tensor.detach().float() if tensor.dtype == torch.bfloat16 else tensor.detach()
+            summed = transport.allreduce_sum(self.sum_comm, wide.contiguous().numpy())
+            return torch.from_numpy(summed).to(tensor.dtype)
         if self.group is not None:
             import torch.distributed as dist
 

@@ -21,6 +21,7 @@ def test_trainer_replicas_stay_identical(tiny_model_dir):
     for algorithm in REPLICA_ALGORITHMS:
         assert f"{algorithm}: replicas identical and equal to whole-batch training (sums over MPI)" in result.stdout
     assert "grpo: replicas identical and equal to whole-batch training (sums over torch.distributed)" in result.stdout
+    assert "grpo: bfloat16 replicas identical (sums over MPI)" in result.stdout
 
 
 def test_rollout_ranks_hold_the_trainers_version(tiny_model_dir):

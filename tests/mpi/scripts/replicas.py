@@ -1,6 +1,7 @@
 """mpirun -n 2 replicas.py MODEL_DIR [ALGORITHM ...]: two trainer ranks, each on half the groups, end every
 step with identical weights, and match one rank trained on the whole batch, for each algorithm named; their sums
-over MPI (a CPU training run's), and for the first algorithm also over torch.distributed (FSDP's, a GPU's)."""
+over MPI (a CPU training run's), and for the first algorithm also over torch.distributed (FSDP's, a GPU's) and
+with bfloat16 parameters (summed in float32)."""
 
 import sys
 
@@ -16,11 +17,11 @@ from agentrl.trajectory import concat
 from tests.mpi.scripts.batches import synthetic_batch
 
 
-def check(algorithm: str, model_dir: str, world, group, over_mpi: bool) -> None:
+def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: str = "float32") -> None:
     rank = world.Get_rank()
     config = from_dict(
         {
-            "model": {"path": model_dir},
+            "model": {"path": model_dir, "dtype": dtype},
             "steps": 3,
             "trainer": {"micro_batch_size": 5},
             "optimizer": {"lr": 1e-2},
@@ -34,10 +35,15 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool) -> None:
     half = range(0, 4) if rank == 0 else range(4, 8)
     for step in range(3):
         trainer.train_step(synthetic_batch(step, half, vocab))
-        flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).numpy()
+        flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).float().numpy()
         gathered = world.gather(flat, root=0)
         if rank == 0:
             assert np.array_equal(gathered[0], gathered[1]), f"{algorithm} step {step}: trainer replicas diverged"
+    if dtype != "float32":  # replicas alike is the check here: whole-batch training rounds otherwise in bfloat16
+        if rank == 0:
+            print(f"{algorithm}: {dtype} replicas identical (sums over MPI)", flush=True)
+        transport.barrier(world)
+        return
     if rank == 0:
         torch.manual_seed(0)
         alone = policy_trainer(config, model_dir, "cpu", None)
@@ -58,6 +64,7 @@ def main():
     for algorithm in algorithms:
         check(algorithm, sys.argv[1], world, group, over_mpi=True)
     check(algorithms[0], sys.argv[1], world, group, over_mpi=False)
+    check(algorithms[0], sys.argv[1], world, group, over_mpi=True, dtype="bfloat16")
 
 
 if __name__ == "__main__":
