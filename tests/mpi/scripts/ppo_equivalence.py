@@ -100,7 +100,9 @@ def main():
             mine, whole = [m[key] for m in metrics], [m[key] for m in alone_metrics]
             np.testing.assert_allclose(mine, whole, rtol=1e-4, atol=1e-6, err_msg=key)
         assert alone_metrics[-1]["train/explained_variance"] != 0.0
-        assert_same(weights(alone), trained, "2 ranks vs whole batch")
+        # FSDP's reduce-scatter sums in another order, and AdamW's g / sqrt(v) magnifies the rounding where a gradient
+        # is near zero: 2.4e-5 on one critic weight after three steps on an AVX-512 machine
+        assert_same(weights(alone), trained, "2 ranks vs whole batch", atol=5e-5 if fsdp else 2e-5)
         print(f"ppo{' fsdp' if fsdp else ''}: 2 ranks == 1 rank on the whole batch (policy and critic)", flush=True)
 
     tokenizer = load_tokenizer(model_dir)
