@@ -140,25 +140,25 @@ class Worker:
 
 def variants(
     baseline: str | None, unfused: bool, layouts: bool, freed: bool, compiled: bool = False
-) -> list[tuple[str, tuple[str, bool], bool, dict, list]]:
-    """(name, (checkout, heap keeps freed memory), shared_prefix, optimizer options, the layouts the plan may take) of
-    every variant measured; the optimizer options' "compile" key compiles the model instead."""
+) -> list[tuple[str, tuple[str, bool], bool, dict, list, bool]]:
+    """(name, (checkout, heap keeps freed memory), shared_prefix, optimizer options, the layouts the plan may take,
+    model compiled) of every variant measured."""
     out = []
     checkouts = ([("baseline", baseline)] if baseline else []) + [("this", str(REPO))]
     for label, checkout in checkouts:
         for shared in (False, True):
-            kinds = [("", {}, [], True)]
+            kinds = [("", {}, [], True, False)]
             if label == "this" and unfused:
-                kinds.append((", optimizer.fused=false", {"fused": False}, [], True))
+                kinds.append((", optimizer.fused=false", {"fused": False}, [], True, False))
             if label == "this" and shared and layouts:
-                kinds += [(f", {name} only", {}, [name], True) for name in ("packed", "cached")]
+                kinds += [(f", {name} only", {}, [name], True, False) for name in ("packed", "cached")]
             if label == "this" and freed:
-                kinds.append((", runtime.keep_freed_memory=false", {}, [], False))
+                kinds.append((", runtime.keep_freed_memory=false", {}, [], False, False))
             if label == "this" and compiled:
-                kinds.append((", torch.compile", {"compile": True}, [], True))
-            for suffix, optimizer, only, keep in kinds:
+                kinds.append((", torch.compile", {}, [], True, True))
+            for suffix, optimizer, only, keep, compile_model in kinds:
                 rows = "shared_prefix" if shared else "whole rows"
-                out.append((f"{label}: {rows}{suffix}", (checkout, keep), shared, optimizer, only))
+                out.append((f"{label}: {rows}{suffix}", (checkout, keep), shared, optimizer, only, compile_model))
     return out
 
 
@@ -199,10 +199,9 @@ def main() -> None:
             )
             print("|---|---|---|---|---|---|---|")
             for shape in args.shapes:
-                for name, process, shared, optimizer, only in measured:
-                    request = {"build": f"{shape} {name}", "shared": shared, "layouts": only}
-                    request |= {"optimizer": {k: v for k, v in optimizer.items() if k != "compile"}}
-                    request |= {"compile": optimizer.get("compile", False)}
+                for name, process, shared, optimizer, only, compile_model in measured:
+                    request = {"build": f"{shape} {name}", "shared": shared, "optimizer": optimizer, "layouts": only}
+                    request["compile"] = compile_model
                     workers[process].ask(request)
                 timings = {name: [] for name, *_ in measured}
                 positions = {name: 1.0 for name, *_ in measured}

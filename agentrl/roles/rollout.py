@@ -85,6 +85,14 @@ def rollout_loop(config: Config, layout: Layout, start_step: int, worker: Rollou
     pace.finish(start_step)
 
 
+def send_batches(layout, messages) -> list:
+    """Start sending each (trainer index, message) to its trainer rank and ring those ranks; the requests."""
+    trainer_ranks = layout.trainer_ranks
+    sends = [transport.isend(layout.world, message, trainer_ranks[t], Tag.TRAJECTORIES) for t, message in messages]
+    node_wakeup.ring_ranks([trainer_ranks[t] for t, _ in messages])
+    return sends
+
+
 class Lockstep:
     """Each step on the weights of its own version: send the batch, then wait for the next version."""
 
@@ -105,12 +113,7 @@ class Lockstep:
         return self.idle_s
 
     def ship(self, messages) -> bool:
-        world, trainer_ranks = self.layout.world, self.layout.trainer_ranks
-        sends = [
-            transport.isend(world, message, trainer_ranks[trainer], Tag.TRAJECTORIES) for trainer, message in messages
-        ]
-        node_wakeup.ring_ranks([trainer_ranks[trainer] for trainer, _ in messages])
-        for request in sends:
+        for request in send_batches(self.layout, messages):
             transport.wait_sent(request, "a batch to a trainer rank")
         return True
 
@@ -167,11 +170,7 @@ class RunningAhead:
     def ship(self, messages) -> bool:
         if not self.watcher.wait_sent(self.in_flight):
             return False
-        world, trainer_ranks = self.layout.world, self.layout.trainer_ranks
-        self.in_flight = [
-            transport.isend(world, message, trainer_ranks[trainer], Tag.TRAJECTORIES) for trainer, message in messages
-        ]
-        node_wakeup.ring_ranks([trainer_ranks[trainer] for trainer, _ in messages])
+        self.in_flight = send_batches(self.layout, messages)
         return True
 
     def next_weights(self, step: int) -> bool:

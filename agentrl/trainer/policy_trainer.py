@@ -98,17 +98,15 @@ class PolicyTrainer:
         self.device = device
         self.group = group  # torch.distributed group of trainer ranks, None when alone
         self.parallelism = sections.parallelism
-        # the trainer ranks' MPI communicator: on CPU, without FSDP, the trainer's sums go over it (shared memory on a
-        # node, polled; gloo's TCP round trip is several times slower for a step's gradient and counts)
-        self.sum_comm = comm if comm is not None and group is not None and device == "cpu" else None
         if self.parallelism.fsdp and group is None:
             raise ConfigError(
                 "parallelism.fsdp=true needs at least 2 trainer ranks (layout.trainer); with one trainer rank there "
                 "is nothing to shard: set parallelism.fsdp=false (parallelism.mixed_precision=bf16 then uses autocast)"
             )
         self.sharded = self.parallelism.fsdp
-        if self.sharded:
-            self.sum_comm = None  # FSDP's own collectives go over the torch group: the sums keep to it too
+        # the trainer ranks' MPI communicator: on CPU without FSDP (whose collectives go over the torch group) the
+        # trainer's sums go over it (shared memory on a node, polled; gloo's TCP is several times slower)
+        self.sum_comm = comm if group is not None and device == "cpu" and not self.sharded else None
         self.algorithm = algorithm(self._reduce)
         self.model = self._load(weights_path)
         self.model.train()
