@@ -1,8 +1,8 @@
 """Rank -> role assignment, role communicators and node-local GPU binding.
 
 Ranks are assigned in order: trainers first, then rollout, env and scorer ranks. World size 1
-runs every role in one process. Trainer, rollout and scorer ranks bind GPUs by their node-local
-index among GPU-using ranks; env ranks never take a GPU.
+runs every role in one process; layout.hybrid, trainer and rollout in each rank. Trainer, rollout and scorer
+ranks bind GPUs by their node-local index among GPU-using ranks; env ranks never take a GPU.
 """
 
 from __future__ import annotations
@@ -65,12 +65,20 @@ def assign_roles(layout: LayoutConfig, world_size: int) -> list[Role]:
     if world_size == 1:
         return [Role.TRAINER]  # single-process mode: this rank runs every role
     if layout.world_size != world_size:
+        if layout.hybrid:
+            raise ConfigError(
+                f"layout.hybrid=true runs layout.trainer={layout.trainer} ranks, each generating and training, but "
+                f"the job has {world_size}; launch with `mpirun -n {layout.trainer}` or set "
+                f"layout.trainer={world_size}"
+            )
         scorer = f" + scorer={layout.scorer}" if layout.scorer else ""
         raise ConfigError(
             f"layout needs {layout.world_size} ranks (trainer={layout.trainer} + rollout={layout.rollout} + "
             f"env={layout.env}{scorer}) but the job has {world_size}; launch with "
             f"`mpirun -n {layout.world_size}` or change layout.* so the counts add up to {world_size}"
         )
+    if layout.hybrid:
+        return [Role.TRAINER] * layout.trainer  # each also a rollout rank (`Layout.rollout_ranks`)
     roles = [Role.TRAINER] * layout.trainer + [Role.ROLLOUT] * layout.rollout + [Role.ENV] * layout.env
     return roles + [Role.SCORER] * layout.scorer
 
@@ -172,13 +180,16 @@ class Layout:
         self.roles = assign_roles(layout, self.size)
         self.role = self.roles[self.rank]
         self.trainer_ranks = [r for r, role in enumerate(self.roles) if role is Role.TRAINER]
-        self.rollout_ranks = [r for r, role in enumerate(self.roles) if role is Role.ROLLOUT]
+        self.hybrid = layout.hybrid and not self.single_process  # every rank a trainer and a rollout rank
+        self.rollout_ranks = [
+            r for r, role in enumerate(self.roles) if role is Role.ROLLOUT or (self.hybrid and role is Role.TRAINER)
+        ]
         self.env_ranks = [r for r, role in enumerate(self.roles) if role is Role.ENV]
         self.scorer_ranks = [r for r, role in enumerate(self.roles) if role is Role.SCORER]
         self.role_comm = self.world.Split(color=list(Role).index(self.role), key=self.rank)
         self.role_rank = self.role_comm.Get_rank()
         # The weight group: trainer leader (root 0 inside it) plus every rollout rank.
-        in_weight_group = self.rank == self.trainer_ranks[0] or self.role is Role.ROLLOUT
+        in_weight_group = self.rank == self.trainer_ranks[0] or self.role is Role.ROLLOUT  # hybrid: none needed
         self.weight_comm = self.world.Split(color=0 if in_weight_group else MPI.UNDEFINED, key=self.rank)
         self.nodes, self.hosts = job_nodes(self.world)
         if self.hosts is not None:

@@ -249,6 +249,18 @@ def recv(
         backoff.sleep()
 
 
+def exchange(comm, outgoing: list, tag: Tag) -> list:
+    """Every rank sends `outgoing[r]` to rank r of `comm` (its own kept, not sent) and gets what each rank sent it,
+    in rank order: an all-to-all of Python objects, numpy arrays inside travelling as raw memory."""
+    me = comm.Get_rank()
+    sends = [isend(comm, item, rank, tag) for rank, item in enumerate(outgoing) if rank != me]
+    node_wakeup.ring_members(comm)
+    incoming = [outgoing[me] if rank == me else recv(comm, rank, tag)[0] for rank in range(comm.Get_size())]
+    for request in sends:
+        wait_sent(request, f"a {tag.name} message")
+    return incoming
+
+
 def bcast_array(comm, array: np.ndarray, root: int = 0, max_sleep_s: float = MAX_SLEEP_S) -> None:
     """Broadcast a contiguous numpy array in place (non-blocking collective, polled)."""
     wait_collective(comm, comm.Ibcast(array, root=root), "a broadcast", max_sleep_s)

@@ -32,6 +32,8 @@ the environment, as agentrl's ranks do by default (`runtime.keep_freed_memory`);
   `algorithm.correction.mode=tis`; `agentrl-3a`: 1 trainer, 2 rollout, staleness 1;
 - `agentrl-4d`: `mpirun -n 4`, 2 trainer ranks (data parallel) and 2 rollout ranks with their envs in-process, in
   lockstep, so that each phase has both cores; `agentrl-4dc`: the same, continuous scheduler;
+- `agentrl-2h`: `mpirun -n 2`, `layout.hybrid=true`: each rank generates half of the step's tasks, then both train
+  on their own episodes, data parallel (on-policy); `agentrl-2hc`: the same, continuous scheduler;
 - any of those with a `p` after it (`agentrl-1tp`, `agentrl-2acp`): the same with `trainer.shared_prefix=true` (a
   group's prompt forwarded once in training).
 
@@ -74,6 +76,7 @@ from benchmarks.tasks import digit  # noqa: E402
 
 TWO = ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]
 TWO_AND_TWO = ["layout.trainer=2", "layout.rollout=2", "layout.env=0"]
+HYBRID = [*TWO_AND_TWO, "layout.hybrid=true"]
 AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one process
     "agentrl-1": (1, []),
     "agentrl-1t": (1, ["runtime.torch_threads=1"]),
@@ -93,6 +96,9 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
     # two trainer ranks (data parallel) and two rollout ranks taking turns: each phase on both cores
     "agentrl-4d": (4, TWO_AND_TWO),
     "agentrl-4dc": (4, [*TWO_AND_TWO, "rollout.engine.scheduler=continuous"]),
+    # two hybrid ranks, each generating half the step's tasks, then training on them (data parallel)
+    "agentrl-2h": (2, HYBRID),
+    "agentrl-2hc": (2, [*HYBRID, "rollout.engine.scheduler=continuous"]),
 }
 SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once in training
 AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}

@@ -78,6 +78,12 @@ def _evaluate_role(config, layout, target: Target, started: float) -> dict | Non
         evaluator = _evaluator(config, layout, target, None)
         report = _write(config, target, [evaluator.run(target.step, config.eval.dump_episodes)], layout, started)
         _close(evaluator.worker)
+    elif layout.hybrid:  # every rank evaluates its share of the split; the leader writes the report
+        evaluator = _evaluator(config, layout, target, None)
+        messages = transport.allgather_object(layout.world, evaluator.run(target.step, config.eval.dump_episodes))
+        if layout.is_trainer_leader:
+            report = _write(config, target, messages, layout, started)
+        _close(evaluator.worker)
     elif layout.is_trainer_leader:
         from agentrl.evaluation.report import receive_results
 

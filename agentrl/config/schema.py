@@ -44,9 +44,37 @@ class LayoutConfig(Section):
     colocate: bool = Field(
         False, description="Rollout ranks share the trainer ranks' GPUs (rollout rank i on trainer rank i's GPU)."
     )
+    hybrid: bool = Field(
+        False,
+        description="Every rank both generates and trains, in turns: layout.trainer ranks, each with its own engine "
+        "and in-process envs, generating its share of the step's tasks and training data parallel on its own episodes "
+        "(no rollout ranks, no weight transfer: the engine copies the trainer's weights in-process). On-policy, "
+        "lockstep, torch engine.",
+    )
+
+    @model_validator(mode="after")
+    def _check_hybrid(self) -> LayoutConfig:
+        if not self.hybrid:
+            return self
+        if "rollout" in self.model_fields_set and self.rollout != self.trainer:
+            raise ValueError(
+                f"layout.hybrid=true runs the rollout on the {self.trainer} trainer ranks themselves, but "
+                f"layout.rollout={self.rollout}; leave layout.rollout out (or equal to layout.trainer)"
+            )
+        extra = [f"layout.{name}={getattr(self, name)}" for name in ("env", "scorer") if getattr(self, name)]
+        if self.colocate:
+            extra.append("layout.colocate=true")
+        if extra:
+            raise ValueError(
+                f"layout.hybrid=true runs envs and scoring on each hybrid rank, in-process, but {', '.join(extra)}; "
+                "drop those, or set layout.hybrid=false for separate roles"
+            )
+        return self
 
     @property
     def world_size(self) -> int:
+        if self.hybrid:
+            return self.trainer
         return self.trainer + self.rollout + self.env + self.scorer
 
 
@@ -1210,6 +1238,8 @@ class Config(Section):
                 "layout.colocate shares one trainer GPU per rollout rank, but "
                 f"rollout.engine.tp_size={engine.tp_size}; set rollout.engine.tp_size=1 or layout.colocate=false"
             )
+        if self.layout.hybrid:
+            self._check_hybrid()
         if self.rollout.max_staleness and self.layout.colocate:
             raise ValueError(
                 f"rollout.max_staleness={self.rollout.max_staleness} overlaps generation with training, but "
@@ -1272,6 +1302,34 @@ class Config(Section):
                 "uses none; set weights.transport=shm (or auto on CPU), or leave weights.shm_mapped=auto"
             )
         return self
+
+    def _check_hybrid(self) -> None:
+        """layout.hybrid: what its ranks cannot also do."""
+        refused = [
+            (
+                self.rollout.max_staleness > 0,
+                f"rollout.max_staleness={self.rollout.max_staleness}",
+                "generates and trains in turns on each rank, on-policy",
+                "rollout.max_staleness=0, or separate trainer and rollout ranks (layout.hybrid=false)",
+            ),
+            (
+                self.rollout.engine.backend != "torch",
+                f"rollout.engine.backend={self.rollout.engine.backend}",
+                "runs agentrl's torch engine inside each trainer process",
+                "rollout.engine.backend=torch, or "
+                "layout.hybrid=false with layout.colocate=true (SGLang rollout ranks on the trainers' GPUs)",
+            ),
+            (bool(self.policies), "policies:", "trains one policy", "layout.hybrid=false"),
+            (
+                self.rollout.dispatch == "dynamic",
+                "rollout.dispatch=dynamic",
+                "gives each rank a fixed share of the step's tasks",
+                "rollout.dispatch=static",
+            ),
+        ]
+        for bad, setting, what, fix in refused:
+            if bad:
+                raise ValueError(f"layout.hybrid=true {what}, but {setting}; set {fix}")
 
     def _check_lora(self) -> None:
         """LoRA needs what can take adapter-only syncs: the CPU transports, unsharded trainers."""

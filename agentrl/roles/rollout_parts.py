@@ -36,7 +36,8 @@ class RolloutParts:
 
 
 def rollout_parts(config: Config, layout: Layout, start: RunStart) -> RolloutParts:
-    """This rollout rank's parts (world size 1: the one process's, with envs of its own and no weight sync)."""
+    """This rollout rank's parts (world size 1 and layout.hybrid: the process's, with envs of its own and no weight
+    sync)."""
     single = layout.single_process
     index, count = (0, 1) if single else (layout.rollout_ranks.index(layout.rank), len(layout.rollout_ranks))
     env_rank = None if single else layout.env_rank_for(layout.rank)
@@ -47,7 +48,8 @@ def rollout_parts(config: Config, layout: Layout, start: RunStart) -> RolloutPar
     else:
         env_client = LocalEnvClient(env_host(config, check=not single))
     scorer = scorer_client(config, layout)
-    sync = None if single else weight_sync(config, layout)  # a process-group sync connects at its first receive
+    # a process-group sync connects at its first receive; in one process and hybrid ranks the engine copies in-process
+    sync = None if single or layout.hybrid else weight_sync(config, layout)
     tasks = task_source(config, index if start.shards > 1 else 0, start.shards, start.data_start)
     worker = rollout_worker(config, env_client, index, count, layout.device, tasks, scorer)
     if config.rollout.dispatch == "dynamic" and count > 1:

@@ -39,6 +39,7 @@ class RankPlan:
     gpu: int | None
     weights: str = "-"
     host: str = ""
+    hybrid: bool = False  # layout.hybrid: a trainer that is its own rollout rank
 
 
 def plan(
@@ -74,7 +75,7 @@ def plan(
     shared = shared_trainer_gpu(roles, nodes, gpus)
     if fsdp and shared is not None:
         raise ConfigError(sharding_refusal(shared, "trainer"))
-    if world_size > 1:
+    if world_size > 1 and not layout.hybrid:
         # imported here: agentrl.weights loads torch, which env ranks (all but rank 0 print no plan) do without
         from agentrl.weights.placement import resolve_weight_sync, weight_group_placements, weight_roles
 
@@ -84,12 +85,13 @@ def plan(
             shm_mapped, in_place = False, False
         parts = weight_roles(roles, nodes, transport, shm_mapped, in_place)
     else:
-        parts = ["in-process"]
+        parts = ["in-process"] * world_size
     counters: dict[Role, int] = {}
+    hybrid = layout.hybrid and world_size > 1
     rows = []
     for rank, (role, node, gpu, part) in enumerate(zip(roles, nodes, gpus, parts, strict=True)):
         host = hosts[rank] if hosts is not None else ""
-        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu, part, host))
+        rows.append(RankPlan(rank, role, counters.get(role, 0), node, gpu, part, host, hybrid))
         counters[role] = counters.get(role, 0) + 1
     return rows
 
@@ -137,9 +139,9 @@ def format_plan(rows: list[RankPlan], single_process: bool = False, evaluating: 
     lines = ["rank  role     role_rank  node  " + (f"{'host':<{width}}  " if width else "") + "device  weights"]
     for row in rows:
         device = f"cuda:{row.gpu}" if row.gpu is not None else "cpu"
-        role = "all" if single_process else row.role.value
+        role = "all" if single_process else "hybrid" if row.hybrid else row.role.value
         weights = "-" if evaluating else row.weights
-        if evaluating and row.role is Role.TRAINER and not single_process:
+        if evaluating and row.role is Role.TRAINER and not (single_process or row.hybrid):
             role, device = ("report" if row.role_rank == 0 else "idle"), "-"
         host = f"{row.host:<{width}}  " if width else ""
         lines.append(f"{row.rank:>4}  {role:<7}  {row.role_rank:>9}  {row.node:>4}  {host}{device:<6}  {weights}")

@@ -26,7 +26,7 @@ def test_end_to_end_four_ranks(tmp_path, tiny_model_dir):
         assert key in logged, key
     assert (run / "checkpoints" / "step_000003" / "model.safetensors").is_file()
     saved = yaml.safe_load((run / "config.yaml").read_text())
-    assert saved["layout"] == {"trainer": 1, "rollout": 2, "env": 1, "scorer": 0, "colocate": False}
+    assert saved["layout"] == {"trainer": 1, "rollout": 2, "env": 1, "scorer": 0, "colocate": False, "hybrid": False}
 
 
 def test_resume_continues_at_the_right_step(tmp_path, tiny_model_dir):

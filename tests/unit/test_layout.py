@@ -4,7 +4,7 @@ import pytest
 
 from agentrl.config import ConfigError, LayoutConfig
 from agentrl.layout import Role, assign_roles, bind_gpus
-from agentrl.run.plan import JobShape, plan
+from agentrl.run.plan import JobShape, format_plan, plan
 
 
 def test_roles_in_order():
@@ -346,3 +346,42 @@ def test_yield_to_trainer_lowers_the_other_ranks_priority_where_they_compete(set
     process.start()
     assert receive.recv() == nice
     process.join(10)
+
+
+def test_hybrid_ranks_are_trainers_and_rollout_ranks_at_once():
+    from agentrl.layout import Layout
+
+    config = LayoutConfig(trainer=3, hybrid=True)
+    assert config.world_size == 3
+    assert assign_roles(config, 3) == [Role.TRAINER] * 3
+    layouts = [Layout(config, comm=FakeComm(rank, 3, [True] * 3), gpus_per_node=2) for rank in range(3)]
+    assert all(layout.hybrid and layout.rollout_ranks == [0, 1, 2] == layout.trainer_ranks for layout in layouts)
+    assert [layout.gpu for layout in layouts] == [0, 1, 0]
+    rows = plan(config, JobShape(3, gpus_per_node=2))
+    assert [(row.hybrid, row.weights) for row in rows] == [(True, "in-process")] * 3
+    assert "hybrid" in format_plan(rows)
+
+
+def test_hybrid_refuses_other_sizes_and_roles_it_cannot_hold():
+    with pytest.raises(ConfigError, match=r"hybrid=true runs layout.trainer=2 ranks.*the job has 3.*mpirun -n 2"):
+        assign_roles(LayoutConfig(trainer=2, hybrid=True), 3)
+    with pytest.raises(ValueError, match=r"layout.rollout=1; leave layout.rollout out"):
+        LayoutConfig(trainer=2, rollout=1, hybrid=True)
+    with pytest.raises(ValueError, match=r"layout.env=1.*drop those"):
+        LayoutConfig(trainer=2, env=1, hybrid=True)
+    assert LayoutConfig(trainer=2, rollout=2, hybrid=True).world_size == 2
+
+
+@pytest.mark.parametrize(
+    "setting, fix",
+    [
+        ({"rollout": {"max_staleness": 1}}, "rollout.max_staleness=0"),
+        ({"rollout": {"engine": {"backend": "sglang"}}}, "rollout.engine.backend=torch"),
+        ({"rollout": {"dispatch": "dynamic"}}, "rollout.dispatch=static"),
+    ],
+)
+def test_hybrid_refuses_what_a_rank_taking_turns_cannot_do(setting, fix):
+    from agentrl.config import from_dict
+
+    with pytest.raises(ConfigError, match=rf"layout.hybrid=true .*; set {fix}"):
+        from_dict({"model": {"path": "m"}, "layout": {"trainer": 2, "hybrid": True}, **setting})
