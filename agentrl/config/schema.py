@@ -1184,7 +1184,14 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _check_cross_fields(self) -> Config:
-        shards = self.layout.rollout * self.layout.trainer
+        if self.layout.hybrid and self.rollout.tasks_per_step % self.layout.trainer:
+            raise ValueError(
+                f"rollout.tasks_per_step={self.rollout.tasks_per_step} must be a multiple of layout.trainer="
+                f"{self.layout.trainer} with layout.hybrid=true, so every hybrid rank generates and trains as many "
+                f"groups; set rollout.tasks_per_step to a multiple of {self.layout.trainer}"
+            )
+        # hybrid ranks deal their groups over each other in turn from their own index: every rank gets a share alike
+        shards = self.layout.trainer if self.layout.hybrid else self.layout.rollout * self.layout.trainer
         if self.rollout.tasks_per_step % shards and self.rollout.dispatch == "static":
             raise ValueError(
                 f"rollout.tasks_per_step={self.rollout.tasks_per_step} must be a multiple of "

@@ -104,13 +104,14 @@ class GatherOnly(WeightSync):
 
 
 class InProcessWeightCopy(WeightSync):
-    """Single-process mode: the engine copies straight from the trainer's tensors."""
+    """Single-process mode and hybrid ranks: the engine copies straight from the trainer's tensors (sharded ones,
+    FSDP2 on hybrid ranks, gathered whole: a collective every rank joins with its own engine)."""
 
     def __init__(self, engine):
         self.engine = engine
 
     def send(self, named_tensors, version: int) -> None:
-        self.engine.load_weights(named_tensors, version)
+        self.engine.load_weights(full_tensors(named_tensors), version)
 
     def stop(self) -> None:
         """Nothing to tell: the rollout worker runs in this process."""

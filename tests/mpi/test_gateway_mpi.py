@@ -47,8 +47,15 @@ def agent_files(tmp_path_factory):
         {"eval.every": 2, "eval.split": "val", "rollout.dump_episodes": "true"},
         {"rollout.max_staleness": 1, "rollout.dispatch": "dynamic"},
         {"layout.rollout": 1, "layout.env": 1},
+        {
+            "layout.trainer": 2,
+            "layout.hybrid": "true",
+            "eval.every": 2,
+            "eval.split": "val",
+            "rollout.dump_episodes": "true",
+        },
     ],
-    ids=["lockstep-eval-dumps", "ahead-dynamic", "on-an-env-rank"],
+    ids=["lockstep-eval-dumps", "ahead-dynamic", "on-an-env-rank", "hybrid-ranks"],
 )
 def test_an_agent_program_trains_through_the_gateway(tmp_path, agent_files, mode):
     folder, model = agent_files
@@ -69,7 +76,8 @@ def test_an_agent_program_trains_through_the_gateway(tmp_path, agent_files, mode
             **mode,
         },
     )
-    result = train(3, overrides, timeout=500)
+    hybrid = "layout.hybrid" in mode
+    result = train(2 if hybrid else 3, overrides, timeout=500)
     assert_ok(result)
     logged = scalars(tmp_path / "run")
     assert [value for _, value in logged["episode/count"]] == [4.0, 4.0]
@@ -80,7 +88,10 @@ def test_an_agent_program_trains_through_the_gateway(tmp_path, agent_files, mode
     rewards = [value for _, value in logged["episode/reward_mean"]]
     assert all(0.0 <= r <= 1.0 for r in rewards)
     started_by = set((tmp_path / "agent_ranks.txt").read_text().split())
-    assert started_by == {"2"} if mode.get("layout.env") else started_by <= {"1", "2"}  # trainer 0, rollout, env
+    if hybrid:  # both ranks run agent programs
+        assert started_by == {"0", "1"}
+    else:  # trainer 0, rollout ranks, env rank
+        assert started_by == {"2"} if mode.get("layout.env") else started_by <= {"1", "2"}
     if "eval.every" in mode:
         assert [step for step, _ in logged["eval/success"]] == [2]
         assert [value for _, value in logged["eval/failed"]] == [0.0]

@@ -48,11 +48,13 @@ def test_two_hybrid_ranks_train_evaluate_checkpoint_and_resume(tmp_path, tiny_mo
     assert (run / "checkpoints" / "step_000006" / "model.safetensors").is_file()
 
 
-def test_hybrid_ranks_train_as_the_split_layout_of_as_many_trainer_and_rollout_ranks(tmp_path, tiny_model_dir):
-    # Rollout rank i's engine seed and share of tasks, and the shards dealt to the trainers, are the same either way.
-    hybrid = small_run(tmp_path, tiny_model_dir, run_dir=tmp_path / "hybrid", **HYBRID)
+@pytest.mark.parametrize("extra", [{}, {"parallelism.fsdp": "true"}], ids=["replicas", "fsdp"])
+def test_hybrid_ranks_train_as_the_split_layout_of_as_many_trainer_and_rollout_ranks(tmp_path, tiny_model_dir, extra):
+    # Rollout rank i's engine seed and share of tasks, and the shards dealt to the trainers, are the same either way;
+    # under FSDP each hybrid rank's engine gathers the whole weights from the shards.
+    hybrid = small_run(tmp_path, tiny_model_dir, run_dir=tmp_path / "hybrid", **HYBRID, **extra)
     two_and_two = {"layout.trainer": 2, "layout.rollout": 2}
-    split = small_run(tmp_path, tiny_model_dir, run_dir=tmp_path / "split", **two_and_two)
+    split = small_run(tmp_path, tiny_model_dir, run_dir=tmp_path / "split", **two_and_two, **extra)
     assert_ok(train(2, hybrid))
     assert_ok(train(4, split))
     on_hybrid, on_split = scalars(tmp_path / "hybrid"), scalars(tmp_path / "split")

@@ -385,3 +385,12 @@ def test_hybrid_refuses_what_a_rank_taking_turns_cannot_do(setting, fix):
 
     with pytest.raises(ConfigError, match=rf"layout.hybrid=true .*; set {fix}"):
         from_dict({"model": {"path": "m"}, "layout": {"trainer": 2, "hybrid": True}, **setting})
+
+
+def test_hybrid_ranks_need_an_equal_share_of_tasks_only():
+    from agentrl.config import from_dict
+
+    with pytest.raises(ConfigError, match=r"tasks_per_step=3 must be a multiple of layout.trainer=2 with"):
+        from_dict({"model": {"path": "m"}, "layout": {"trainer": 2, "hybrid": True}, "rollout": {"tasks_per_step": 3}})
+    # each rank deals its one group to the other in turn: 2 tasks on 2 ranks give each trainer one group
+    from_dict({"model": {"path": "m"}, "layout": {"trainer": 2, "hybrid": True}, "rollout": {"tasks_per_step": 2}})
