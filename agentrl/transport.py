@@ -350,10 +350,13 @@ def allgather_object(comm, obj) -> list:
 
 
 def allreduce_named(comm, values: dict[str, float]) -> dict[str, float]:
-    """Sum named numbers over the ranks of `comm`; a name some rank lacks counts as 0 there."""
-    names = sorted(set().union(*allgather_object(comm, sorted(values))))
-    summed = allreduce_sum(comm, np.array([values.get(name, 0.0) for name in names], dtype=np.float64))
-    return dict(zip(names, summed.tolist(), strict=True))
+    """Sum named numbers over the ranks of `comm`; a name some rank lacks counts as 0 there. One allgather, summed
+    in rank order on every rank: the same totals everywhere."""
+    if comm.Get_size() == 1:
+        return {name: float(values[name]) for name in sorted(values)}
+    gathered = allgather_object(comm, values)
+    names = sorted(set().union(*gathered))
+    return {name: float(sum(rank_values.get(name, 0.0) for rank_values in gathered)) for name in names}
 
 
 def agree_on_root(comm, work: Callable[[], object], root: int = 0):

@@ -27,6 +27,8 @@ from agentrl.transport import Tag
 from agentrl.weights.announce import AnnouncedWeights
 from agentrl.weights.base import GatherOnly
 
+STALENESS, STOP_VOTE = "staleness/", "stop_vote"  # names in the step's one sum over trainer ranks
+
 
 @dataclass
 class TrainingParts:
@@ -132,7 +134,10 @@ def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, 
         trained = time.perf_counter()
 
         done = step + 1
-        stopping = done < config.steps and preempt.agreed(role_comm)
+        # one collective for the step's sums over trainer ranks and the stop vote (a signal on any rank stops all)
+        sums = {**episode_sums(batch, step), **{STALENESS + k: v for k, v in staleness_sums.items()}}
+        totals = transport.allreduce_named(role_comm, {**sums, STOP_VOTE: float(preempt.requested())})
+        stopping = done < config.steps and totals.pop(STOP_VOTE) > 0
         if stopping and logger is not None:
             print(f"\nagentrl: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)
         if weights is not None and stopping:
@@ -144,9 +149,9 @@ def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, 
         synced = time.perf_counter()
         saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping
 
-        totals = transport.allreduce_named(role_comm, episode_sums(batch, step))
-        staleness_totals = transport.allreduce_named(role_comm, staleness_sums)
         if logger is not None:
+            staleness_totals = {k[len(STALENESS) :]: v for k, v in totals.items() if k.startswith(STALENESS)}
+            totals = {k: v for k, v in totals.items() if not k.startswith(STALENESS)}
             metrics.update(episode_metrics(totals))
             metrics.update(staleness.metrics(staleness_totals, config.rollout.max_staleness))
             metrics.update(stats)

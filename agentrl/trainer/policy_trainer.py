@@ -269,9 +269,16 @@ class PolicyTrainer:
                 for extra in self.extras:
                     extra.optimizer.step()
             self.nonfinite.record(skip, update_loss, norms)
-        names = sorted(sums)
+        trained_mask = batch["loss_mask"].astype(bool) & np.repeat(valid, np.diff(batch["offsets"]))
+        sums["adv_abs_sum"] = float(np.abs(advantages[trained_mask]).sum())
+        sums["adv_abs_count"] = float(trained_mask.sum())
+        if self.shared_prefix:
+            sums["prefix_computed"], sums["prefix_whole"] = (float(x) for x in self.prefix_positions)
+        names = sorted(sums)  # the step's statistics in one sum over trainer ranks
         totals = self._allreduce(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
         sums = dict(zip(names, totals, strict=True))
+        abs_sum, abs_count = sums.pop("adv_abs_sum"), sums.pop("adv_abs_count")
+        prefix = (sums.pop("prefix_computed"), sums.pop("prefix_whole")) if self.shared_prefix else None
         count = max(sums.pop("tokens"), 1.0)
         first_count = max(sums.pop("first_update_tokens"), 1.0)
         metrics = {}
@@ -285,13 +292,9 @@ class PolicyTrainer:
         for name, norms in extra_norms.items():
             metrics[f"train/{name}_grad_norm"] = float(np.mean(norms))
         metrics.update({f"train/{key}": value for key, value in prepared.metrics.items()})
-        trained_mask = batch["loss_mask"].astype(bool) & np.repeat(valid, np.diff(batch["offsets"]))
-        abs_sum = torch.tensor([np.abs(advantages[trained_mask]).sum(), trained_mask.sum()], dtype=torch.float64)
-        abs_sum, abs_count = self._allreduce(abs_sum).tolist()
         metrics["train/adv_abs_mean"] = abs_sum / max(abs_count, 1.0)
-        if self.shared_prefix:
-            computed, whole = self._allreduce(torch.from_numpy(self.prefix_positions.copy())).tolist()
-            metrics["train/shared_prefix_positions"] = computed / max(whole, 1.0)
+        if prefix is not None:
+            metrics["train/shared_prefix_positions"] = prefix[0] / max(prefix[1], 1.0)
         return metrics
 
     def _synced_clipped_norm(self, params, max_norm: float) -> float:
