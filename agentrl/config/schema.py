@@ -47,9 +47,9 @@ class LayoutConfig(Section):
     hybrid: bool = Field(
         False,
         description="Every rank both generates and trains, in turns: layout.trainer ranks, each with its own engine "
-        "and in-process envs, generating its share of the step's tasks and training data parallel on its own episodes "
-        "(no rollout ranks, no weight transfer: the engine copies the trainer's weights in-process). On-policy, "
-        "lockstep, torch engine.",
+        "and in-process envs, generating its share of the step's tasks, then all training data parallel on the "
+        "step's episodes (no rollout ranks, no weight transfer: each engine copies its trainer's weights in-process). "
+        "On-policy, lockstep, torch engine.",
     )
 
     @model_validator(mode="after")
@@ -1327,6 +1327,12 @@ class Config(Section):
                 "layout.hybrid=false with layout.colocate=true (SGLang rollout ranks on the trainers' GPUs)",
             ),
             (bool(self.policies), "policies:", "trains one policy", "layout.hybrid=false"),
+            (
+                self.weights.transport != "auto",
+                f"weights.transport={self.weights.transport}",
+                "copies each rank's weights into its own engine in-process",
+                "weights.transport=auto",
+            ),
             (
                 self.rollout.dispatch == "dynamic",
                 "rollout.dispatch=dynamic",

@@ -378,6 +378,7 @@ def test_hybrid_refuses_other_sizes_and_roles_it_cannot_hold():
         ({"rollout": {"max_staleness": 1}}, "rollout.max_staleness=0"),
         ({"rollout": {"engine": {"backend": "sglang"}}}, "rollout.engine.backend=torch"),
         ({"rollout": {"dispatch": "dynamic"}}, "rollout.dispatch=static"),
+        ({"weights": {"transport": "mpi"}}, "weights.transport=auto"),
     ],
 )
 def test_hybrid_refuses_what_a_rank_taking_turns_cannot_do(setting, fix):
