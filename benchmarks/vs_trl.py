@@ -33,7 +33,8 @@ the environment, as agentrl's ranks do by default (`runtime.keep_freed_memory`);
 - `agentrl-4d`: `mpirun -n 4`, 2 trainer ranks (data parallel) and 2 rollout ranks with their envs in-process, in
   lockstep, so that each phase has both cores; `agentrl-4dc`: the same, continuous scheduler;
 - `agentrl-2h`: `mpirun -n 2`, `layout.hybrid=true`: each rank generates half of the step's tasks, then both train
-  on their own episodes, data parallel (on-policy); `agentrl-2hc`: the same, continuous scheduler;
+  on the step's episodes, data parallel (on-policy); `agentrl-2hc`: the same, continuous scheduler;
+  `agentrl-2hcp`*: that with `trainer.shared_prefix`;
 - any of those with a `p` after it (`agentrl-1tp`, `agentrl-2acp`): the same with `trainer.shared_prefix=true` (a
   group's prompt forwarded once in training).
 
@@ -115,6 +116,7 @@ DEFAULT_SIDES = (
     "agentrl-1c",
     "agentrl-4",
     "agentrl-2ac",
+    "agentrl-2hcp",
 )
 TINY = {"hidden_size": 64, "num_layers": 2, "num_heads": 4, "vocab_size": 128, "init_std": 0.1}  # the quickstart's
 SHAPES = {  # --shape -> (model.tiny, learning rate of both sides)
