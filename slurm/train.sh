@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # sbatch slurm/train.sh CONFIG [key=value ...]
 #
-# One SPMD job: the config's layout (trainer + rollout + env ranks) must add up to
+# One SPMD job: the config's layout (trainer + rollout + env ranks; with layout.hybrid, layout.trainer) must add up to
 # nodes x ntasks-per-node. Options given to sbatch override the defaults below, e.g.
 #   sbatch --nodes=2 --ntasks-per-node=8 --gpus-per-node=8 slurm/train.sh CONFIG layout.trainer=8 layout.rollout=8 layout.env=0
 #
