@@ -261,9 +261,22 @@ def exchange(comm, outgoing: list, tag: Tag) -> list:
     return incoming
 
 
+def all_here(comm, what: str, max_sleep_s: float = MAX_SLEEP_S) -> None:
+    """Return once every rank of `comm` has come here: a polled non-blocking barrier, rung.
+
+    The data collectives below wait for the other ranks here, then move the data with MPI's blocking call, which
+    spins only while the data moves. A non-blocking collective polled from the start advances only when a rank
+    looks, so one of several rounds (an allreduce of a gradient) took a sleep of each side's backoff: 1.75 ms
+    for 130k floats on two ranks where arriving, then the blocking call, takes 0.33.
+    """
+    if comm.Get_size() > 1:
+        wait_collective(comm, comm.Ibarrier(), what, max_sleep_s)
+
+
 def bcast_array(comm, array: np.ndarray, root: int = 0, max_sleep_s: float = MAX_SLEEP_S) -> None:
-    """Broadcast a contiguous numpy array in place (non-blocking collective, polled)."""
-    wait_collective(comm, comm.Ibcast(array, root=root), "a broadcast", max_sleep_s)
+    """Broadcast a contiguous numpy array in place: every rank waits polled (`all_here`), then the broadcast."""
+    all_here(comm, "a broadcast", max_sleep_s)
+    comm.Bcast(array, root=root)
 
 
 def bcast_object(comm, obj, root: int = 0, max_sleep_s: float = MAX_SLEEP_S):
@@ -330,7 +343,8 @@ def allreduce_sum(comm, array: np.ndarray, max_sleep_s: float = MAX_SLEEP_S) -> 
     from mpi4py import MPI
 
     out = np.empty_like(array)
-    wait_collective(comm, comm.Iallreduce(array, out, op=MPI.SUM), "an allreduce", max_sleep_s)
+    all_here(comm, "an allreduce", max_sleep_s)
+    comm.Allreduce(array, out, op=MPI.SUM)
     return out
 
 
@@ -342,10 +356,11 @@ def allgather_object(comm, obj) -> list:
 
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
     sizes = np.empty(comm.Get_size(), dtype=np.int64)
-    wait_collective(comm, comm.Iallgather(np.array([payload.size], dtype=np.int64), sizes), "an allgather")
+    all_here(comm, "an allgather")
+    comm.Allgather(np.array([payload.size], dtype=np.int64), sizes)
     displacements = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
     gathered = np.empty(int(sizes.sum()), dtype=np.uint8)
-    wait_collective(comm, comm.Iallgatherv(payload, [gathered, sizes, displacements, MPI.BYTE]), "an allgather")
+    comm.Allgatherv(payload, [gathered, sizes, displacements, MPI.BYTE])
     return [pickle.loads(gathered[d : d + n].tobytes()) for d, n in zip(displacements, sizes, strict=True)]
 
 
