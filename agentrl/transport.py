@@ -352,6 +352,9 @@ def allgather_object(comm, obj) -> list:
     """Every rank's small picklable object, in rank order, on every rank."""
     import pickle
 
+    if comm.Get_size() == 1:
+        return [obj]
+
     from mpi4py import MPI
 
     payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
@@ -367,8 +370,6 @@ def allgather_object(comm, obj) -> list:
 def allreduce_named(comm, values: dict[str, float]) -> dict[str, float]:
     """Sum named numbers over the ranks of `comm`; a name some rank lacks counts as 0 there. One allgather, summed
     in rank order on every rank: the same totals everywhere."""
-    if comm.Get_size() == 1:
-        return {name: float(values[name]) for name in sorted(values)}
     gathered = allgather_object(comm, values)
     names = sorted(set().union(*gathered))
     return {name: float(sum(rank_values.get(name, 0.0) for rank_values in gathered)) for name in names}

@@ -1190,9 +1190,8 @@ class Config(Section):
                 f"{self.layout.trainer} with layout.hybrid=true, so every hybrid rank generates and trains as many "
                 f"groups; set rollout.tasks_per_step to a multiple of {self.layout.trainer}"
             )
-        # hybrid ranks deal their groups over each other in turn from their own index: every rank gets a share alike
-        shards = self.layout.trainer if self.layout.hybrid else self.layout.rollout * self.layout.trainer
-        if self.rollout.tasks_per_step % shards and self.rollout.dispatch == "static":
+        shards = self.layout.rollout * self.layout.trainer  # hybrid ranks deal their groups over each other in turn
+        if not self.layout.hybrid and self.rollout.tasks_per_step % shards and self.rollout.dispatch == "static":
             raise ValueError(
                 f"rollout.tasks_per_step={self.rollout.tasks_per_step} must be a multiple of "
                 f"layout.rollout x layout.trainer = {self.layout.rollout} x {self.layout.trainer} = {shards}, "

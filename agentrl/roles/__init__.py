@@ -4,8 +4,8 @@
 - `rollout.run_rollout`: generate episodes and ship them, in lockstep or running ahead;
 - `env.run_env`: host envs for rollout ranks;
 - `scorer.run_scorer`: score rollout ranks' finished episodes with the one copy of the scoring model;
-- `single.run_single_process`: all of it in turns, in one process (world size 1);
-- `hybrid.run_hybrid`: the same on each of layout.trainer ranks, a share of each step's tasks each (layout.hybrid).
+- `hybrid.run_hybrid`: all of it in turns in each process: world size 1 (pdb works anywhere), or layout.hybrid's
+  ranks, a share of each step's tasks each.
 
 What the trainer side and a rollout rank are built from, each part given the config sections it reads:
 `trainer_parts` and `rollout_parts`.
@@ -50,11 +50,7 @@ def run_role(config: Config, layout: Layout, start: RunStart) -> tuple[int | Non
         from agentrl.roles.policies import run_policy_role
 
         return run_policy_role(config, layout, start)
-    if layout.single_process:
-        from agentrl.roles.single import run_single_process
-
-        return run_single_process(config, layout, start)
-    if layout.hybrid:
+    if layout.single_process or layout.hybrid:
         from agentrl.roles.hybrid import run_hybrid
 
         return run_hybrid(config, layout, start)

@@ -1,7 +1,8 @@
-"""layout.hybrid: every rank generates its share of a step's tasks, then all train on them, data parallel.
+"""Every role in turns in each process: world size 1, or layout.hybrid, where every rank generates its share of a
+step's tasks, then all train on them, data parallel.
 
-A rank is the single process (roles/single.py) at 1/N of the step: its trainer (gradients summed over the trainer
-ranks), its engine, fed the trainer's weights in-process after each step, and its envs. What only the leader holds
+A rank holds its trainer (gradients summed over the ranks), its engine, fed the trainer's weights in-process after
+each step, and its envs; one process is the case of one rank. What only the leader holds
 in a split layout comes to it over MPI each step: the ranks' rollout stats, failure tallies, data positions, sample
 texts and episode records, and at an evaluation step their shares of the eval split. Each rank deals its groups over
 the ranks by their cost to train, as rollout ranks deal theirs over trainer ranks, so that the trainers' shards cost

@@ -2,7 +2,7 @@
 each step until the run's steps are done or a stop is agreed; after a stop, drain what was sent ahead.
 
 `collect(step)` hides where batches come from: rollout ranks over MPI (`receive_from_rollouts`), or the
-rollout worker in this same process (world size 1, roles/single.py). Everything else is the same loop.
+rollout worker in this same process (world size 1 and layout.hybrid, roles/hybrid.py). Everything else is the same loop.
 """
 
 from __future__ import annotations
