@@ -36,7 +36,7 @@ from transformers import DynamicCache
 from agentrl.engine.base import FinishReason, GenerateOutput, SamplingParams
 from agentrl.engine.decode_graphs import DecodeGraphs
 from agentrl.engine.grammar import grammar_error
-from agentrl.engine.kv_sessions import KVSessionStore
+from agentrl.engine.kv_sessions import KVSessionStore, RowsKV
 from agentrl.engine.lean_decoder import COLUMN_HEADROOM, FAMILIES, Feed, LeanDecoder
 from agentrl.engine.running_batch import RunningBatch
 from agentrl.engine.sampling import RowSampling, sample_tokens, seeded_generator
@@ -475,20 +475,23 @@ class ContinuousTorchEngine(TorchEngine):
         prefilled = rows if sharing is None else [rows[i] for i in sharing.leaders]
         past = [len(entry.tokens) if entry is not None else 0 for entry in entries]
         new = [row.sequence[n:] for row, n in zip(prefilled, past, strict=True)]
-        past_width, new_width = max(past), max(map(len, new))
+        new_width = max(map(len, new))
         ids = np.full((len(prefilled), new_width), self.pad_token_id, dtype=np.int64)
-        mask = np.zeros((len(prefilled), past_width + new_width), dtype=np.int64)
+        new_mask = np.zeros((len(prefilled), new_width), dtype=np.int64)
         positions = np.zeros((len(prefilled), new_width), dtype=np.int64)
         for i, (tokens, n) in enumerate(zip(new, past, strict=True)):
             ids[i, new_width - len(tokens) :] = tokens
-            mask[i, past_width - n : past_width] = 1
-            mask[i, past_width + new_width - len(tokens) :] = 1
+            new_mask[i, new_width - len(tokens) :] = 1
             positions[i, new_width - len(tokens) :] = np.arange(n, n + len(tokens))
-        ids, mask, positions = (torch.from_numpy(array).to(self.device) for array in (ids, mask, positions))
+        ids, new_mask, positions = (torch.from_numpy(array).to(self.device) for array in (ids, new_mask, positions))
 
         cache = DynamicCache(config=self.model.config)
-        if past_width:  # with room for the new columns, which the lean prefill then writes in place
-            _fill_cache(cache, _right_aligned_past(entries, past_width, room=new_width + COLUMN_HEADROOM))
+        if any(past):  # with room for the new columns, which the lean prefill then writes in place
+            layers, past_mask = _stored_rows(entries, room=new_width + COLUMN_HEADROOM)
+            _fill_cache(cache, layers)
+            mask = torch.cat([past_mask.long(), new_mask], dim=1)
+        else:
+            mask = new_mask
         self._count_admission(rows, past, new, sharing)
         return _Admission(ids, mask, positions, cache, sharing)
 
@@ -565,22 +568,38 @@ def _resolve_all(results: list[tuple[asyncio.Future, GenerateOutput | BaseExcept
             future.set_result(result)
 
 
-def _right_aligned_past(entries, width: int, room: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Per layer: the stored keys and values of every admitted row, right-aligned to `width` columns,
-    in buffers with `room` more columns after them."""
-    kvs = [None if entry is None else entry.kv for entry in entries]
-    template = next(kv for kv in kvs if kv is not None)
-    layers = []
-    for layer, (key0, value0) in enumerate(template):
-        keys = key0.new_zeros((len(entries), key0.shape[1], width + room, key0.shape[3]))[:, :, :width]
-        values = value0.new_zeros((len(entries), value0.shape[1], width + room, value0.shape[3]))[:, :, :width]
-        for i, kv in enumerate(kvs):
-            if kv is not None:
-                key, value = kv[layer]
-                keys[i, :, width - key.shape[2] :] = key[0]
-                values[i, :, width - value.shape[2] :] = value[0]
-        layers.append((keys, values))
-    return layers
+def _stored_rows(entries, room: int) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+    """Per layer, the stored keys and values of every admitted row (entries in the running batch's layout,
+    `RowsKV`), right-aligned to the widest block's columns, in buffers with `room` more columns after them; and
+    their mask (rows, columns): one copy per tensor and block the rows come from."""
+    by_block: dict[int, tuple[RowsKV, list[int], list[int]]] = {}
+    for row, entry in enumerate(entries):
+        if entry is not None:
+            stored, rows, sources = by_block.setdefault(id(entry.block), (entry.block.rows, [], []))
+            rows.append(row)
+            sources.append(entry.start)
+    parts = list(by_block.values())
+    width = max(stored.mask.shape[1] for stored, _, _ in parts)
+    template = parts[0][0]
+    device = template.mask.device
+    mask = torch.zeros((len(entries), width), dtype=torch.bool, device=device)
+    layers = [
+        tuple(
+            tensor.new_zeros((len(entries), tensor.shape[1], width + room, tensor.shape[3]))[:, :, :width]
+            for tensor in pair
+        )
+        for pair in template.layers
+    ]
+    for stored, rows, sources in parts:
+        columns = stored.mask.shape[1]
+        into = torch.tensor(rows, device=device)
+        every = len(sources) == stored.mask.shape[0] and sources == list(range(len(sources)))
+        take = slice(None) if every else torch.tensor(sources, device=device)
+        mask[:, width - columns :].index_copy_(0, into, stored.mask[take])
+        for pair, stored_pair in zip(layers, stored.layers, strict=True):
+            for tensor, kept in zip(pair, stored_pair, strict=True):
+                tensor[:, :, width - columns :].index_copy_(0, into, kept[take])
+    return layers, mask
 
 
 def _fill_cache(cache: DynamicCache, layers: list[tuple[torch.Tensor, torch.Tensor]]) -> None:

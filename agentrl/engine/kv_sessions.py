@@ -29,12 +29,25 @@ BUCKET_TOKENS = 8
 
 @dataclass(eq=False)
 class KVBlock:
-    """Memory holding the KV of one or more entries' tokens, one after another: `nbytes`, counted while any of its
-    `entries` is stored; `view(start, end)`, the KV of its tokens [start, end), as an entry's `kv`."""
+    """Memory holding the KV of one or more entries' tokens: `nbytes`, counted while any of its `entries` is stored;
+    `view(start, count)`, the KV of the entry at `start` (its `count` tokens), as an entry's `kv`.
+
+    Entries lie one after another (`start`: where an entry's tokens begin), or, where `rows` is set, one a row
+    (`start`: the entry's row): the running batch's own layout, which the next admission copies whole rows of."""
 
     nbytes: int
     view: Callable[[int, int], list[tuple[torch.Tensor, torch.Tensor]] | torch.Tensor]
     entries: int = 0
+    rows: RowsKV | None = None
+
+
+@dataclass(frozen=True)
+class RowsKV:
+    """Keys and values of rows as the continuous engine's running batch holds them: per layer (keys, values), each
+    (rows, heads, columns, dim), and `mask` (rows, columns), True where a column holds one of the row's tokens."""
+
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    mask: torch.Tensor
 
 
 @dataclass
@@ -49,7 +62,7 @@ class KVEntry:
         """As the batch that stored it keeps a row's cache: per layer (keys, values), each (1, heads, len(tokens),
         dim), from `RunningBatch`; one (2, layers, heads, len(tokens), dim) tensor from `SlotBatch`. Views made
         when asked for: most entries are never taken."""
-        return self.block.view(self.start, self.start + len(self.tokens))
+        return self.block.view(self.start, len(self.tokens))
 
 
 class KVSessionStore:
@@ -70,7 +83,7 @@ class KVSessionStore:
         """Store one entry whose `kv` tensors are its own memory."""
         tensors = [kv] if isinstance(kv, torch.Tensor) else [tensor for pair in kv for tensor in pair]
         nbytes = sum(tensor.numel() * tensor.element_size() for tensor in tensors)
-        self.put_block([tokens], KVBlock(nbytes, lambda start, end: kv), version)
+        self.put_block([tokens], KVBlock(nbytes, lambda start, count: kv), version)
 
     def put_block(self, entries: list[list[int]], block: KVBlock, version: int) -> None:
         """Store entries of these tokens, whose KV lie one after another in `block`; nothing if the block alone
@@ -81,9 +94,9 @@ class KVSessionStore:
             self._drop(next(iter(self._entries)))
             self.evictions += 1
         block.entries, start = len(entries), 0
-        for tokens in entries:
+        for row, tokens in enumerate(entries):
             entry_id, self._next_id = self._next_id, self._next_id + 1
-            self._entries[entry_id] = KVEntry(list(tokens), version, block, start)
+            self._entries[entry_id] = KVEntry(list(tokens), version, block, row if block.rows is not None else start)
             self._buckets.setdefault(tuple(tokens[:BUCKET_TOKENS]), set()).add(entry_id)
             start += len(tokens)
         self.nbytes += block.nbytes

@@ -8,12 +8,11 @@ wider than the batch.
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-from agentrl.engine.kv_sessions import KVBlock
+from agentrl.engine.kv_sessions import KVBlock, RowsKV
 from agentrl.engine.lean_decoder import COLUMN_HEADROOM
 from agentrl.engine.sampling import RowSampling
 
@@ -56,30 +55,25 @@ class RunningBatch:
         return sum(2 * layer.keys[0, :, 0].numel() * layer.keys.element_size() for layer in self.cache.layers)
 
     def stored_kvs(self, indices: list[int], tokens: list[int]) -> KVBlock:
-        """Rows `indices`' keys and values for their first `tokens[i]` tokens, one row after another, copied in one
-        gather per layer; its views per layer (1, heads, tokens, dim)."""
-        masks = self.mask[indices].cpu().numpy()
-        columns = [np.flatnonzero(mask)[-count:] for mask, count in zip(masks, tokens, strict=True)]
-        assert all(len(kept) == count for kept, count in zip(columns, tokens, strict=True)), tokens
-        device = self.mask.device
-        row_index = torch.from_numpy(np.repeat(np.asarray(indices, dtype=np.int64), tokens)).to(device)
-        column_index = torch.from_numpy(np.concatenate(columns).astype(np.int64)).to(device)
-        # Per layer (all tokens, heads, dim).
+        """Rows `indices`' keys and values (`tokens[i]`: the tokens each holds) copied in the batch's own layout
+        (`RowsKV`), one gather per tensor, without the columns none of them uses."""
+        index = torch.tensor(indices, device=self.mask.device)
+        mask = self.mask[index]
+        assert mask.sum(dim=1).tolist() == list(tokens), tokens
+        used = mask.any(dim=0).nonzero()[:, 0]
+        first, last = int(used[0]), int(used[-1]) + 1
         layers = [
-            (layer.keys[row_index, :, column_index], layer.values[row_index, :, column_index])
+            tuple(kept[..., first:last, :].index_select(0, index) for kept in (layer.keys, layer.values))
             for layer in self.cache.layers
         ]
-        nbytes = sum(
-            keys.numel() * keys.element_size() + values.numel() * values.element_size() for keys, values in layers
-        )
+        rows = RowsKV(layers, mask[:, first:last])
 
-        def view(start: int, end: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-            return [
-                (keys[start:end].transpose(0, 1)[None], values[start:end].transpose(0, 1)[None])
-                for keys, values in layers
-            ]
+        def view(row: int, count: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+            columns = rows.mask[row].nonzero()[:, 0]
+            return [tuple(kept[row : row + 1, :, columns] for kept in layer) for layer in rows.layers]
 
-        return KVBlock(nbytes, view)
+        nbytes = sum(tensor.numel() * tensor.element_size() for pair in layers for tensor in pair)
+        return KVBlock(nbytes, view, rows=rows)
 
     def join(self, rows: list, cache: DynamicCache, mask: torch.Tensor, positions, logits, sampling) -> None:
         """Append prefilled `rows`: their KV `cache` (right-aligned, as wide as their `mask`), mask, next

@@ -171,7 +171,8 @@ class SlotBatch:
         row_index = torch.repeat_interleave(torch.tensor(indices), torch.tensor(tokens)).to(self.device)
         column_index = torch.tensor([column for count in tokens for column in range(count)], device=self.device)
         block = self.kv[:, :, row_index, :, column_index]  # (all tokens, 2, layers, kv heads, dim)
-        return KVBlock(block.numel() * block.element_size(), lambda start, end: block[start:end].permute(1, 2, 3, 0, 4))
+        nbytes = block.numel() * block.element_size()
+        return KVBlock(nbytes, lambda start, count: block[start : start + count].permute(1, 2, 3, 0, 4))
 
     def token_bytes(self) -> int:
         """Bytes of one token's keys and values over all layers."""
