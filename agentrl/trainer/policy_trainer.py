@@ -39,6 +39,7 @@ from agentrl.config import (
 )
 from agentrl.models.loading import load_causal_lm
 from agentrl.trainer import checkpoint, parallel, shared_prefix
+from agentrl.trainer.lean_forward import LeanForward
 from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
@@ -119,6 +120,13 @@ class PolicyTrainer:
         if self.shared_prefix:
             self.prefix_layouts = shared_prefix.check_model(self.model)
             self.pair_cost = shared_prefix.pair_cost(self.model)
+        # by id(model), the policy's and the reference's; not under FSDP or activation checkpointing, whose hooks
+        # are on the decoder layers the lean forward does not call
+        self.lean_forwards: dict[int, LeanForward | None] = {}
+        if not self.sharded and not self.parallelism.activation_checkpointing:
+            for module in (self.model, self.reference):
+                if module is not None:
+                    self.lean_forwards[id(module)] = LeanForward.for_model(module)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = build_optimizer(self.params, optimizer)
         self.scheduler = build_scheduler(
@@ -424,12 +432,16 @@ class PolicyTrainer:
         """The model's logits of the rows, as `TokenLogits` reads them: (positions, vocab), and (B, T-1) the position
         predicting each row's token t+1. Whole rows: every row position is its own; a prefix layout: a prefix's
         positions are its rows'."""
+        lean = self.lean_forwards.get(id(model))
         if prefix_layout is None:
-            logits = model(input_ids=ids, attention_mask=attention, use_cache=False).logits
-            rows, longest, vocab = logits.shape
-            index = torch.arange(rows * longest, device=logits.device).view(rows, longest)
-            return logits.reshape(-1, vocab), index[:, :-1]
-        flat, index = shared_prefix.position_logits(model, ids, prefix_layout)
+            if lean is not None:
+                flat = lean.rows(ids, attention)
+            else:
+                flat = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.flatten(0, 1)
+            rows, longest = ids.shape
+            index = torch.arange(rows * longest, device=flat.device).view(rows, longest)
+            return flat, index[:, :-1]
+        flat, index = shared_prefix.position_logits(model, ids, prefix_layout, lean)
         return flat, index[:, :-1]
 
     def _micro_step(

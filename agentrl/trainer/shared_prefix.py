@@ -10,7 +10,7 @@ three ways, whichever costs least (and only if that is less than whole rows):
   (one-turn tasks): its cost is the packed sequences' length and, squared, their attention, masked pairs included.
 - on a KV cache, two forwards: the prefixes, then every row's rest on its prefix's cache, expanded to the rows with an
   index. Cheapest where rests are long (multi-turn episodes after a short prompt), whose attention packing would
-  square; it pays a second forward.
+  square; it pays a second forward (one pass where the model has a `LeanForward`, agentrl/trainer/lean_forward.py).
 - as a tree, one forward: each group's rows as one prefix tree, or all the micro-batch's rows as one
   (agentrl/trainer/prefix_tree.py), every prefix any two rows share computed once, the prompt and beyond it
   (multi-turn rows that made the same moves). Its cost is the trees' nodes and, squared, their attention.
@@ -32,6 +32,7 @@ import torch
 from agentrl.config import ConfigError
 from agentrl.engine.hf import cache_keyword
 from agentrl.trainer import prefix_tree
+from agentrl.trainer.lean_forward import LeanForward
 
 MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D mask as given
 SECOND_FORWARD_COST = (
@@ -273,17 +274,23 @@ def prepare(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Pa
     return pack(ids, lengths, prefix_plan)
 
 
-def position_logits(model, ids: torch.Tensor, layout: Packing | CachedRows) -> tuple[torch.Tensor, torch.Tensor]:
+def position_logits(
+    model, ids: torch.Tensor, layout: Packing | CachedRows, lean: LeanForward | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions, vocab) logits of the positions forwarded, and (rows, longest) long: where each row position's
-    logits are among them (`prepare`'s layout of the right-padded `ids`, on the model's device).
+    logits are among them (`prepare`'s layout of the right-padded `ids`, on the model's device). `lean`: the
+    model's `LeanForward`, if it has one (a cached layout in one pass then).
 
     `flat[index[r, t]]` is what a whole-row forward gives at row r, position t; past a row's length, some other
     position's (the loss masks them).
     """
     if isinstance(layout, CachedRows):
-        return _cached_logits(model, ids, layout)
+        return _cached_logits(model, ids, layout, lean)
     device = ids.device
     allowed = torch.from_numpy(layout.allowed)[:, None].to(device)
+    if lean is not None:
+        ids, positions = (torch.from_numpy(array).to(device) for array in (layout.ids, layout.position_ids))
+        return lean.packed(ids, positions, allowed), torch.from_numpy(layout.index).to(device)
     if getattr(_unwrapped(model).config, "_attn_implementation", None) == "eager":  # adds the mask to the scores
         dtype = next(model.parameters()).dtype
         allowed = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -296,8 +303,11 @@ def position_logits(model, ids: torch.Tensor, layout: Packing | CachedRows) -> t
     return out.reshape(-1, out.shape[-1]), torch.from_numpy(layout.index).to(device)
 
 
-def _cached_logits(model, ids: torch.Tensor, layout: CachedRows) -> tuple[torch.Tensor, torch.Tensor]:
-    """The prefixes forwarded once, then every row's rest on its prefix's KV cache (see the module)."""
+def _cached_logits(
+    model, ids: torch.Tensor, layout: CachedRows, lean: LeanForward | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The prefixes forwarded once, then every row's rest on its prefix's KV cache (see the module); with `lean`,
+    both in one pass."""
     prefix_plan = layout.prefix_plan
     device = ids.device
     lengths = torch.as_tensor(layout.lengths, dtype=torch.long, device=device)
@@ -315,6 +325,23 @@ def _cached_logits(model, ids: torch.Tensor, layout: CachedRows) -> tuple[torch.
     columns = torch.arange(head, device=device)
     prefix_attention = (columns < prefix_len[:, None]).long()
     prefix_ids = ids[leader, :head] * prefix_attention
+    steps = torch.arange(tail, device=device)
+    inside = steps < (lengths - split)[:, None]
+    source = (split[:, None] + steps).clamp(max=longest - 1)
+    rest_ids = ids.gather(1, source) * inside
+    if lean is not None:
+        flat = lean.split(prefix_ids, rest_ids, split[:, None] + steps, owner, prefix_attention[owner].bool())
+    else:
+        flat = _prefix_then_rests(model, prefix_ids, prefix_attention, rest_ids, inside, owner, split[:, None] + steps)
+    position = torch.arange(longest, device=device)
+    from_prefix = owner[:, None] * head + position
+    from_rest = prefixes * head + torch.arange(rows, device=device)[:, None] * tail + (position - split[:, None])
+    index = torch.where(position < split[:, None], from_prefix, from_rest.clamp(0, flat.shape[0] - 1))
+    return flat, index
+
+
+def _prefix_then_rests(model, prefix_ids, prefix_attention, rest_ids, inside, owner, rest_positions) -> torch.Tensor:
+    """The cached layout's logits by the model's forward: the prefixes, then the rests on their KV cache."""
     out = model(input_ids=prefix_ids, attention_mask=prefix_attention, use_cache=True)
     cache = getattr(out, "cache", None) or getattr(out, "past_key_values", None)
     if cache is None:
@@ -323,36 +350,27 @@ def _cached_logits(model, ids: torch.Tensor, layout: CachedRows) -> tuple[torch.
             "(activation checkpointing turns it off); set trainer.shared_prefix=false"
         )
     cache.reorder_cache(owner)  # an index_select per layer: backward sums each prefix's gradient over its rows
-
-    steps = torch.arange(tail, device=device)
-    inside = steps < (lengths - split)[:, None]
-    source = (split[:, None] + steps).clamp(max=longest - 1)
-    rest_ids = ids.gather(1, source) * inside
     attention = torch.cat([prefix_attention[owner], inside.long()], dim=1)
     rest = model(
         input_ids=rest_ids,
         attention_mask=attention,
-        position_ids=split[:, None] + steps,
+        position_ids=rest_positions,
         use_cache=True,
         **{cache_keyword(_unwrapped(model)): cache},
     ).logits
-
     vocab = rest.shape[-1]
-    flat = torch.cat([out.logits.reshape(-1, vocab), rest.reshape(-1, vocab)])
-    position = torch.arange(longest, device=device)
-    from_prefix = owner[:, None] * head + position
-    from_rest = prefixes * head + torch.arange(rows, device=device)[:, None] * tail + (position - split[:, None])
-    index = torch.where(position < split[:, None], from_prefix, from_rest.clamp(0, flat.shape[0] - 1))
-    return flat, index
+    return torch.cat([out.logits.reshape(-1, vocab), rest.reshape(-1, vocab)])
 
 
-def logits(model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPlan) -> torch.Tensor:
+def logits(
+    model, ids: torch.Tensor, lengths: np.ndarray, prefix_plan: PrefixPlan, lean: LeanForward | None = None
+) -> torch.Tensor:
     """(rows, longest, vocab) logits of right-padded `ids`, each prefix forwarded once (see the module).
 
     Positions past a row's length hold some other position's logits (whole rows hold padding's there); the loss
     masks them either way.
     """
-    flat, index = position_logits(model, ids, prepare(ids.cpu().numpy(), lengths, prefix_plan))
+    flat, index = position_logits(model, ids, prepare(ids.cpu().numpy(), lengths, prefix_plan), lean)
     return flat[index]
 
 

@@ -24,6 +24,7 @@ import torch
 from agentrl.config import from_dict
 from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer import shared_prefix
+from agentrl.trainer.lean_forward import LeanForward
 from agentrl.trainer.policy_trainer import _rows
 from agentrl.trajectory import Episode, num_episodes, pack
 from tests.conftest import ROOT
@@ -104,14 +105,24 @@ CASES = [  # (turns, group size, micro-batch size, algorithm options, model.lora
 ]
 
 
-@pytest.mark.parametrize(("turns", "group_size", "micro", "options", "lora", "layouts"), CASES)
-def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, options, lora, layouts):
+# the same cases by the model's own forward (two passes for the cached layout), not the lean forward
+FORWARD_CASES = [case for case in CASES if case[-1] is not None]
+
+
+@pytest.mark.parametrize(
+    ("turns", "group_size", "micro", "options", "lora", "layouts", "lean"),
+    [(*case, True) for case in CASES] + [(*case, False) for case in FORWARD_CASES],
+)
+def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, options, lora, layouts, lean):
     batch = make_batch(turns, group_size)
     trainers = {}
     metrics = {}
     for shared in (True, False):
         torch.manual_seed(0)
         trainers[shared] = trainer_for(tiny_model_dir, shared, micro, options, lora)
+        assert all(forward is not None for forward in trainers[shared].lean_forwards.values())
+        if not (shared and lean):  # whole rows by the model's own forward: the reference the lean one must meet
+            trainers[shared].lean_forwards = {}
         if shared and layouts:
             trainers[shared].prefix_layouts = layouts
             if layouts == ("tree",):  # these random rows share little beyond the prompt: the tree, priced, loses
@@ -130,13 +141,15 @@ def test_one_step_equals_whole_rows(tiny_model_dir, turns, group_size, micro, op
         assert metrics[True][key] == pytest.approx(want, rel=1e-5, abs=1e-7), key
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
-def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir, attention):
+@pytest.mark.parametrize(("attention", "lean"), [("sdpa", False), ("eager", False), ("sdpa", True)])
+def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir, attention, lean):
     """The forward itself, on plans `plan` would not choose: groups of one split anywhere, prefixes cut short, a
-    group's rows spread over sequences that each repeat its prefix; with either attention that takes a 4D mask."""
+    group's rows spread over sequences that each repeat its prefix; with either attention that takes a 4D mask, and
+    by the lean forward."""
     trainer = trainer_for(tiny_model_dir, True, 64)
     model = trainer.model
     model.set_attn_implementation(attention)
+    lean = LeanForward.for_model(model) if lean else None
     batch = make_batch(3, 3, groups=3, seed=4)
     ids, attention, lengths = _rows(batch, np.arange(num_episodes(batch)), "tokens", torch.long)
     lengths = np.asarray(lengths)
@@ -169,7 +182,7 @@ def test_logits_equal_whole_rows_for_any_plan(tiny_model_dir, attention):
                 kinds.append(shared_prefix.PrefixPlan(owner, split, leader, 0, 0, tree=tree))
         for plan in kinds:
             with torch.no_grad():
-                got = shared_prefix.logits(model, ids, lengths, plan)
+                got = shared_prefix.logits(model, ids, lengths, plan, lean)
             for row, length in enumerate(lengths):
                 message = f"{name}, cached={plan.cached}, tree={plan.tree is not None}"
                 torch.testing.assert_close(got[row, :length], want[row, :length], rtol=1e-5, atol=1e-5, msg=message)

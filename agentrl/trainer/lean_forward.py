@@ -1,0 +1,186 @@
+"""The policy's forward over `trainer.shared_prefix` layouts in few tensor ops, and the cached layout in one pass.
+
+The causal LM's forward builds its mask and position embeddings through generic helpers and routes keyword arguments
+through every layer; on a small model that is much of a micro-batch's forward and backward. `LeanForward` runs the
+same layers on what `shared_prefix` lays out:
+
+- `packed`: packed sequences or prefix trees (`shared_prefix.Packing`) under their 4D mask;
+- `split`: the cached layout (`shared_prefix.CachedRows`) in one forward: the prefixes and every row's rest go through
+  the projections and MLPs as one flat batch, and only attention is split: each prefix causally over itself, each
+  rest over its prefix's keys and, causally, its own. The model's forward needs two passes for that (the prefixes,
+  then the rests on their KV cache); here the second pass's per-op costs go, and the layout's attention stays
+  smaller than packing's, whose rests attend across each other's masked pairs.
+
+It calls the model's own modules (embedding, norms, projections, LoRA adapters where a PEFT wrapper put them,
+activation, LM head), so the parameters, their gradients and the optimizer are the model's. Only Llama-family
+layers (`lean_decoder.FAMILIES`) qualify, and `for_model` checks both entry points against the model's forward
+before it is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from agentrl.engine.lean_decoder import FAMILIES, RMSNormWeights, close_enough
+
+
+class LeanForward:
+    def __init__(self, model):
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT's wrapper
+        self.model = model
+        self.body = base.model
+        self.lm_head = base.lm_head
+        config = base.config
+        first = self.body.layers[0].self_attn
+        self.head_dim = first.head_dim
+        self.scaling = first.scaling
+        self.grouped = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) != (
+            config.num_attention_heads
+        )
+        self.norms = [
+            (RMSNormWeights(layer.input_layernorm), RMSNormWeights(layer.post_attention_layernorm))
+            for layer in self.body.layers
+        ]
+        self.final_norm = RMSNormWeights(self.body.norm)
+
+    @classmethod
+    def for_model(cls, model) -> LeanForward | None:
+        """A lean forward of `model`, or None where it is not a checked family or its logits differ from the
+        forward's."""
+        base = model.get_base_model() if hasattr(model, "get_base_model") else model
+        config = getattr(base, "config", None)
+        if getattr(config, "model_type", None) not in FAMILIES:
+            return None
+        if getattr(config, "use_sliding_window", False) or (config.model_type == "mistral" and config.sliding_window):
+            return None
+        if getattr(config, "attention_dropout", 0.0):  # the lean attention has no dropout
+            return None
+        try:
+            lean = cls(model)
+            return lean if lean.matches_forward() else None
+        except (AttributeError, TypeError, ValueError, RuntimeError):
+            return None
+
+    def rows(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+        """(rows x length, vocab) logits of right-padded rows `ids` (rows, length), `attention` 1 on their tokens."""
+        rows, length = ids.shape
+        steps = torch.arange(length, device=ids.device)
+        allowed = (steps[None, :] <= steps[:, None]) & attention.bool()[:, None, :]  # a padded query sees the row
+        return self.packed(ids, steps.expand(rows, length), allowed[:, None])
+
+    def packed(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+        """(sequences x length, vocab) logits of packed sequences `ids` (sequences, length) at `positions`, each
+        query attending to the keys `allowed` (sequences, 1, length, length) marks."""
+        sequences, length = ids.shape
+
+        def attend(query, keys, values):
+            query, keys, values = (_sequences(t, sequences, length) for t in (query, keys, values))
+            out = self._attention(query, keys, values, attn_mask=allowed)
+            return _flat(out)
+
+        return self._logits(ids.reshape(-1), positions.reshape(-1), attend, (sequences, length)).flatten(0, 1)
+
+    def split(
+        self,
+        prefix_ids: torch.Tensor,
+        rest_ids: torch.Tensor,
+        rest_positions: torch.Tensor,
+        owner: torch.Tensor,
+        prefix_visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """(prefixes x head + rows x tail, vocab) logits: the prefixes' positions (`prefix_ids`, (prefixes, head),
+        at positions 0..head-1), then the rows' rests' (`rest_ids`, (rows, tail), at `rest_positions`). A rest
+        attends to its prefix's (`owner`, (rows,)) keys where `prefix_visible` (rows, head) says, and causally to
+        its own."""
+        prefixes, head = prefix_ids.shape
+        rows, tail = rest_ids.shape
+        at = prefixes * head
+        causal = torch.ones((tail, tail), dtype=torch.bool, device=rest_ids.device).tril()
+        rest_mask = torch.cat(
+            [prefix_visible[:, None, :].expand(rows, tail, head), causal.expand(rows, tail, tail)], dim=2
+        )[:, None]
+
+        def attend(query, keys, values):
+            parts = (query, keys, values)
+            prefix_query, prefix_keys, prefix_values = (_sequences(t[:at], prefixes, head) for t in parts)
+            rest_query, rest_keys, rest_values = (_sequences(t[at:], rows, tail) for t in parts)
+            prefix_out = self._attention(prefix_query, prefix_keys, prefix_values, is_causal=True)
+            keys = torch.cat([prefix_keys.index_select(0, owner), rest_keys], dim=2)
+            values = torch.cat([prefix_values.index_select(0, owner), rest_values], dim=2)
+            rest_out = self._attention(rest_query, keys, values, attn_mask=rest_mask)
+            return torch.cat([_flat(prefix_out), _flat(rest_out)])
+
+        positions = torch.arange(head, device=prefix_ids.device).repeat(prefixes)
+        ids = torch.cat([prefix_ids.reshape(-1), rest_ids.reshape(-1)])
+        return self._logits(ids, torch.cat([positions, rest_positions.reshape(-1)]), attend)
+
+    def _attention(self, query, keys, values, **mask) -> torch.Tensor:
+        return F.scaled_dot_product_attention(query, keys, values, scale=self.scaling, enable_gqa=self.grouped, **mask)
+
+    def _logits(self, ids: torch.Tensor, positions: torch.Tensor, attend: Callable, rows=None) -> torch.Tensor:
+        """The layers over flat tokens `ids` (tokens,) at `positions`; `attend(query, keys, values)`, each (tokens,
+        heads, head_dim), gives the attention's output (tokens, query heads x head_dim). The LM head sees the tokens
+        as `rows` (rows, length), where given, as it does in the model's forward."""
+        hidden = self.body.embed_tokens(ids)
+        cos, sin = self.body.rotary_emb(hidden[None], positions[None])
+        cos, sin = cos[0][:, None, :], sin[0][:, None, :]
+        tokens = ids.shape[0]
+        for layer, (input_norm, post_attention_norm) in zip(self.body.layers, self.norms, strict=True):
+            attention, mlp = layer.self_attn, layer.mlp
+            x = input_norm(hidden)
+            query = attention.q_proj(x).view(tokens, -1, self.head_dim)
+            keys = attention.k_proj(x).view(tokens, -1, self.head_dim)
+            values = attention.v_proj(x).view(tokens, -1, self.head_dim)
+            if getattr(attention, "q_norm", None) is not None:
+                query, keys = attention.q_norm(query), attention.k_norm(keys)
+            query, keys = _rotated(query, cos, sin), _rotated(keys, cos, sin)
+            hidden = hidden + attention.o_proj(attend(query, keys, values))
+            x = post_attention_norm(hidden)
+            hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
+        hidden = self.final_norm(hidden)
+        return self.lm_head(hidden if rows is None else hidden.view(*rows, -1))
+
+    @torch.no_grad()
+    def matches_forward(self) -> bool:
+        """Whether rows (one right-padded), packed rows and a split layout (two rows continuing one prefix) give the
+        forward's logits."""
+        device = next(self.model.parameters()).device
+        vocab = self.body.embed_tokens.num_embeddings
+        rows = torch.tensor([[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8, 9]], device=device) % vocab
+        expected = self.model(input_ids=rows, use_cache=False).logits
+        steps = torch.arange(6, device=device)
+        causal = (steps[None, :] <= steps[:, None]).expand(2, 1, 6, 6)
+        packed = self.packed(rows, steps.expand(2, 6), causal).view(2, 6, -1)
+        attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], device=device)
+        padded = self.model(input_ids=rows, attention_mask=attention, use_cache=False).logits
+        lean_rows = self.rows(rows, attention).view(2, 6, -1)
+        if not close_enough(padded[1, :4].float(), lean_rows[1, :4].float()):
+            return False
+        split = self.split(
+            rows[:1, :3],
+            rows[:, 3:],
+            steps[3:].expand(2, 3),
+            torch.zeros(2, dtype=torch.long, device=device),
+            torch.ones((2, 3), dtype=torch.bool, device=device),
+        )
+        split_rows = torch.cat([split[:3].expand(2, 3, -1), split[3:].view(2, 3, -1)], dim=1)
+        return close_enough(expected.float(), packed.float()) and close_enough(expected.float(), split_rows.float())
+
+
+def _sequences(flat: torch.Tensor, count: int, length: int) -> torch.Tensor:
+    """(count x length, heads, dim) -> (count, heads, length, dim)."""
+    return flat.view(count, length, *flat.shape[1:]).transpose(1, 2)
+
+
+def _flat(out: torch.Tensor) -> torch.Tensor:
+    """(count, heads, length, dim) -> (count x length, heads x dim)."""
+    count, heads, length, dim = out.shape
+    return out.transpose(1, 2).reshape(count * length, heads * dim)
+
+
+def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin

@@ -1,0 +1,72 @@
+"""The trainer's lean forward (agentrl/trainer/lean_forward.py) trains as the model's own forward does, and stands
+aside where it cannot."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
+
+from agentrl.config import from_dict
+from agentrl.roles.trainer_parts import policy_trainer
+from agentrl.trainer.lean_forward import LeanForward
+from tests.unit.test_shared_prefix import ROLLOUT, assert_close_gradients, make_batch
+
+
+def trainer(model_dir, lean: bool, algorithm=None, lora=None, parallelism=None):
+    config = from_dict(
+        {
+            "model": {"path": str(model_dir), "lora": lora},
+            "algorithm": {"name": "grpo", **(algorithm or {})},
+            "rollout": ROLLOUT,
+            "trainer": {"micro_batch_size": 12},
+            "optimizer": {"lr": 1e-3},
+            "parallelism": parallelism or {},
+        }
+    )
+    built = policy_trainer(config, str(model_dir), "cpu")
+    if not lean:
+        built.lean_forwards = {}
+    return built
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "lora"),
+    [({}, None), ({"kl_coef": 0.1}, None), ({}, {"rank": 4, "alpha": 8})],
+    ids=["plain", "with a reference", "lora"],
+)
+def test_whole_rows_train_as_by_the_models_own_forward(tiny_model_dir, algorithm, lora):
+    batch = make_batch(3, 4)
+    trainers, metrics = {}, {}
+    for lean in (True, False):
+        torch.manual_seed(0)
+        trainers[lean] = trainer(tiny_model_dir, lean, algorithm, lora)
+        if lean:
+            assert trainers[lean].lean_forwards and all(trainers[lean].lean_forwards.values())
+        if algorithm.get("kl_coef"):  # the policy off the reference, so the KL term has a gradient
+            with torch.no_grad():
+                for param in trainers[lean].params:
+                    param.add_(0.05 * torch.randn_like(param))
+        metrics[lean] = trainers[lean].train_step(batch)
+    assert metrics[False]["train/grad_norm"] > 1e-3
+    assert_close_gradients(trainers[True].model, trainers[False].model)
+    for key, want in metrics[False].items():
+        assert metrics[True][key] == pytest.approx(want, rel=1e-5, abs=1e-7), key
+
+
+def test_activation_checkpointing_keeps_the_models_forward(tiny_model_dir):
+    built = trainer(tiny_model_dir, True, parallelism={"activation_checkpointing": True})
+    assert built.lean_forwards == {}
+
+
+def test_a_model_outside_the_checked_families_or_unlike_its_forward_gets_none(tiny_model_dir):
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=32))
+    assert LeanForward.for_model(gpt2) is None
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert LeanForward.for_model(model) is not None
+    model.config.attention_dropout = 0.1  # dropout the lean attention does not apply
+    assert LeanForward.for_model(model) is None
+    model.config.attention_dropout = 0.0
+    original = model.model.norm.forward
+    model.model.norm.forward = lambda x: original(x) * 2.0  # a final norm unlike the fused one the lean forward runs
+    assert LeanForward.for_model(model) is None
