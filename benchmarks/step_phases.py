@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 PHASES = [  # (phase, "module:Attribute.path"): each call of the function counts in the phase
     ("train", "agentrl.trainer.policy_trainer:PolicyTrainer.train_step"),
     ("micro step", "agentrl.trainer.policy_trainer:PolicyTrainer._micro_step"),
-    ("policy forward", "agentrl.trainer.policy_trainer:PolicyTrainer._logits"),
+    ("policy forward", "agentrl.trainer.policy_trainer:PolicyTrainer._position_logits"),
     ("backward", "torch:Tensor.backward"),
     ("optimizer", "torch.optim:AdamW.step"),
     ("grad clip", "torch.nn.utils:clip_grad_norm_"),
