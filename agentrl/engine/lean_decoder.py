@@ -42,6 +42,15 @@ FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 MATCH_TOLERANCE = 1e-5
 
 
+def full_attention_family(config) -> bool:
+    """A checked family (FAMILIES) whose layers attend over whole sequences: the continuous engine refuses hybrid and
+    sliding-window layer types; Mistral's and Qwen2's windows are set apart here."""
+    if getattr(config, "model_type", None) not in FAMILIES:
+        return False
+    windowed = config.model_type == "mistral" and config.sliding_window
+    return not (getattr(config, "use_sliding_window", False) or windowed)
+
+
 class LeanDecoder:
     def __init__(self, model):
         config = model.config
@@ -73,12 +82,7 @@ class LeanDecoder:
     def for_model(cls, model) -> LeanDecoder | None:
         """A decoder for `model`, or None where it is not a checked family, or its steps differ from the forward."""
         config = model.config
-        if getattr(config, "model_type", None) not in FAMILIES:
-            return None
-        if getattr(config, "_attn_implementation", None) != "sdpa":
-            return None
-        # The continuous engine refuses hybrid and sliding-window layer types; Mistral's window is set apart.
-        if getattr(config, "use_sliding_window", False) or (config.model_type == "mistral" and config.sliding_window):
+        if not full_attention_family(config) or getattr(config, "_attn_implementation", None) != "sdpa":
             return None
         try:
             decoder = cls(model)

@@ -24,7 +24,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from agentrl.engine.lean_decoder import FAMILIES, RMSNormWeights, close_enough
+from agentrl.engine.lean_decoder import RMSNormWeights, close_enough, full_attention_family
 
 
 class LeanForward:
@@ -52,11 +52,7 @@ class LeanForward:
         forward's."""
         base = model.get_base_model() if hasattr(model, "get_base_model") else model
         config = getattr(base, "config", None)
-        if getattr(config, "model_type", None) not in FAMILIES:
-            return None
-        if getattr(config, "use_sliding_window", False) or (config.model_type == "mistral" and config.sliding_window):
-            return None
-        if getattr(config, "attention_dropout", 0.0):  # the lean attention has no dropout
+        if not full_attention_family(config) or getattr(config, "attention_dropout", 0.0):  # no dropout here
             return None
         try:
             lean = cls(model)
