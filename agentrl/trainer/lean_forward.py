@@ -1,9 +1,11 @@
-"""The policy's forward over `trainer.shared_prefix` layouts in few tensor ops, and the cached layout in one pass.
+"""The trainer's forward of the policy (and the KL reference) in few tensor ops; the cached shared-prefix layout in
+one pass.
 
 The causal LM's forward builds its mask and position embeddings through generic helpers and routes keyword arguments
 through every layer; on a small model that is much of a micro-batch's forward and backward. `LeanForward` runs the
-same layers on what `shared_prefix` lays out:
+same layers on what the trainer forwards:
 
+- `rows`: whole right-padded rows, causally;
 - `packed`: packed sequences or prefix trees (`shared_prefix.Packing`) under their 4D mask;
 - `split`: the cached layout (`shared_prefix.CachedRows`) in one forward: the prefixes and every row's rest go through
   the projections and MLPs as one flat batch, and only attention is split: each prefix causally over itself, each
@@ -13,7 +15,7 @@ same layers on what `shared_prefix` lays out:
 
 It calls the model's own modules (embedding, norms, projections, LoRA adapters where a PEFT wrapper put them,
 activation, LM head), so the parameters, their gradients and the optimizer are the model's. Only Llama-family
-layers (`lean_decoder.FAMILIES`) qualify, and `for_model` checks both entry points against the model's forward
+layers (`lean_decoder.FAMILIES`) qualify, and `for_model` checks every entry point against the model's forward
 before it is used.
 """
 
