@@ -9,7 +9,9 @@ The model is built locally (no downloads): a Qwen2 config of Qwen2.5-0.5B's shap
 weights in bfloat16 (`--small`: a tiny one, float32 on CPU), and agentrl's tiny byte-level
 tokenizer (token ids are all it needs). Sections, in this order (`--sections` picks some):
 
-- `grpo`: one GRPO train step (32 episodes of 256 + 512 tokens) after a warm-up step.
+- `grpo`: one GRPO train step (32 episodes of 256 + 512 tokens) after a warm-up step, with the trainer's lean
+  forward (agentrl/trainer/lean_forward.py) and with the model's own forward; the row says whether the lean forward
+  was taken and how far apart the two warm-up steps' gradients are (from the same weights and batch).
 - `weights`: the weight update under `mpirun -n 2`: rank 0 holds the trainer's model, rank
   1 a TorchEngine on the same GPU; `CUDAIPCWeightSync` (from `agentrl.weights.cuda_ipc`,
   else `agentrl.weights.nccl`) moves the weights (the CPU dry run uses `MPIWeightBroadcast`).
@@ -224,20 +226,36 @@ def sync_device(device: str) -> None:
 
 
 def time_grpo_step(model_dir: Path, device: str, dtype: str, small: bool) -> dict:
+    """One GRPO step timed with the trainer's lean forward (what a run takes) and with the model's own forward, after
+    a first step of each from the same weights on the same batch, whose gradients are compared."""
     from agentrl.roles.trainer_parts import policy_trainer
 
-    trainer = policy_trainer(agentrl_config(model_dir, dtype), str(model_dir), device)
     episodes, prompt_len, response_len = (8, 16, 16) if small else (32, 256, 512)
     batch = random_batch(160, episodes, prompt_len, response_len)
-    trainer.train_step(batch)  # warm-up: allocator, kernels
-    sync_device(device)
-    started = time.perf_counter()
-    metrics = trainer.train_step(batch)
-    sync_device(device)
-    seconds = time.perf_counter() - started
-    tokens = episodes * (prompt_len + response_len)
-    params = sum(p.numel() for p in trainer.model.parameters())
-    return {"params": params, "seconds": seconds, "tokens_per_s": tokens / seconds, "loss": metrics["train/loss"]}
+    result, gradients = {}, {}
+    for lean in (True, False):
+        trainer = policy_trainer(agentrl_config(model_dir, dtype), str(model_dir), device)
+        if lean:
+            result["lean"] = trainer.lean_forwards.get(id(trainer.model)) is not None
+        else:
+            trainer.lean_forwards = {}
+        trainer.train_step(batch)  # warm-up: allocator, kernels; the gradients compared
+        gradients[lean] = [p.grad.float() for p in trainer.params if p.grad is not None]
+        sync_device(device)
+        started = time.perf_counter()
+        metrics = trainer.train_step(batch)
+        sync_device(device)
+        result["seconds" if lean else "forward_seconds"] = time.perf_counter() - started
+        if lean:
+            result["loss"] = metrics["train/loss"]
+            result["params"] = sum(p.numel() for p in trainer.model.parameters())
+        del trainer
+    largest = max(float(g.abs().max()) for g in gradients[False])
+    result["gradient_difference"] = max(
+        float((a - b).abs().max()) for a, b in zip(gradients[True], gradients[False], strict=True)
+    ) / max(largest, 1e-30)
+    result["tokens_per_s"] = episodes * (prompt_len + response_len) / result["seconds"]
+    return result
 
 
 # ---- the two-process part (run under mpirun -n 2) ------------------------------------
@@ -708,6 +726,12 @@ def main(argv=None) -> int:
                 step = time_grpo_step(need_model(), args.device, dtype, args.small)
                 table.add("model parameters", f"{step['params'] / 1e6:.1f} M ({dtype})")
                 table.add("GRPO train step", f"{step['seconds']:.3f} s, {step['tokens_per_s']:.0f} tokens/s")
+                table.add(
+                    "the trainer's lean forward",
+                    f"{'taken' if step['lean'] else 'stood aside (differs from the forward)'}; the model's own forward "
+                    f"{step['forward_seconds']:.3f} s a step; first steps' gradients "
+                    f"{step['gradient_difference']:.1e} of the largest apart",
+                )
 
         if "weights" in wanted:
             with section(table, "weight update", timings, "weights"):

@@ -31,6 +31,9 @@ def test_gpu_check_dry_run_on_cpu_prints_its_table(tmp_path):
     rows = dict(re.findall(ROW, result.stdout, flags=re.MULTILINE))
     assert not [check for check, value in rows.items() if value.startswith("FAILED")], rows
     assert rows["engine weight version after update"] == "7"  # 2 warm-up sends and 5 timed ones
+    lean = rows["the trainer's lean forward"]
+    apart = float(re.search(r"gradients ([0-9.e+-]+) of the largest", lean).group(1))
+    assert lean.startswith("taken;") and apart < 1e-5  # the lean forward trains as the model's own
     max_diff = float(re.search(r"max ([0-9.e+-]+)", rows["engine vs trainer logprobs, abs diff"]).group(1))
     assert max_diff < 1e-4  # the engine samples with exactly the trainer's updated weights
     update = next(value for check, value in rows.items() if check.startswith("weight update ("))
