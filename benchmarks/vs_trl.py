@@ -36,7 +36,11 @@ the environment, as agentrl's ranks do by default (`runtime.keep_freed_memory`);
   on the step's episodes, data parallel (on-policy); `agentrl-2hc`: the same, continuous scheduler;
   `agentrl-2hcp`*: that with `trainer.shared_prefix`;
 - any of those with a `p` after it (`agentrl-1tp`, `agentrl-2acp`): the same with `trainer.shared_prefix=true` (a
-  group's prompt forwarded once in training).
+  group's prompt forwarded once in training);
+- with `--baseline PATH` (another agentrl checkout, e.g. a `git worktree` of main before a change): every agentrl
+  side again as `SIDE@base`, run with PATH's agentrl, right after the same side of this checkout in each seed, so a
+  change and the code before it share the machine's load (`x base` in the table: the side's samples/s over its
+  baseline's, the median of the seeds' ratios).
 
 Both sides load the same model folder (built by agentrl from `model.tiny`, saved with save_pretrained). A warm-up
 run of each side per task (2 steps, not counted) builds it and fills the disk cache. Then the runs interleave
@@ -105,6 +109,7 @@ SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once 
 AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}
 # side -> torch threads; "k": glibc's heap keeps freed memory, as agentrl's ranks' does by default
 TRL = {"trl": 2, "trl-1t": 1, "trl-k": 2, "trl-1tk": 1}
+BASE = "@base"  # an agentrl side run with --baseline's checkout
 SIDES = (*TRL, *AGENTRL)
 DEFAULT_SIDES = (
     "trl",
@@ -290,7 +295,7 @@ def run_trl(python: Path, side: str, task: str, seed: int, steps: int, out: Path
     return {"started": data["started"], **watched, "steps": steps_out}
 
 
-def run_agentrl(side: str, config: Path, seed: int, steps: int, out: Path, name: str) -> dict:
+def run_agentrl(side: str, config: Path, seed: int, steps: int, out: Path, name: str, repo: Path = REPO) -> dict:
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
     run_dir = out / "runs" / name
@@ -301,7 +306,7 @@ def run_agentrl(side: str, config: Path, seed: int, steps: int, out: Path, name:
     command += overrides
     if ranks > 1:
         command = [str(binary / "mpirun"), "-n", str(ranks), *command]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(repo)}
     started = time.time()
     watched = launch(command, env, out / "logs" / f"{name}.log")
     events = EventAccumulator(str(run_dir / "tb"), size_guidance={SCALARS: 0})
@@ -403,11 +408,11 @@ def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
     in that seed; `x TRL by CPU`: the TRL side's least CPU seconds a step over this side's (every
     side trains 64 episodes a step), which the machine's other load moves less than wall time."""
     gpu = any(r["summary"]["gpu"] for r in rows)  # a column only where a run held GPU memory
-    lines = [
-        "| task | side | s/step | samples/s | x TRL | CPU s/step | x TRL by CPU | tokens/s | sampled tok/s "
-        "| peak RSS MiB | peak PSS MiB |" + (" peak GPU MiB |" if gpu else "") + " start-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else "") + "---|",
-    ]
+    based = any(side.endswith(BASE) for side in sides)  # a column only with --baseline
+    columns = ["task", "side", "s/step", "samples/s", "x TRL", *(["x base"] if based else []), "CPU s/step"]
+    columns += ["x TRL by CPU", "tokens/s", "sampled tok/s", "peak RSS MiB", "peak PSS MiB"]
+    columns += [*(["peak GPU MiB"] if gpu else []), "start-up s"]
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for task in tasks:
         trl: dict[int, float] = {}  # seed -> the fastest TRL side's samples/s
         trl_cpu: dict[int, float] = {}  # seed -> the TRL side's least CPU seconds a step
@@ -424,8 +429,12 @@ def table(rows: list[dict], tasks: list[str], sides: list[str]) -> str:
             by_cpu = [trl_cpu[r["seed"]] / r["summary"]["cpu_s"] for r in found if r["seed"] in trl_cpu]
             ratio = f"{statistics.median(ratios):.2f}" if ratios else "-"
             cpu_ratio = f"{statistics.median(by_cpu):.2f}" if by_cpu else "-"
+            base = {r["seed"]: r["summary"]["samples_s"] for r in rows if (r["task"], r["side"]) == (task, side + BASE)}
+            over_base = [r["summary"]["samples_s"] / base[r["seed"]] for r in found if r["seed"] in base]
+            base_cell = (f" {statistics.median(over_base):.2f} |" if over_base else " - |") if based else ""
             lines.append(
-                f"| {task} | {side} | {med['step_s']:.4f} | {med['samples_s']:.0f} | {ratio} | {med['cpu_s']:.4f} | "
+                f"| {task} | {side} | {med['step_s']:.4f} | {med['samples_s']:.0f} | {ratio} |{base_cell} "
+                f"{med['cpu_s']:.4f} | "
                 f"{cpu_ratio} | {med['tokens_s']:.0f} | {med['sampled_s']:.0f} | {med['rss']:.0f} | "
                 f"{med['pss']:.0f} | " + (f"{med['gpu']:.0f} | " if gpu else "") + f"{med['startup']:.1f} |"
             )
@@ -478,6 +487,7 @@ def main() -> None:
     parser.add_argument("--trl-venv", type=Path, default=REPO / ".venv-trl")
     parser.add_argument("--trl-python", type=Path, help="a python where trl already imports, instead of --trl-venv")
     parser.add_argument("--report", type=Path, help="append the tables and the commands to this markdown file")
+    parser.add_argument("--baseline", type=Path, help="another agentrl checkout: each agentrl side again with it")
     args = parser.parse_args()
     if args.steps <= args.warmup + 2:
         parser.error(f"--steps {args.steps} leaves no step to time after --warmup {args.warmup}; raise --steps")
@@ -500,20 +510,26 @@ def main() -> None:
                 print(f"  {task}: {field} = {'(per run)' if value is None else value}: {why}")
     configs = {task: agentrl_config(task, out, args.shape) for task in args.tasks}
 
+    sides = list(args.sides)
+    if args.baseline is not None:  # each agentrl side, then the same with the baseline's agentrl
+        sides = [named for side in sides for named in ([side] if side in TRL else [side, side + BASE])]
+
     def one(task: str, side: str, seed: int, steps: int, name: str) -> dict:
         if side in TRL:
             return run_trl(python, side, task, seed, steps, out, name, lr)
+        if side.endswith(BASE):
+            return run_agentrl(side.removesuffix(BASE), configs[task], seed, steps, out, name, args.baseline.resolve())
         return run_agentrl(side, configs[task], seed, steps, out, name)
 
     for task in args.tasks:  # warm-up: builds the model folder (agentrl), fills the disk cache; not counted
-        warm = set(args.sides) | (set() if (out / f"model-{task}").is_dir() else {"agentrl-1"})
+        warm = set(sides) | (set() if (out / f"model-{task}").is_dir() else {"agentrl-1"})
         for side in sorted(warm, key=lambda side: side in TRL):  # agentrl's first: it builds the model
             one(task, side, 0, 2, f"warmup-{task}-{side}")
         check_same_tokens(task, out)
     rows = []
     for seed in args.seeds:
         for task in args.tasks:
-            for side in args.sides:
+            for side in sides:
                 name = f"{task}-{side}-s{seed}"
                 load = os.getloadavg()[0]
                 run = one(task, side, seed, args.steps, name)
@@ -526,9 +542,9 @@ def main() -> None:
     (out / "rows.json").write_text(json.dumps(rows) + "\n")
     text = "\n\n".join([
         f"Medians over seeds {args.seeds}, {args.steps} steps a run, steps {args.warmup}+ timed:",
-        table(rows, args.tasks, args.sides),
+        table(rows, args.tasks, sides),
         f"Learning curve: mean reward / success per {args.window} steps, averaged over the seeds:",
-        curves(rows, args.tasks, args.sides, args.window, args.steps),
+        curves(rows, args.tasks, sides, args.window, args.steps),
         "Every run:",
         per_run(rows),
     ])  # fmt: skip
