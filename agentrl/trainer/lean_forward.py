@@ -5,7 +5,7 @@ The causal LM's forward builds its mask and position embeddings through generic 
 through every layer; on a small model that is much of a micro-batch's forward and backward. `LeanForward` runs the
 same layers on what the trainer forwards:
 
-- `rows`: whole right-padded rows, causally;
+- `rows`: whole right-padded rows, causally (no mask);
 - `packed`: packed sequences or prefix trees (`shared_prefix.Packing`) under their 4D mask;
 - `split`: the cached layout (`shared_prefix.CachedRows`) in one forward: the prefixes and every row's rest go through
   the projections and MLPs as one flat batch, and only attention is split: each prefix causally over itself, each
@@ -62,12 +62,18 @@ class LeanForward:
         except (AttributeError, TypeError, ValueError, RuntimeError):
             return None
 
-    def rows(self, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
-        """(rows x length, vocab) logits of right-padded rows `ids` (rows, length), `attention` 1 on their tokens."""
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """(rows x length, vocab) logits of right-padded rows `ids` (rows, length). Causal attention alone gives
+        each token its row's earlier tokens, the padding coming after them (no mask: the kernel's causal path);
+        a padding position sees padding too, whose logits the loss masks."""
         rows, length = ids.shape
-        steps = torch.arange(length, device=ids.device)
-        allowed = (steps[None, :] <= steps[:, None]) & attention.bool()[:, None, :]  # a padded query sees the row
-        return self.packed(ids, steps.expand(rows, length), allowed[:, None])
+
+        def attend(query, keys, values):
+            query, keys, values = (_sequences(t, rows, length) for t in (query, keys, values))
+            return _flat(self._attention(query, keys, values, is_causal=True))
+
+        positions = torch.arange(length, device=ids.device).repeat(rows)
+        return self._logits(ids.reshape(-1), positions, attend, (rows, length)).flatten(0, 1)
 
     def packed(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
         """(sequences x length, vocab) logits of packed sequences `ids` (sequences, length) at `positions`, each
@@ -153,8 +159,8 @@ class LeanForward:
         causal = (steps[None, :] <= steps[:, None]).expand(2, 1, 6, 6)
         packed = self.packed(rows, steps.expand(2, 6), causal).view(2, 6, -1)
         attention = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]], device=device)
-        padded = self.model(input_ids=rows, attention_mask=attention, use_cache=False).logits
-        lean_rows = self.rows(rows, attention).view(2, 6, -1)
+        padded = self.model(input_ids=rows * attention, attention_mask=attention, use_cache=False).logits
+        lean_rows = self.rows(rows * attention).view(2, 6, -1)
         if not close_enough(padded[1, :4].float(), lean_rows[1, :4].float()):
             return False
         split = self.split(

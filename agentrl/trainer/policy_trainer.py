@@ -435,7 +435,7 @@ class PolicyTrainer:
         lean = self.lean_forwards.get(id(model))
         if prefix_layout is None:
             if lean is not None:
-                flat = lean.rows(ids, attention)
+                flat = lean.rows(ids)
             else:
                 flat = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.flatten(0, 1)
             rows, longest = ids.shape
