@@ -1190,7 +1190,7 @@ class Config(Section):
                 f"{self.layout.trainer} with layout.hybrid=true, so every hybrid rank generates and trains as many "
                 f"groups; set rollout.tasks_per_step to a multiple of {self.layout.trainer}"
             )
-        shards = self.layout.rollout * self.layout.trainer  # hybrid ranks deal their groups over each other in turn
+        shards = self.layout.rollout * self.layout.trainer  # split layouts; hybrid ranks' rule is checked above
         if not self.layout.hybrid and self.rollout.tasks_per_step % shards and self.rollout.dispatch == "static":
             raise ValueError(
                 f"rollout.tasks_per_step={self.rollout.tasks_per_step} must be a multiple of "

@@ -14,9 +14,9 @@ same layers on what the trainer forwards:
   smaller than packing's, whose rests attend across each other's masked pairs.
 
 It calls the model's own modules (embedding, norms, projections, LoRA adapters where a PEFT wrapper put them,
-activation, LM head), so the parameters, their gradients and the optimizer are the model's. Only Llama-family
-layers (`lean_decoder.FAMILIES`) qualify, and `for_model` checks every entry point against the model's forward
-before it is used.
+activation, LM head; rotary positions from the engine's table of the model's values, `RotaryTable`), so the
+parameters, their gradients and the optimizer are the model's. Only Llama-family layers (`lean_decoder.FAMILIES`)
+qualify, and `for_model` checks every entry point against the model's forward before it is used.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from agentrl.engine.lean_decoder import RMSNormWeights, close_enough, full_attention_family
+from agentrl.engine.lean_decoder import RMSNormWeights, RotaryTable, close_enough, full_attention_family
 
 
 class LeanForward:
@@ -35,13 +35,11 @@ class LeanForward:
         self.model = model
         self.body = base.model
         self.lm_head = base.lm_head
-        config = base.config
         first = self.body.layers[0].self_attn
         self.head_dim = first.head_dim
         self.scaling = first.scaling
-        self.grouped = (getattr(config, "num_key_value_heads", None) or config.num_attention_heads) != (
-            config.num_attention_heads
-        )
+        self.grouped = first.num_key_value_groups > 1
+        self.rotary = RotaryTable(self.body.rotary_emb)
         self.norms = [
             (RMSNormWeights(layer.input_layernorm), RMSNormWeights(layer.post_attention_layernorm))
             for layer in self.body.layers
@@ -129,9 +127,8 @@ class LeanForward:
         heads, head_dim), gives the attention's output (tokens, query heads x head_dim). The LM head sees the tokens
         as `rows` (rows, length), where given, as it does in the model's forward."""
         hidden = self.body.embed_tokens(ids)
-        cos, sin = self.body.rotary_emb(hidden[None], positions[None])
-        cos, sin = cos[0][:, None, :], sin[0][:, None, :]
-        tokens = ids.shape[0]
+        cos, signed_sin = self.rotary(hidden, positions)
+        tokens, half = ids.shape[0], self.head_dim // 2
         for layer, (input_norm, post_attention_norm) in zip(self.body.layers, self.norms, strict=True):
             attention, mlp = layer.self_attn, layer.mlp
             x = input_norm(hidden)
@@ -140,7 +137,8 @@ class LeanForward:
             values = attention.v_proj(x).view(tokens, -1, self.head_dim)
             if getattr(attention, "q_norm", None) is not None:
                 query, keys = attention.q_norm(query), attention.k_norm(keys)
-            query, keys = _rotated(query, cos, sin), _rotated(keys, cos, sin)
+            query = query * cos + query.roll(half, dims=-1) * signed_sin
+            keys = keys * cos + keys.roll(half, dims=-1) * signed_sin
             hidden = hidden + attention.o_proj(attend(query, keys, values))
             x = post_attention_norm(hidden)
             hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
@@ -183,8 +181,3 @@ def _flat(out: torch.Tensor) -> torch.Tensor:
     """(count, heads, length, dim) -> (count x length, heads x dim)."""
     count, heads, length, dim = out.shape
     return out.transpose(1, 2).reshape(count * length, heads * dim)
-
-
-def _rotated(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
