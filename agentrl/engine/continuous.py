@@ -442,10 +442,8 @@ class ContinuousTorchEngine(TorchEngine):
         """Keep rows `indices`' KV in the store with one copy: of as many of the last rows as its budget holds."""
         rows = [batch.rows[index] for index in indices]
         tokens = [len(row.prompt) + len(row.output) - 1 for row in rows]  # the last sampled token is fed next turn
-        room, first = self.sessions.budget_bytes // batch.token_bytes(), len(rows)
-        while first and tokens[first - 1] <= room:
-            first -= 1
-            room -= tokens[first]
+        sizes = batch.tail_block_bytes(indices, tokens)
+        first = next((i for i, size in enumerate(sizes) if size <= self.sessions.budget_bytes), len(rows))
         if first == len(rows):
             return
         block = batch.stored_kvs(indices[first:], tokens[first:])

@@ -8,6 +8,7 @@ wider than the batch.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
@@ -53,6 +54,16 @@ class RunningBatch:
     def token_bytes(self) -> int:
         """Bytes of one token's keys and values over all layers."""
         return sum(2 * layer.keys[0, :, 0].numel() * layer.keys.element_size() for layer in self.cache.layers)
+
+    def tail_block_bytes(self, indices: list[int], tokens: list[int]) -> list[int]:
+        """For each i, the bytes `stored_kvs` of rows `indices[i:]` would take: every row as wide as the columns
+        any of them uses (their padding and holes counted, so at least `tokens`)."""
+        used = self.mask[torch.tensor(indices, device=self.mask.device)].cpu().numpy()
+        first = used.argmax(axis=1)
+        end = used.shape[1] - used[:, ::-1].argmax(axis=1)
+        lows, highs = np.minimum.accumulate(first[::-1])[::-1], np.maximum.accumulate(end[::-1])[::-1]
+        count = np.arange(len(indices), 0, -1)
+        return (count * (highs - lows) * self.token_bytes()).tolist()
 
     def stored_kvs(self, indices: list[int], tokens: list[int]) -> KVBlock:
         """Rows `indices`' keys and values (`tokens[i]`: the tokens each holds) copied in the batch's own layout

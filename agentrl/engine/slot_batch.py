@@ -165,6 +165,11 @@ class SlotBatch:
         self.positions_buffer[: len(self.rows)] += 1
         self.lengths = [length + 1 for length in self.lengths]
 
+    def tail_block_bytes(self, indices: list[int], tokens: list[int]) -> list[int]:
+        """For each i, the bytes `stored_kvs` of rows `indices[i:]` (`tokens` each) would take: their tokens, one
+        after another."""
+        return [sum(tokens[i:]) * self.token_bytes() for i in range(len(indices))]
+
     def stored_kvs(self, indices: list[int], tokens: list[int]) -> KVBlock:
         """Rows `indices`' keys and values for their first `tokens[i]` tokens, one row after another, copied in one
         gather; its views (2, layers, kv heads, tokens, dim)."""

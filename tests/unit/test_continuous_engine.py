@@ -324,6 +324,24 @@ def test_a_last_turn_is_not_kept_and_rows_finishing_together_share_one_copy(mode
     )  # the shared copy is released with its last entry
 
 
+def test_a_budget_its_rows_tokens_fit_but_not_their_padding_keeps_the_last_rows_that_fit(model, prompts):
+    greedy = SamplingParams(max_new_tokens=3, temperature=0.0)
+    probe = make_engine(model)
+    outputs = asyncio.run(_all(probe, prompts, greedy))  # every row finishes at the same step
+    probe.shutdown()
+    kept = [len(prompt) + len(out.output_ids) - 1 for prompt, out in zip(prompts, outputs, strict=True)]
+    token_bytes = probe.sessions.nbytes // (sum(kept) if probe.graphs is not None else len(kept) * max(kept))
+    budget = sum(kept) * token_bytes  # the tokens fit; the running batch's block, every row as wide as the longest, not
+    engine = make_engine(model, kv_cache_bytes=budget)
+    asyncio.run(_all(engine, prompts, greedy))
+    engine.shutdown()
+    assert 0 < engine.sessions.nbytes <= budget
+    if engine.graphs is not None:  # the slots' tokens one after another: all fit
+        assert len(engine.sessions) == len(prompts)
+    else:  # as many of the last rows as fit at the widest one's width (the rows' widths grow with their index)
+        assert len(engine.sessions) == budget // (max(kept) * token_bytes)
+
+
 def test_rows_finishing_together_keep_the_kv_a_full_prefill_computes(model, prompts):
     greedy = SamplingParams(max_new_tokens=4, temperature=0.0)
     engine = make_engine(model)
