@@ -24,7 +24,8 @@ side of the run, seed by seed); `trl-k`* and `trl-1tk`*: the same with glibc's m
 the environment, as agentrl's ranks do by default (`runtime.keep_freed_memory`); TRL runs in its own venv
 (`--trl-venv`, made here on first use with the torch and transformers versions of this venv); and `agentrl train`:
 - `agentrl-1`*: one process, the config as it is (2 torch threads); `agentrl-1t`*: the same, runtime.torch_threads=1;
-  `agentrl-1c`*: one process, `rollout.engine.scheduler=continuous`;
+  `agentrl-1c`*: one process, `rollout.engine.scheduler=continuous`; `agentrl-1tc`: that with 1 torch thread
+  (`agentrl-1tcp`* with `trainer.shared_prefix`: the fastest one process);
 - `agentrl-4`*: `mpirun -n 4`, 1 trainer, 2 rollout, 1 env (the quickstart's ranks); `agentrl-4c`: the same, continuous;
 - `agentrl-2`: `mpirun -n 2`, 1 trainer, 1 rollout with its envs in-process; `agentrl-2t`: the same, 2 torch threads
   a rank; `agentrl-2a`: the same, `rollout.max_staleness=1` (step n+1 generated while step n trains: one step
@@ -87,6 +88,7 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
     "agentrl-1t": (1, ["runtime.torch_threads=1"]),
     # the continuous scheduler keeps an episode's KV cache between its turns
     "agentrl-1c": (1, ["rollout.engine.scheduler=continuous"]),
+    "agentrl-1tc": (1, ["runtime.torch_threads=1", "rollout.engine.scheduler=continuous"]),
     "agentrl-4": (4, ["layout.trainer=1", "layout.rollout=2", "layout.env=1"]),
     "agentrl-2": (2, ["layout.trainer=1", "layout.rollout=1", "layout.env=0"]),
     # lockstep ranks take turns, so each might use both cores' threads
@@ -119,6 +121,7 @@ DEFAULT_SIDES = (
     "agentrl-1",
     "agentrl-1t",
     "agentrl-1c",
+    "agentrl-1tcp",
     "agentrl-4",
     "agentrl-2ac",
     "agentrl-2hcp",

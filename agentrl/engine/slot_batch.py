@@ -16,6 +16,8 @@ padding rows there.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from agentrl.engine.kv_sessions import KVBlock
@@ -168,7 +170,8 @@ class SlotBatch:
     def tail_block_bytes(self, indices: list[int], tokens: list[int]) -> list[int]:
         """For each i, the bytes `stored_kvs` of rows `indices[i:]` (`tokens` each) would take: their tokens, one
         after another."""
-        return [sum(tokens[i:]) * self.token_bytes() for i in range(len(indices))]
+        token_bytes = self.token_bytes()
+        return [total * token_bytes for total in itertools.accumulate(reversed(tokens))][::-1]
 
     def stored_kvs(self, indices: list[int], tokens: list[int]) -> KVBlock:
         """Rows `indices`' keys and values for their first `tokens[i]` tokens, one row after another, copied in one
