@@ -331,7 +331,8 @@ def test_a_budget_its_rows_tokens_fit_but_not_their_padding_keeps_the_last_rows_
     probe.shutdown()
     kept = [len(prompt) + len(out.output_ids) - 1 for prompt, out in zip(prompts, outputs, strict=True)]
     token_bytes = probe.sessions.nbytes // (sum(kept) if probe.graphs is not None else len(kept) * max(kept))
-    budget = sum(kept) * token_bytes  # the tokens fit; the running batch's block, every row as wide as the longest, not
+    # the rows' tokens fit; in the running batch's layout (each row as wide as the longest) they do not
+    budget = sum(kept) * token_bytes
     engine = make_engine(model, kv_cache_bytes=budget)
     asyncio.run(_all(engine, prompts, greedy))
     engine.shutdown()
