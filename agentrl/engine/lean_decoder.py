@@ -28,6 +28,8 @@ room after them (`append_columns`), so a step writes its columns instead of copy
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +42,7 @@ from agentrl.engine.hf import cache_keyword
 FAMILIES = ("llama", "qwen2", "qwen3", "mistral")
 # How far the lean logits may be from the forward's (relative to the largest logit) in float32.
 MATCH_TOLERANCE = 1e-5
+T = TypeVar("T")
 
 
 def full_attention_family(config) -> bool:
@@ -84,11 +87,7 @@ class LeanDecoder:
         config = model.config
         if not full_attention_family(config) or getattr(config, "_attn_implementation", None) != "sdpa":
             return None
-        try:
-            decoder = cls(model)
-            return decoder if decoder.matches_forward() else None
-        except (AttributeError, TypeError, ValueError, RuntimeError):
-            return None
+        return built_if_matching(lambda: cls(model))
 
     @torch.inference_mode()
     def matches_forward(self) -> bool:
@@ -173,7 +172,7 @@ class LeanDecoder:
             if weights.q_norm is not None:
                 queries, keys = query_key[:, :query_heads], query_key[:, query_heads:]
                 query_key = torch.cat([weights.q_norm(queries), weights.k_norm(keys)], dim=1)
-            query_key = query_key * cos + query_key.roll(head_dim // 2, dims=-1) * signed_sin
+            query_key = rotate(query_key, cos, signed_sin)
             if real is not None:
                 query_key, value = _spread(query_key, real, tokens), _spread(value, real, tokens)
             attended = []
@@ -422,6 +421,21 @@ def add_linear(
     if bias is None:
         return torch.addmm(residual, x, weight.t())
     return residual + F.linear(x, weight, bias)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Rotary positions applied to `x` (..., head_dim), with `RotaryTable`'s cos and signed sin."""
+    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+
+
+def built_if_matching(build: Callable[[], T]) -> T | None:
+    """`build()`, where its `matches_forward()` holds; None where it does not, or where building or checking fails as
+    a model of unexpected modules makes it fail."""
+    try:
+        built = build()
+        return built if built.matches_forward() else None
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return None
 
 
 def rotation_sin(sin: torch.Tensor) -> torch.Tensor:

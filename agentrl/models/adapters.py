@@ -51,6 +51,12 @@ def load_adapter_model(adapter_path: str | Path, base, trainable: bool = False):
     return model if trainable else model.merge_and_unload()
 
 
+def peft_base(model):
+    """The causal LM itself: under PEFT's wrapper (model.lora) the model it wraps, its LoRA layers in place; any other
+    model as it is."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def peft_names(*names: str) -> tuple:
     try:
         import peft

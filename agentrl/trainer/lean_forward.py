@@ -26,12 +26,20 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from agentrl.engine.lean_decoder import RMSNormWeights, RotaryTable, close_enough, full_attention_family
+from agentrl.engine.lean_decoder import (
+    RMSNormWeights,
+    RotaryTable,
+    built_if_matching,
+    close_enough,
+    full_attention_family,
+    rotate,
+)
+from agentrl.models.adapters import peft_base
 
 
 class LeanForward:
     def __init__(self, model):
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT's wrapper
+        base = peft_base(model)
         self.model = model
         self.body = base.model
         self.lm_head = base.lm_head
@@ -50,15 +58,10 @@ class LeanForward:
     def for_model(cls, model) -> LeanForward | None:
         """A lean forward of `model`, or None where it is not a checked family or its logits differ from the
         forward's."""
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        config = getattr(base, "config", None)
+        config = getattr(peft_base(model), "config", None)
         if not full_attention_family(config) or getattr(config, "attention_dropout", 0.0):  # no dropout here
             return None
-        try:
-            lean = cls(model)
-            return lean if lean.matches_forward() else None
-        except (AttributeError, TypeError, ValueError, RuntimeError):
-            return None
+        return built_if_matching(lambda: cls(model))
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """(rows x length, vocab) logits of right-padded rows `ids` (rows, length). Causal attention alone gives
@@ -128,7 +131,7 @@ class LeanForward:
         as `rows` (rows, length), where given, as it does in the model's forward."""
         hidden = self.body.embed_tokens(ids)
         cos, signed_sin = self.rotary(hidden, positions)
-        tokens, half = ids.shape[0], self.head_dim // 2
+        tokens = ids.shape[0]
         for layer, (input_norm, post_attention_norm) in zip(self.body.layers, self.norms, strict=True):
             attention, mlp = layer.self_attn, layer.mlp
             x = input_norm(hidden)
@@ -137,8 +140,7 @@ class LeanForward:
             values = attention.v_proj(x).view(tokens, -1, self.head_dim)
             if getattr(attention, "q_norm", None) is not None:
                 query, keys = attention.q_norm(query), attention.k_norm(keys)
-            query = query * cos + query.roll(half, dims=-1) * signed_sin
-            keys = keys * cos + keys.roll(half, dims=-1) * signed_sin
+            query, keys = rotate(query, cos, signed_sin), rotate(keys, cos, signed_sin)
             hidden = hidden + attention.o_proj(attend(query, keys, values))
             x = post_attention_norm(hidden)
             hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))

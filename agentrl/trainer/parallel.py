@@ -13,12 +13,13 @@ import contextlib
 import torch
 from torch import nn
 
+from agentrl.models.adapters import peft_base
+
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
     """The transformer blocks of a Hugging Face causal LM (`model.model.layers` for Llama/Qwen-style models), also
     under a PEFT wrapper (model.lora)."""
-    if hasattr(model, "get_base_model"):  # PeftModel: the causal LM it wraps, its LoRA layers in place
-        model = model.get_base_model()
+    model = peft_base(model)
     base = getattr(model, "base_model", model)
     layers = getattr(base, "layers", None)
     if isinstance(layers, nn.ModuleList) and len(layers):

@@ -31,6 +31,7 @@ import torch
 
 from agentrl.config import ConfigError
 from agentrl.engine.hf import cache_keyword
+from agentrl.models.adapters import peft_base
 from agentrl.trainer import prefix_tree
 from agentrl.trainer.lean_forward import LeanForward
 
@@ -77,7 +78,7 @@ class CachedRows:
 def check_model(model: torch.nn.Module) -> tuple[str, ...]:
     """The layouts `model` can forward ("packed", "tree", "cached"); refuse, naming the fix, a model that can take
     none."""
-    base = _unwrapped(model)
+    base = peft_base(model)
     taken = inspect.signature(base.forward).parameters
     missing = [name for name in ("position_ids", "attention_mask") if name not in taken]
     config = getattr(base, "config", None)
@@ -111,7 +112,7 @@ def pair_cost(model: torch.nn.Module) -> float:
     """What an attention pair costs over a position, for `plan`: a pair's 2 x hidden multiply-adds per layer (x 2.5:
     a masked attention is that much slower than a matmul; measured on CPU, hidden 64) against a position's
     4 x hidden^2 + 3 x hidden x intermediate."""
-    config = _unwrapped(model).config
+    config = peft_base(model).config
     hidden = config.hidden_size
     intermediate = getattr(config, "intermediate_size", None) or 4 * hidden
     return 2.5 * 2 * hidden / (4 * hidden * hidden + 3 * hidden * intermediate)
@@ -291,7 +292,7 @@ def position_logits(
     if lean is not None:
         ids, positions = (torch.from_numpy(array).to(device) for array in (layout.ids, layout.position_ids))
         return lean.packed(ids, positions, allowed), torch.from_numpy(layout.index).to(device)
-    if getattr(_unwrapped(model).config, "_attn_implementation", None) == "eager":  # adds the mask to the scores
+    if getattr(peft_base(model).config, "_attn_implementation", None) == "eager":  # adds the mask to the scores
         dtype = next(model.parameters()).dtype
         allowed = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     out = model(
@@ -356,7 +357,7 @@ def _prefix_then_rests(model, prefix_ids, prefix_attention, rest_ids, inside, ow
         attention_mask=attention,
         position_ids=rest_positions,
         use_cache=True,
-        **{cache_keyword(_unwrapped(model)): cache},
+        **{cache_keyword(peft_base(model)): cache},
     ).logits
     vocab = rest.shape[-1]
     return torch.cat([out.logits.reshape(-1, vocab), rest.reshape(-1, vocab)])
@@ -372,8 +373,3 @@ def logits(
     """
     flat, index = position_logits(model, ids, prepare(ids.cpu().numpy(), lengths, prefix_plan), lean)
     return flat[index]
-
-
-def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The Hugging Face model itself: PEFT's wrapper passes its keyword arguments on to it."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
