@@ -63,29 +63,42 @@ class LeanForward:
             return None
         return built_if_matching(lambda: cls(model))
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """(rows x length, vocab) logits of right-padded rows `ids` (rows, length). Causal attention alone gives
+    def rows(self, ids: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """(rows x length, vocab) logits of right-padded rows `ids` (rows, length); with `keep`, (len(keep), vocab):
+        those flat positions' only (every entry point takes `keep`, see `_logits`). Causal attention alone gives
         each token its row's earlier tokens, the padding coming after them (no mask: the kernel's causal path);
         a padding position sees padding too, whose logits the loss masks."""
         rows, length = ids.shape
 
-        def attend(query, keys, values):
-            query, keys, values = (_sequences(t, rows, length) for t in (query, keys, values))
-            return _flat(self._attention(query, keys, values, is_causal=True))
+        def attend(query, keys, values, kept=None):
+            keys, values = (_sequences(t, rows, length) for t in (keys, values))
+            if kept is not None:
+                row, position = kept // length, kept % length
+                visible = torch.arange(length, device=ids.device) <= position[:, None]
+                return self._kept_attention(query, keys, values, row, visible)
+            return _flat(self._attention(_sequences(query, rows, length), keys, values, is_causal=True))
 
         positions = torch.arange(length, device=ids.device).repeat(rows)
+        if keep is not None:
+            return self._logits(ids.reshape(-1), positions, attend, keep=keep)
         return self._logits(ids.reshape(-1), positions, attend, (rows, length)).flatten(0, 1)
 
-    def packed(self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    def packed(
+        self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(sequences x length, vocab) logits of packed sequences `ids` (sequences, length) at `positions`, each
         query attending to the keys `allowed` (sequences, 1, length, length) marks."""
         sequences, length = ids.shape
 
-        def attend(query, keys, values):
-            query, keys, values = (_sequences(t, sequences, length) for t in (query, keys, values))
-            out = self._attention(query, keys, values, attn_mask=allowed)
-            return _flat(out)
+        def attend(query, keys, values, kept=None):
+            keys, values = (_sequences(t, sequences, length) for t in (keys, values))
+            if kept is not None:
+                sequence, position = kept // length, kept % length
+                return self._kept_attention(query, keys, values, sequence, allowed[sequence, 0, position])
+            return _flat(self._attention(_sequences(query, sequences, length), keys, values, attn_mask=allowed))
 
+        if keep is not None:
+            return self._logits(ids.reshape(-1), positions.reshape(-1), attend, keep=keep)
         return self._logits(ids.reshape(-1), positions.reshape(-1), attend, (sequences, length)).flatten(0, 1)
 
     def split(
@@ -95,6 +108,7 @@ class LeanForward:
         rest_positions: torch.Tensor,
         owner: torch.Tensor,
         prefix_visible: torch.Tensor,
+        keep: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """(prefixes x head + rows x tail, vocab) logits: the prefixes' positions (`prefix_ids`, (prefixes, head),
         at positions 0..head-1), then the rows' rests' (`rest_ids`, (rows, tail), at `rest_positions`). A rest
@@ -108,40 +122,86 @@ class LeanForward:
             [prefix_visible[:, None, :].expand(rows, tail, head), causal.expand(rows, tail, tail)], dim=2
         )[:, None]
 
-        def attend(query, keys, values):
-            parts = (query, keys, values)
-            prefix_query, prefix_keys, prefix_values = (_sequences(t[:at], prefixes, head) for t in parts)
-            rest_query, rest_keys, rest_values = (_sequences(t[at:], rows, tail) for t in parts)
-            prefix_out = self._attention(prefix_query, prefix_keys, prefix_values, is_causal=True)
+        def attend(query, keys, values, kept=None):
+            prefix_keys, prefix_values = (_sequences(t[:at], prefixes, head) for t in (keys, values))
+            rest_keys, rest_values = (_sequences(t[at:], rows, tail) for t in (keys, values))
             keys = torch.cat([prefix_keys.index_select(0, owner), rest_keys], dim=2)
             values = torch.cat([prefix_values.index_select(0, owner), rest_values], dim=2)
+            if kept is not None:  # sorted: the prefixes' kept positions first
+                in_prefixes = int((kept < at).sum())
+                prefix, position = kept[:in_prefixes] // head, kept[:in_prefixes] % head
+                visible = torch.arange(head, device=kept.device) <= position[:, None]
+                row, step = (kept[in_prefixes:] - at) // tail, (kept[in_prefixes:] - at) % tail
+                return torch.cat(
+                    [
+                        self._kept_attention(query[:in_prefixes], prefix_keys, prefix_values, prefix, visible),
+                        self._kept_attention(query[in_prefixes:], keys, values, row, rest_mask[row, 0, step]),
+                    ]
+                )
+            prefix_query, rest_query = _sequences(query[:at], prefixes, head), _sequences(query[at:], rows, tail)
+            prefix_out = self._attention(prefix_query, prefix_keys, prefix_values, is_causal=True)
             rest_out = self._attention(rest_query, keys, values, attn_mask=rest_mask)
             return torch.cat([_flat(prefix_out), _flat(rest_out)])
 
         positions = torch.arange(head, device=prefix_ids.device).repeat(prefixes)
         ids = torch.cat([prefix_ids.reshape(-1), rest_ids.reshape(-1)])
-        return self._logits(ids, torch.cat([positions, rest_positions.reshape(-1)]), attend)
+        return self._logits(ids, torch.cat([positions, rest_positions.reshape(-1)]), attend, keep=keep)
 
     def _attention(self, query, keys, values, **mask) -> torch.Tensor:
         return F.scaled_dot_product_attention(query, keys, values, scale=self.scaling, enable_gqa=self.grouped, **mask)
 
-    def _logits(self, ids: torch.Tensor, positions: torch.Tensor, attend: Callable, rows=None) -> torch.Tensor:
+    def _kept_attention(self, query, keys, values, sequence, visible) -> torch.Tensor:
+        """(queries, heads x head_dim): the attention of `query` (queries, heads, head_dim), query q of sequence
+        `sequence[q]` (sorted), over that sequence's `keys` and `values` (sequences, heads, length, head_dim) where
+        `visible[q]` (length,) says. A sequence's queries sit side by side, as many slots as the most any has."""
+        if sequence.numel() == 0:
+            return query.new_zeros(0, query.shape[1] * query.shape[2])
+        count, length = keys.shape[0], keys.shape[2]
+        per_sequence = torch.bincount(sequence, minlength=count)
+        first = per_sequence.cumsum(0) - per_sequence  # each sequence's first query
+        slot = torch.arange(sequence.numel(), device=sequence.device) - first[sequence]
+        slots = int(per_sequence.max())
+        padded = query.new_zeros(count, slots, *query.shape[1:]).index_put((sequence, slot), query)
+        mask = torch.zeros((count, 1, slots, length), dtype=torch.bool, device=keys.device)
+        mask[..., 0] = True  # an empty slot sees one key: no row without any (its output is not read)
+        mask[sequence, 0, slot] = visible
+        out = self._attention(padded.transpose(1, 2), keys, values, attn_mask=mask)
+        return out.transpose(1, 2)[sequence, slot].flatten(1)
+
+    def _logits(
+        self, ids: torch.Tensor, positions: torch.Tensor, attend: Callable, rows=None, keep: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The layers over flat tokens `ids` (tokens,) at `positions`; `attend(query, keys, values)`, each (tokens,
         heads, head_dim), gives the attention's output (tokens, query heads x head_dim). The LM head sees the tokens
-        as `rows` (rows, length), where given, as it does in the model's forward."""
+        as `rows` (rows, length), where given, as it does in the model's forward.
+
+        `keep` (sorted flat positions): the logits of those tokens only, `attend(query, keys, values, keep)` then
+        taking the kept tokens' queries alone. Every layer but the last runs on all tokens, whose keys and values
+        later tokens attend to; the last one's keys and values too, and its queries, attention, MLP, the final norm
+        and the LM head only on the kept tokens: the trainer keeps the positions that predict a trained token, in a
+        multi-turn episode a few of its tokens."""
         hidden = self.body.embed_tokens(ids)
         cos, signed_sin = self.rotary(hidden, positions)
         tokens = ids.shape[0]
+        last = self.body.layers[-1]
         for layer, (input_norm, post_attention_norm) in zip(self.body.layers, self.norms, strict=True):
             attention, mlp = layer.self_attn, layer.mlp
+            kept = keep if keep is not None and layer is last else None
             x = input_norm(hidden)
-            query = attention.q_proj(x).view(tokens, -1, self.head_dim)
+            asking = x if kept is None else x.index_select(0, kept)
+            query = attention.q_proj(asking).view(asking.shape[0], -1, self.head_dim)
             keys = attention.k_proj(x).view(tokens, -1, self.head_dim)
             values = attention.v_proj(x).view(tokens, -1, self.head_dim)
             if getattr(attention, "q_norm", None) is not None:
                 query, keys = attention.q_norm(query), attention.k_norm(keys)
-            query, keys = rotate(query, cos, signed_sin), rotate(keys, cos, signed_sin)
-            hidden = hidden + attention.o_proj(attend(query, keys, values))
+            if kept is None:
+                query = rotate(query, cos, signed_sin)
+            else:
+                query = rotate(query, cos.index_select(0, kept), signed_sin.index_select(0, kept))
+                hidden = hidden.index_select(0, kept)
+            keys = rotate(keys, cos, signed_sin)
+            attended = attend(query, keys, values) if kept is None else attend(query, keys, values, kept)
+            hidden = hidden + attention.o_proj(attended)
             x = post_attention_norm(hidden)
             hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         hidden = self.final_norm(hidden)

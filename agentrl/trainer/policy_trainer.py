@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from agentrl import transport
 from agentrl.algorithms.base import Algorithm, ExtraModel, LossInputs, Prepared, Reduce, valid_episodes
@@ -43,7 +44,7 @@ from agentrl.trainer.lean_forward import LeanForward
 from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
-from agentrl.trainer.token_logits import TokenLogits
+from agentrl.trainer.token_logits import TokenLogits, kept_positions
 from agentrl.trajectory import num_episodes
 
 
@@ -428,20 +429,27 @@ class PolicyTrainer:
         self.prefix_positions += (whole if found is None else found.positions, whole)
         return None if found is None else shared_prefix.prepare(ids.numpy(), np.asarray(lengths), found)
 
-    def _position_logits(self, model, ids: torch.Tensor, attention: torch.Tensor, prefix_layout):
+    def _position_logits(
+        self, model, ids: torch.Tensor, attention: torch.Tensor, prefix_layout, trained: torch.Tensor | None = None
+    ):
         """The model's logits of the rows, as `TokenLogits` reads them: (positions, vocab), and (B, T-1) the position
         predicting each row's token t+1. Whole rows: every row position is its own; a prefix layout: a prefix's
-        positions are its rows'."""
+        positions are its rows'. `trained` (B, T-1) bool: only the positions predicting those tokens are read, and
+        a lean forward computes only theirs (`kept_positions`)."""
         lean = self.lean_forwards.get(id(model))
+        wanted = None if trained is None or lean is None else F.pad(trained, (0, 1))
         if prefix_layout is None:
-            if lean is not None:
+            rows, longest = ids.shape
+            index = torch.arange(rows * longest, device=ids.device).view(rows, longest)
+            if wanted is not None:
+                keep, index = kept_positions(index, wanted)
+                flat = lean.rows(ids, keep)
+            elif lean is not None:
                 flat = lean.rows(ids)
             else:
                 flat = model(input_ids=ids, attention_mask=attention, use_cache=False).logits.flatten(0, 1)
-            rows, longest = ids.shape
-            index = torch.arange(rows * longest, device=flat.device).view(rows, longest)
             return flat, index[:, :-1]
-        flat, index = shared_prefix.position_logits(model, ids, prefix_layout, lean)
+        flat, index = shared_prefix.position_logits(model, ids, prefix_layout, lean, wanted)
         return flat, index[:, :-1]
 
     def _micro_step(
@@ -467,9 +475,10 @@ class PolicyTrainer:
         rows = {name: predicted(flat) for name, flat in prepared.per_token.items()}
         ids, attention = ids.to(self.device), layout.attention().to(self.device)
         temperature = self.temperature
+        trained = mask > 0
 
         with self._compute():
-            flat, index = self._position_logits(self.model, ids, attention, prefix_layout)
+            flat, index = self._position_logits(self.model, ids, attention, prefix_layout, trained)
             outputs = {
                 extra.name: extra.module(input_ids=ids, attention_mask=attention)[:, :-1].float()
                 for extra in self.extras
@@ -486,7 +495,7 @@ class PolicyTrainer:
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad(), self._compute():
-                ref_flat, ref_index = self._position_logits(self.reference, ids, attention, prefix_layout)
+                ref_flat, ref_index = self._position_logits(self.reference, ids, attention, prefix_layout, trained)
                 ref_logp = TokenLogits(ref_flat, ref_index, temperature).logprobs(targets)
         with torch.set_grad_enabled(self.algorithm.needs_entropy_grad):
             token_entropy = token_logits.entropy()

@@ -34,6 +34,7 @@ from agentrl.engine.hf import cache_keyword
 from agentrl.models.adapters import peft_base
 from agentrl.trainer import prefix_tree
 from agentrl.trainer.lean_forward import LeanForward
+from agentrl.trainer.token_logits import kept_positions
 
 MASKED_ATTENTION = ("sdpa", "eager")  # attention implementations that apply a custom 4D mask as given
 SECOND_FORWARD_COST = (
@@ -276,22 +277,27 @@ def prepare(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Pa
 
 
 def position_logits(
-    model, ids: torch.Tensor, layout: Packing | CachedRows, lean: LeanForward | None = None
+    model, ids: torch.Tensor, layout: Packing | CachedRows, lean: LeanForward | None = None, wanted=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions, vocab) logits of the positions forwarded, and (rows, longest) long: where each row position's
     logits are among them (`prepare`'s layout of the right-padded `ids`, on the model's device). `lean`: the
-    model's `LeanForward`, if it has one (a cached layout in one pass then).
+    model's `LeanForward`, if it has one (a cached layout in one pass then); with it, `wanted` (rows, longest) bool
+    names the row positions read, and only their logits are computed (`kept_positions`).
 
-    `flat[index[r, t]]` is what a whole-row forward gives at row r, position t; past a row's length, some other
-    position's (the loss masks them).
+    `flat[index[r, t]]` is what a whole-row forward gives at row r, position t; past a row's length (and with
+    `wanted`, where not wanted), some other position's (the loss masks them).
     """
     if isinstance(layout, CachedRows):
-        return _cached_logits(model, ids, layout, lean)
+        return _cached_logits(model, ids, layout, lean, wanted)
     device = ids.device
     allowed = torch.from_numpy(layout.allowed)[:, None].to(device)
     if lean is not None:
         ids, positions = (torch.from_numpy(array).to(device) for array in (layout.ids, layout.position_ids))
-        return lean.packed(ids, positions, allowed), torch.from_numpy(layout.index).to(device)
+        index = torch.from_numpy(layout.index).to(device)
+        if wanted is None:
+            return lean.packed(ids, positions, allowed), index
+        keep, index = kept_positions(index, wanted)
+        return lean.packed(ids, positions, allowed, keep), index
     if getattr(peft_base(model).config, "_attn_implementation", None) == "eager":  # adds the mask to the scores
         dtype = next(model.parameters()).dtype
         allowed = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
@@ -305,10 +311,10 @@ def position_logits(
 
 
 def _cached_logits(
-    model, ids: torch.Tensor, layout: CachedRows, lean: LeanForward | None = None
+    model, ids: torch.Tensor, layout: CachedRows, lean: LeanForward | None = None, wanted=None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefixes forwarded once, then every row's rest on its prefix's KV cache (see the module); with `lean`,
-    both in one pass."""
+    both in one pass (and with `wanted`, only the logits read there)."""
     prefix_plan = layout.prefix_plan
     device = ids.device
     lengths = torch.as_tensor(layout.lengths, dtype=torch.long, device=device)
@@ -330,15 +336,18 @@ def _cached_logits(
     inside = steps < (lengths - split)[:, None]
     source = (split[:, None] + steps).clamp(max=longest - 1)
     rest_ids = ids.gather(1, source) * inside
-    if lean is not None:
-        flat = lean.split(prefix_ids, rest_ids, split[:, None] + steps, owner, prefix_attention[owner].bool())
-    else:
-        flat = _prefix_then_rests(model, prefix_ids, prefix_attention, rest_ids, inside, owner, split[:, None] + steps)
     position = torch.arange(longest, device=device)
     from_prefix = owner[:, None] * head + position
     from_rest = prefixes * head + torch.arange(rows, device=device)[:, None] * tail + (position - split[:, None])
-    index = torch.where(position < split[:, None], from_prefix, from_rest.clamp(0, flat.shape[0] - 1))
-    return flat, index
+    forwarded = prefixes * head + rows * tail
+    index = torch.where(position < split[:, None], from_prefix, from_rest.clamp(0, forwarded - 1))
+    if lean is None:
+        flat = _prefix_then_rests(model, prefix_ids, prefix_attention, rest_ids, inside, owner, split[:, None] + steps)
+        return flat, index
+    keep = None
+    if wanted is not None:
+        keep, index = kept_positions(index, wanted)
+    return lean.split(prefix_ids, rest_ids, split[:, None] + steps, owner, prefix_attention[owner].bool(), keep), index
 
 
 def _prefix_then_rests(model, prefix_ids, prefix_attention, rest_ids, inside, owner, rest_positions) -> torch.Tensor:

@@ -38,3 +38,15 @@ class TokenLogits:
         scaled = self.scaled
         per_position = torch.logsumexp(scaled, dim=-1) - scaled.mean(-1) - math.log(scaled.shape[-1])
         return per_position[self.index]
+
+
+def kept_positions(index: torch.Tensor, wanted: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flat positions the `wanted` row positions read (sorted, at least one), and `index` (rows, T) remapped to
+    them: where a forward computed only those (`LeanForward`'s `keep`), row r's logits at t are its `flat[index[r,
+    t]]` still; a position not wanted reads the first kept one's (the loss masks it)."""
+    keep = index[wanted].unique()
+    if keep.numel() == 0:  # nothing trained in this micro-batch: one position keeps the shapes
+        keep = index.new_zeros(1)
+    kept_at = index.new_zeros(int(index.max()) + 1)
+    kept_at[keep] = torch.arange(keep.numel(), device=index.device)
+    return keep, kept_at[index]

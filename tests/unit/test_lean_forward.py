@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel
 from agentrl.config import from_dict
 from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer.lean_forward import LeanForward
+from tests.unit.test_lean_decoder import FAMILIES, build
 from tests.unit.test_shared_prefix import ROLLOUT, assert_close_gradients, make_batch
 
 
@@ -70,3 +71,48 @@ def test_a_model_outside_the_checked_families_or_unlike_its_forward_gets_none(ti
     original = model.model.norm.forward
     model.model.norm.forward = lambda x: original(x) * 2.0  # a final norm unlike the fused one the lean forward runs
     assert LeanForward.for_model(model) is None
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_kept_positions_get_the_whole_forwards_logits_and_gradients_in_every_layout(family):
+    """`keep` runs the last layer's queries, MLP and the LM head on the kept positions only; their logits and the
+    gradients through them are the whole forward's, for whole rows, packed sequences and the split layout."""
+    model = build(family).train()
+    lean = LeanForward.for_model(model)
+    assert lean is not None
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 90, (3, 7), generator=generator)
+    steps = torch.arange(7)
+    causal = (steps[None, :] <= steps[:, None]).expand(3, 1, 7, 7)
+    layouts = {  # name -> (forward(keep), positions it computes)
+        "rows": (lambda keep: lean.rows(ids, keep), 21),
+        "packed": (lambda keep: lean.packed(ids, steps.expand(3, 7), causal, keep), 21),
+        "split": (  # two prefixes of 3 tokens, three rows' rests of 4, the last row's prefix cut at 2
+            lambda keep: lean.split(
+                ids[:2, :3],
+                ids[:, 3:],
+                steps[3:].expand(3, 4),
+                torch.tensor([0, 1, 1]),
+                torch.tensor([[1, 1, 1], [1, 1, 1], [1, 1, 0]], dtype=torch.bool),
+                keep,
+            ),
+            6 + 12,
+        ),
+    }
+    for name, (forward, positions) in layouts.items():
+        keep = torch.tensor(sorted({0, 2, positions - 1, *torch.randperm(positions, generator=generator)[:4].tolist()}))
+        weights = torch.randn(len(keep), model.config.vocab_size, generator=generator)
+        grads = []
+        for kept in (None, keep):
+            model.zero_grad()
+            logits = forward(kept)
+            logits = logits[keep] if kept is None else logits
+            (logits * weights).sum().backward()
+            grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+            if kept is None:
+                whole = logits.detach()
+            else:
+                torch.testing.assert_close(logits.detach(), whole, rtol=1e-5, atol=1e-5, msg=name)
+        assert grads[0].keys() == grads[1].keys()
+        for parameter, grad in grads[0].items():
+            torch.testing.assert_close(grads[1][parameter], grad, rtol=1e-4, atol=1e-6, msg=f"{name}: {parameter}")
