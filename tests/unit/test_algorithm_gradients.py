@@ -594,10 +594,12 @@ def test_trainer_gradient_matches_reference(tiny_model_dir, name, options):
     offsets = batch["offsets"]
     delta = old_minus_current(batch)
     logprobs = np.zeros(len(batch["tokens"]), np.float32)
+    logits = []  # per episode, before the update: the step's forward gives these at the positions it trains
     with torch.no_grad():
         for i, (targets, _) in enumerate(rows):
             ids = torch.from_numpy(batch["tokens"][offsets[i] : offsets[i + 1]].astype(np.int64))[None]
             z = trainer.model(input_ids=ids).logits[0, :-1].double().numpy()
+            logits.append(z)
             current = softmax_parts(z, temperature)[0][np.arange(len(targets)), targets]
             logprobs[offsets[i] + 1 : offsets[i + 1]] = current + delta[offsets[i] + 1 : offsets[i + 1]]
     batch["logprobs"] = logprobs
@@ -622,16 +624,35 @@ def test_trainer_gradient_matches_reference(tiny_model_dir, name, options):
         found = {}
         for out, episodes in zip(outputs, micro, strict=True):
             for row, i in enumerate(episodes):
-                found[i] = out[row, : len(rows[i][0])].detach().double().numpy()
+                value = out[row, : len(rows[i][0])]
+                found[i] = value.detach().double().numpy() if torch.is_tensor(value) else value
         return [found[i] for i in range(len(rows))]
 
-    logits = per_episode(trained)
+    def rows_of(out, episodes) -> np.ndarray:
+        """(rows, width, vocab): the LM head's output laid out as the micro-batch's right-padded rows (zeros where
+        the lean forward computed no logits: at positions predicting no trained token)."""
+        width = max(len(rows[i][0]) for i in episodes) + 1
+        if out.ndim == 3:
+            return out.double().numpy()
+        dense = np.zeros((len(episodes), width, out.shape[-1]))
+        kept = [(row, t) for row, i in enumerate(episodes) for t in np.flatnonzero(rows[i][1])]
+        assert len(kept) == out.shape[0]  # the positions the loss reads, in the rows' order, and none else
+        for (row, t), values in zip(kept, out.double().numpy(), strict=True):
+            dense[row, t] = values
+        return dense
+
+    for out, episodes in zip(trained, micro, strict=True):  # the step's logits are the ones before it
+        for row, i in enumerate(episodes):
+            got, want = rows_of(out.detach(), episodes)[row, : len(rows[i][0])], logits[i]
+            read = rows[i][1] > 0
+            np.testing.assert_allclose(got[read], want[read], rtol=1e-4, atol=1e-5)
     old = [logprobs[offsets[i] + 1 : offsets[i + 1]].astype(np.float64) for i in range(len(rows))]
     ref = None
     if trainer.reference is not None:
+        reference_rows = [rows_of(out, episodes) for out, episodes in zip(reference_out, micro, strict=True)]
         ref = [
             softmax_parts(z, temperature)[0][np.arange(len(t)), t]
-            for z, (t, _) in zip(per_episode(reference_out), rows, strict=True)
+            for z, (t, _) in zip(per_episode(reference_rows), rows, strict=True)
         ]
     old_values = values = None
     if name == "ppo":
@@ -661,7 +682,7 @@ def test_trainer_gradient_matches_reference(tiny_model_dir, name, options):
     scale = max(np.abs(g).max() for g in expected)
     assert scale > 1e-4
     for out, episodes in zip(trained, micro, strict=True):
-        grad = out.grad.double().numpy()
+        grad = rows_of(out.grad, episodes)
         assert (grad[:, -1] == 0).all()  # the last position predicts nothing
         for row, i in enumerate(episodes):
             g = expected[i]
