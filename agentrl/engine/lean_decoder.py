@@ -151,7 +151,9 @@ class LeanDecoder:
 
         The feeds' tokens go through the projections, norms and MLPs as one flat batch; only
         attention runs per feed, over that feed's own cache. So a decode step and a prefill of
-        newly admitted rows cost one pass, not two.
+        newly admitted rows cost one pass, not two. The last layer's attention, MLP and the LM
+        head run on each row's last token only (a prefill's other tokens leave their keys and
+        values in the cache, and nothing else is read of them).
         """
         query_heads, kv_heads, head_dim = self.query_heads, self.kv_heads, self.head_dim
         query_keys = (query_heads + kv_heads) * head_dim
@@ -165,6 +167,7 @@ class LeanDecoder:
         cos, signed_sin = self.rotary(hidden, positions.reshape(-1))
         biases = [feed.bias(hidden.dtype) for feed in feeds]
         split = _splitter([feed.ids.numel() for feed in feeds])
+        last_layer = len(self.weights) - 1
         for layer, weights in enumerate(self.weights):
             qkv = F.linear(weights.input_norm(hidden), weights.qkv, weights.qkv_bias)
             query_key = qkv[:, :query_keys].view(-1, query_heads + kv_heads, head_dim)
@@ -176,6 +179,9 @@ class LeanDecoder:
             if real is not None:
                 query_key, value = _spread(query_key, real, tokens), _spread(value, real, tokens)
             attended = []
+            # the last layer goes on from each row's last token alone: the only logits read (every token's keys and
+            # values are kept, for the tokens after it)
+            only_last = layer == last_layer
             for feed, bias, own, own_value in zip(feeds, biases, split(query_key), split(value), strict=True):
                 rows, width = feed.ids.shape
                 kept = feed.cache.layers[layer]
@@ -185,17 +191,20 @@ class LeanDecoder:
                     kept.lazy_initialization(own_value, own_value)
                 kept.keys = append_columns(kept.keys, own[:, :, query_heads:].transpose(1, 2))
                 kept.values = append_columns(kept.values, own_value.transpose(1, 2))
+                if only_last:
+                    own, bias = own[:, -1:], bias[:, :, -1:]
                 query = own[:, :, :query_heads].transpose(1, 2) * weights.scaling
                 attended.append(attend(query, kept.keys, kept.values, bias))
             attention = attended[0] if len(attended) == 1 else torch.cat(attended)
-            if real is not None:
+            if only_last:
+                hidden = hidden[_last_real(feeds)] if real is not None else _last_tokens(split(hidden), feeds)
+            elif real is not None:
                 attention = attention[real]
             hidden = add_linear(hidden, attention, *weights.output)
             gate_up = F.linear(weights.post_attention_norm(hidden), weights.gate_up, weights.gate_up_bias)
             inner = weights.inner
             hidden = add_linear(hidden, weights.activation(gate_up[:, :inner]) * gate_up[:, inner:], *weights.down)
-        last = hidden[_last_real(feeds)] if real is not None else _last_tokens(split(hidden), feeds)
-        logits = F.linear(self.final_norm(last), *self.head)
+        logits = F.linear(self.final_norm(hidden), *self.head)
         return list(logits.split([feed.ids.shape[0] for feed in feeds])) if len(feeds) > 1 else [logits]
 
 
