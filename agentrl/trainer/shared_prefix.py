@@ -277,7 +277,11 @@ def prepare(ids: np.ndarray, lengths: np.ndarray, prefix_plan: PrefixPlan) -> Pa
 
 
 def position_logits(
-    model, ids: torch.Tensor, layout: Packing | CachedRows, lean: LeanForward | None = None, wanted=None
+    model,
+    ids: torch.Tensor,
+    layout: Packing | CachedRows,
+    lean: LeanForward | None = None,
+    wanted: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(positions, vocab) logits of the positions forwarded, and (rows, longest) long: where each row position's
     logits are among them (`prepare`'s layout of the right-padded `ids`, on the model's device). `lean`: the
@@ -311,7 +315,7 @@ def position_logits(
 
 
 def _cached_logits(
-    model, ids: torch.Tensor, layout: CachedRows, lean: LeanForward | None = None, wanted=None
+    model, ids: torch.Tensor, layout: CachedRows, lean: LeanForward | None = None, wanted: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The prefixes forwarded once, then every row's rest on its prefix's KV cache (see the module); with `lean`,
     both in one pass (and with `wanted`, only the logits read there)."""
