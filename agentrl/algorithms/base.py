@@ -148,8 +148,8 @@ class AlgorithmContext:
 @dataclass
 class LossInputs:
     """One micro-batch, rows = whole episodes, shifted so position t predicts token t+1. All (B, T). The policy's
-    values (`logp`, `entropy`, `ref_logp`, `uniform_kl`) are computed where `mask` is 1; elsewhere they hold another
-    position's (the trainer forwards only the positions that predict a trained token)."""
+    values (`logp`, `entropy`, `ref_logp`, `uniform_kl`, and `old_logp` where recomputed) are computed where `mask` is
+    1; elsewhere they hold another position's (the trainer forwards only the positions that predict a trained token)."""
 
     logp: torch.Tensor  # current policy, with grad
     old_logp: torch.Tensor  # the policy that generated the batch as the trainer sees it (mu when not recomputed)

@@ -354,12 +354,13 @@ class PolicyTrainer:
         return self.updates_per_step > 1
 
     def _old_logprobs(self, batch) -> np.ndarray:
-        """The policy's own log-probs of every token before this step's updates (flat, like batch["logprobs"])."""
+        """The policy's own log-probs of the trained tokens before this step's updates (flat, like batch["logprobs"];
+        at other tokens another position's, as the loss's own, which it reads through the mask)."""
         temperature = self.temperature
 
-        def logprobs(ids, attention, prefix_layout):
+        def logprobs(ids, attention, prefix_layout, trained):
             with self._compute():
-                flat, index = self._position_logits(self.model, ids, attention, prefix_layout)
+                flat, index = self._position_logits(self.model, ids, attention, prefix_layout, trained)
             return TokenLogits(flat, index, temperature).logprobs(ids[:, 1:])
 
         return self._per_token(batch, logprobs, lambda ids: self.model(input_ids=ids, use_cache=False), shared=True)
@@ -372,7 +373,7 @@ class PolicyTrainer:
             raise KeyError(f"prepare asked for extra model {name!r}; extra_models returned: {known}")
         module = found[0].module
 
-        def outputs(ids, attention, prefix_layout):
+        def outputs(ids, attention, prefix_layout, trained):  # every position's: an extra model's output is per token
             with self._compute():
                 return module(input_ids=ids, attention_mask=attention)[:, :-1].float()
 
@@ -380,8 +381,8 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _per_token(self, batch, compute, idle, shared: bool = False) -> np.ndarray:
-        """compute(ids, attention, prefix layout) -> (B, T-1) per micro-batch, flattened like batch["logprobs"] (0 at
-        first tokens).
+        """compute(ids, attention, prefix layout, trained) -> (B, T-1) per micro-batch, flattened like
+        batch["logprobs"] (0 at first tokens); `trained` (B, T-1) bool: the tokens the loss trains.
 
         The prefix layout (`shared_prefix.prepare`) is None unless `shared` (the policy's own forward) and
         trainer.shared_prefix found a plan. Sharded, every rank runs as many forwards as the busiest one: `idle(ids)`
@@ -398,7 +399,8 @@ class PolicyTrainer:
             ids, attention, lengths = _rows(batch, episodes, "tokens", torch.long)
             prefix_layout = self._prefix_layout(batch, episodes, ids, lengths) if shared else None
             ids, attention = ids.to(self.device), attention.to(self.device)
-            values = compute(ids, attention, prefix_layout).cpu().numpy()
+            trained = _rows(batch, episodes, "loss_mask", torch.bool)[0][:, 1:].to(self.device)
+            values = compute(ids, attention, prefix_layout, trained).cpu().numpy()
             predicted = _inside(np.asarray(lengths) - 1)  # position t predicts token t + 1
             columns = np.arange(predicted.shape[1])
             out[(offsets[episodes][:, None] + 1 + columns)[predicted]] = values[:, : predicted.shape[1]][predicted]
