@@ -79,9 +79,7 @@ class LeanForward:
             return _flat(self._attention(_sequences(query, rows, length), keys, values, is_causal=True))
 
         positions = torch.arange(length, device=ids.device).repeat(rows)
-        if keep is not None:
-            return self._logits(ids.reshape(-1), positions, attend, keep=keep)
-        return self._logits(ids.reshape(-1), positions, attend, (rows, length)).flatten(0, 1)
+        return self._logits(ids.reshape(-1), positions, attend, (rows, length), keep)
 
     def packed(
         self, ids: torch.Tensor, positions: torch.Tensor, allowed: torch.Tensor, keep: torch.Tensor | None = None
@@ -97,9 +95,7 @@ class LeanForward:
                 return self._kept_attention(query, keys, values, sequence, allowed[sequence, 0, position])
             return _flat(self._attention(_sequences(query, sequences, length), keys, values, attn_mask=allowed))
 
-        if keep is not None:
-            return self._logits(ids.reshape(-1), positions.reshape(-1), attend, keep=keep)
-        return self._logits(ids.reshape(-1), positions.reshape(-1), attend, (sequences, length)).flatten(0, 1)
+        return self._logits(ids.reshape(-1), positions.reshape(-1), attend, (sequences, length), keep)
 
     def split(
         self,
@@ -172,8 +168,8 @@ class LeanForward:
         self, ids: torch.Tensor, positions: torch.Tensor, attend: Callable, rows=None, keep: torch.Tensor | None = None
     ) -> torch.Tensor:
         """The layers over flat tokens `ids` (tokens,) at `positions`; `attend(query, keys, values)`, each (tokens,
-        heads, head_dim), gives the attention's output (tokens, query heads x head_dim). The LM head sees the tokens
-        as `rows` (rows, length), where given, as it does in the model's forward.
+        heads, head_dim), gives the attention's output (tokens, query heads x head_dim); (tokens, vocab) logits. The
+        LM head sees the tokens as `rows` (rows, length), where given, as it does in the model's forward.
 
         `keep` (sorted flat positions): the logits of those tokens only, `attend(query, keys, values, keep)` then
         taking the kept tokens' queries alone. Every layer but the last runs on all tokens, whose keys and values
@@ -205,7 +201,9 @@ class LeanForward:
             x = post_attention_norm(hidden)
             hidden = hidden + mlp.down_proj(mlp.act_fn(mlp.gate_proj(x)) * mlp.up_proj(x))
         hidden = self.final_norm(hidden)
-        return self.lm_head(hidden if rows is None else hidden.view(*rows, -1))
+        if rows is None or keep is not None:
+            return self.lm_head(hidden)
+        return self.lm_head(hidden.view(*rows, -1)).flatten(0, 1)
 
     @torch.no_grad()
     def matches_forward(self) -> bool:
