@@ -27,6 +27,8 @@ from agentrl.trajectory import concat, pack
 from agentrl.transport import Tag
 from agentrl.weights.base import InProcessWeightCopy
 
+LEADER = 0  # the trainer leader's rank in the hybrid ranks' communicator
+
 
 def run_hybrid(config: Config, layout: Layout, start: RunStart) -> tuple[int, dict[int, float] | None]:
     """Steps done, and on the leader the success rate logged at each step."""
@@ -37,6 +39,8 @@ def run_hybrid(config: Config, layout: Layout, start: RunStart) -> tuple[int, di
     sync = InProcessWeightCopy(worker.engine)
     sync.send(trainer.named_weights(), start.step)
     comm, leader = layout.role_comm, layout.is_trainer_leader
+    if leader != (comm.Get_rank() == LEADER):
+        raise RuntimeError("layout.hybrid: the trainer leader must be rank 0 of the ranks' communicator")
     recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if leader else None
 
     def collect(step: int):
@@ -48,16 +52,20 @@ def run_hybrid(config: Config, layout: Layout, start: RunStart) -> tuple[int, di
             "episodes": worker.episode_records(step) if config.rollout.dump_episodes else [],
             "samples": sample_texts(config, step, episodes) if leader else [],
         }
-        reports = transport.allgather_object(comm, report)
-        if leader:
-            tally = FailureTally.merged([r["failures"] for r in reports])
-            abort_if_failing(step, tally, config.runtime.abort_on_failed_fraction)
-            records = [record for r in reports for record in r["episodes"]]
-            recorder.record(step, [r["data_position"] for r in reports], records)
         # each rank deals its groups over the ranks by what they cost to train, as a rollout rank deals them over
         # trainer ranks: the gradient sums wait for the slowest rank's forward and backward
         shards = shard_for_trainers(episodes, comm.Get_size(), comm.Get_rank(), config.trainer.shared_prefix)
-        batch = concat(transport.exchange(comm, [pack(shard) for shard in shards], Tag.TRAJECTORIES))
+        # what only the leader reads rides with each rank's shard to it: one exchange, no gather before it
+        outgoing = [(pack(shard), report if rank == LEADER else None) for rank, shard in enumerate(shards)]
+        incoming = transport.exchange(comm, outgoing, Tag.TRAJECTORIES)
+        batch = concat([shard for shard, _ in incoming])
+        if not leader:
+            return batch, {}, []
+        reports = [report for _, report in incoming]
+        tally = FailureTally.merged([r["failures"] for r in reports])
+        abort_if_failing(step, tally, config.runtime.abort_on_failed_fraction)
+        records = [record for r in reports for record in r["episodes"]]
+        recorder.record(step, [r["data_position"] for r in reports], records)
         return batch, merge_stats([r["stats"] for r in reports]), report["samples"]
 
     def eval_results(step: int) -> list[dict]:

@@ -198,15 +198,20 @@ class PolicyTrainer:
         """Sum a float64 array over trainer ranks: what algorithms use for global-batch statistics."""
         return self._allreduce(torch.from_numpy(np.asarray(array, dtype=np.float64).copy())).numpy()
 
-    def _sync_gradients(self, params) -> None:
+    def _sync_gradients(self, params, vote: bool | None = None) -> bool | None:
+        """Sum the gradients over trainer ranks. `vote`: this rank's flag, summed in the same collective (one
+        element after the gradients); returns whether any rank raised it, or None where no sum runs (one rank, or
+        sharded: the caller then votes on its own)."""
         if self.group is None or self.sharded:
-            return
+            return None
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads]))
+        flags = [] if vote is None else [torch.tensor([float(vote)], dtype=grads[0].dtype)]
+        flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads] + flags))
         offset = 0
         for param, grad in zip(params, grads, strict=True):
             param.grad = flat[offset : offset + grad.numel()].view_as(param)
             offset += grad.numel()
+        return None if vote is None else bool(flat[offset] > 0)
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means.
@@ -260,13 +265,19 @@ class PolicyTrainer:
                     sums[key] = sums.get(key, 0.0) + value
             for _ in range(micro_steps - len(starts)):
                 self._idle_micro_step()
-            norms = {"grad_norm": self._synced_clipped_norm(self.params, self.max_grad_norm)}
+            # a loss not finite on any rank skips the update on all: voted in the gradient sum where one runs
+            loss_vote = self._sync_gradients(self.params, vote=not all_finite(update_loss))
+            norms = {"grad_norm": self._clipped_norm(self.params, self.max_grad_norm)}
             for extra in self.extras:  # as the policy: synced and clipped every time, stepped with it
                 params = [p for p in extra.module.parameters() if p.requires_grad]
-                norms[f"{extra.name}_grad_norm"] = self._synced_clipped_norm(params, extra.max_grad_norm)
+                self._sync_gradients(params)
+                norms[f"{extra.name}_grad_norm"] = self._clipped_norm(params, extra.max_grad_norm)
                 extra_norms[extra.name].append(norms[f"{extra.name}_grad_norm"])
             grad_norms.append(norms["grad_norm"])
-            skip = self._any_rank(not all_finite(update_loss, *norms.values()))
+            if loss_vote is None:
+                skip = self._any_rank(not all_finite(update_loss, *norms.values()))
+            else:  # the norms are of the summed gradients: alike on every rank
+                skip = loss_vote or not all_finite(*norms.values())
             if skip:  # nothing of this update reaches the weights or the optimizer state
                 self.optimizer.zero_grad(set_to_none=True)
                 for extra in self.extras:
@@ -306,9 +317,9 @@ class PolicyTrainer:
             metrics["train/shared_prefix_positions"] = prefix[0] / max(prefix[1], 1.0)
         return metrics
 
-    def _synced_clipped_norm(self, params, max_norm: float) -> float:
-        """Sum the gradients over trainer ranks, clip them to `max_norm`; their norm before clipping."""
-        self._sync_gradients(params)
+    @staticmethod
+    def _clipped_norm(params, max_norm: float) -> float:
+        """Clip the gradients to `max_norm`; their norm before clipping."""
         return parallel.scalar(torch.nn.utils.clip_grad_norm_(params, max_norm))
 
     def _any_rank(self, flag: bool) -> bool:

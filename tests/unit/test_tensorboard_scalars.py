@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 from torch.utils.tensorboard import SummaryWriter
 
 from agentrl.tracking.tensorboard import TensorBoardTracker
 from tests.mpi.helpers import scalars
 
 STEPS = [
-    {"episode/success_rate": 0.25, "train/loss": -0.125, "perf/tokens_per_s": 12345.678, "run/restarts": 0.0},
+    {"episode/success_rate": 0.25, "train/loss": -0.125, "perf/tokens_per_s": 12345.678, "run/restarts": 0},
+    {"episode/success_rate": 0.375, "train/lr": np.float32(5e-3), "train/tokens": np.int64(7)},
     {"episode/success_rate": 0.5, "train/loss": float("nan"), "perf/tokens_per_s": float("inf")},
     {"episode/success_rate": 1.0, "train/loss": 3e38, "eval/pass@4": -float("inf")},
 ]

@@ -264,6 +264,16 @@ def test_load_weights_rejects_bad_updates(engine, model):
     assert engine.weight_version == -1
     torch.testing.assert_close(dict(model.named_parameters())[name].detach(), state[name])
 
+    # a good update's names and shapes are checked once; the next updates unlike it are checked again
+    engine.load_weights(state, version=2)
+    engine.load_weights({k: v + 1.0 for k, v in state.items()}, version=3)
+    torch.testing.assert_close(dict(model.named_parameters())[name].detach(), state[name] + 1.0)
+    with pytest.raises(ValueError, match=r"shape mismatch: model\.layers\.0\.mlp\.up_proj\.weight"):
+        engine.load_weights({**state, name: torch.zeros(3, 3)}, version=4)
+    with pytest.raises(ValueError, match=r"missing names: model\.layers\.0\.mlp\.up_proj\.weight"):
+        engine.load_weights({k: v for k, v in state.items() if k != name}, version=4)
+    assert engine.weight_version == 3
+
 
 def test_abort_all_finishes_pending_requests(engine, prompts):
     async def run():

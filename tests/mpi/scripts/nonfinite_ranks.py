@@ -64,13 +64,14 @@ def nan_loss_here(trainer) -> None:
 
 
 def inf_gradient_here(trainer) -> None:
-    """From now on this rank's own gradient (its shard under FSDP) of the last parameter turns inf once synced."""
+    """From now on this rank's own gradient of the last parameter (its shard under FSDP, already reduced) turns inf
+    before the ranks' gradients are summed."""
     sync = trainer._sync_gradients
 
-    def synced(params):
-        sync(params)
+    def synced(params, vote=None):
         grad = params[-1].grad
         (grad.to_local() if hasattr(grad, "to_local") else grad).mul_(float("inf"))
+        return sync(params, vote)
 
     trainer._sync_gradients = synced
 
