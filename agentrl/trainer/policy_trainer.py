@@ -205,7 +205,7 @@ class PolicyTrainer:
         if self.group is None or self.sharded:
             return None
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flags = [] if vote is None else [torch.tensor([float(vote)], dtype=grads[0].dtype)]
+        flags = [] if vote is None else [torch.tensor([float(vote)], dtype=grads[0].dtype, device=grads[0].device)]
         flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads] + flags))
         offset = 0
         for param, grad in zip(params, grads, strict=True):
