@@ -287,10 +287,18 @@ class TorchEngine(Engine):
             return
         # a step's update names the same tensors with the same shapes as the last: checked once
         signature = [(name, tuple(tensor.shape)) for name, tensor in incoming.items()]
-        if signature == self._checked_update[0]:
-            self.own_weights()
-            self._copy_in(self._checked_update[1], incoming, version)
-            return
+        if signature != self._checked_update[0]:
+            self._checked_update = (signature, self._update_targets(incoming))
+        targets = self._checked_update[1]
+        self.own_weights()
+        with self._model_lock, torch.no_grad():
+            for name, tensor in incoming.items():
+                targets[name].copy_(torch.as_tensor(tensor))
+            self.weight_version = version
+
+    def _update_targets(self, incoming: dict) -> dict:
+        """The model's tensors that `incoming` names, by name; a ValueError names every unknown, missing or misshapen
+        one."""
         targets = {
             **dict(self.model.named_parameters(remove_duplicate=False)),
             **dict(self.model.named_buffers(remove_duplicate=False)),
@@ -310,15 +318,7 @@ class TorchEngine(Engine):
         ]
         if problems:
             raise ValueError("load_weights rejected the update; " + "; ".join(problems))
-        self._checked_update = (signature, targets)
-        self.own_weights()
-        self._copy_in(targets, incoming, version)
-
-    def _copy_in(self, targets: dict, incoming: dict, version: int) -> None:
-        with self._model_lock, torch.no_grad():
-            for name, tensor in incoming.items():
-                targets[name].copy_(torch.as_tensor(tensor))
-            self.weight_version = version
+        return targets
 
     # ---- weights bucket by bucket: a process group or CUDA IPC (agentrl/weights/nccl.py) --
 
