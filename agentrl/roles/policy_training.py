@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from agentrl import transport
 from agentrl.config import Config
 from agentrl.config.policies import learner_of, opponents_of, policy_view
 from agentrl.metrics import episode_metrics, episode_sums
@@ -37,7 +36,6 @@ class PolicySide:
     logger: object | None = None
     weights: object | None = None
     ratings: EloRatings | None = None
-    last_batch: dict = field(default_factory=dict)
 
     @property
     def extra_state(self) -> list:
@@ -78,14 +76,14 @@ def policy_train_loop(config: Config, sides: list[PolicySide], collect: Collect,
         started = time.perf_counter()
         batches = collect(step)
         received = time.perf_counter()
-        metrics_of = {}
+        metrics_of, totals_of = {}, {}
         for side in sides:
             batch, stats, samples, games = batches[side.name]
             batch, _ = staleness.admit(batch, step, 0)
             if side.weights is not None:
                 side.weights.begin_update()
-            metrics_of[side.name] = side.trainer.train_step(batch)
-            side.last_batch = batch
+            # the episode sums ride the sum of the trainer's statistics
+            metrics_of[side.name], totals_of[side.name] = side.trainer.train_and_sum(batch, episode_sums(batch, step))
         trained = time.perf_counter()
         done = step + 1
         stopping = done < config.steps and preempt.agreed(stop_comm)
@@ -100,7 +98,7 @@ def policy_train_loop(config: Config, sides: list[PolicySide], collect: Collect,
         saving = (config.checkpoint.every and done % config.checkpoint.every == 0) or done == config.steps or stopping
         for side in sides:
             batch, stats, samples, games = batches[side.name]
-            totals = transport.allreduce_named(side.comm, episode_sums(side.last_batch, step))
+            totals = totals_of[side.name]
             if side.ratings is not None:
                 for opponent, outcome in games:
                     side.ratings.record(opponent, outcome)

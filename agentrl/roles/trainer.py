@@ -130,13 +130,13 @@ def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, 
 
         if weights is not None:
             weights.begin_update()
-        metrics = trainer.train_step(batch)
+        # the step's sums over trainer ranks and the stop vote (a signal on any rank stops all) ride the sum of the
+        # trainer's statistics
+        sums = {**episode_sums(batch, step), **{STALENESS + k: v for k, v in staleness_sums.items()}}
+        metrics, totals = trainer.train_and_sum(batch, {**sums, STOP_VOTE: float(preempt.requested())})
         trained = time.perf_counter()
 
         done = step + 1
-        # one collective for the step's sums over trainer ranks and the stop vote (a signal on any rank stops all)
-        sums = {**episode_sums(batch, step), **{STALENESS + k: v for k, v in staleness_sums.items()}}
-        totals = transport.allreduce_named(role_comm, {**sums, STOP_VOTE: float(preempt.requested())})
         stopping = done < config.steps and totals.pop(STOP_VOTE) > 0
         if stopping and logger is not None:
             print(f"\nagentrl: {preempt.reason()}: stopping after step {done} with a checkpoint", flush=True)

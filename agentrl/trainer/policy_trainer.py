@@ -47,6 +47,8 @@ from agentrl.trainer.optim import build_optimizer, build_scheduler
 from agentrl.trainer.token_logits import TokenLogits, kept_positions
 from agentrl.trajectory import num_episodes
 
+STATS = "trainer/"  # the step's statistics' names in their sum, apart from the numbers that ride it
+
 
 @dataclass(frozen=True)
 class PolicySections:
@@ -109,6 +111,7 @@ class PolicyTrainer:
         # the trainer ranks' MPI communicator: on CPU without FSDP (whose collectives go over the torch group) the
         # trainer's sums go over it (shared memory on a node, polled; gloo's TCP is several times slower)
         self.sum_comm = comm if group is not None and device == "cpu" and not self.sharded else None
+        self.comm = comm
         self.algorithm = algorithm(self._reduce)
         self.model = self._load(weights_path)
         self.model.train()
@@ -214,7 +217,17 @@ class PolicyTrainer:
         return None if vote is None else bool(flat[offset] > 0)
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
-        """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means.
+        """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means
+        (`train_and_sum` without more numbers to sum)."""
+        return self.train_and_sum(batch, {})[0]
+
+    def train_and_sum(
+        self, batch: dict[str, np.ndarray], more: dict[str, float]
+    ) -> tuple[dict[str, float], dict[str, float]]:
+        """Advantages, then `updates_per_step` optimizer steps over the shard: (the step's metrics, global
+        sums/means; `more`'s totals over the trainer ranks, summed in the same collective as the metrics, a name
+        some rank lacks counting as 0 there: a training loop's own sums ride it instead of a collective of their
+        own).
 
         Shards may differ in size between ranks and steps (dynamic sampling), down to none: an empty
         shard trains on one placeholder episode that carries no trained token, so this rank still runs
@@ -294,9 +307,8 @@ class PolicyTrainer:
         sums["adv_abs_count"] = float(trained_mask.sum())
         if self.shared_prefix:
             sums["prefix_computed"], sums["prefix_whole"] = (float(x) for x in self.prefix_positions)
-        names = sorted(sums)  # the step's statistics in one sum over trainer ranks
-        totals = self._allreduce(torch.tensor([sums[k] for k in names], dtype=torch.float64)).tolist()
-        sums = dict(zip(names, totals, strict=True))
+        totals = self._sum_named({**{STATS + k: v for k, v in sums.items()}, **more})
+        sums = {k[len(STATS) :]: totals.pop(k) for k in list(totals) if k.startswith(STATS)}
         abs_sum, abs_count = sums.pop("adv_abs_sum"), sums.pop("adv_abs_count")
         prefix = (sums.pop("prefix_computed"), sums.pop("prefix_whole")) if self.shared_prefix else None
         count = max(sums.pop("tokens"), 1.0)
@@ -315,7 +327,17 @@ class PolicyTrainer:
         metrics["train/adv_abs_mean"] = abs_sum / max(abs_count, 1.0)
         if prefix is not None:
             metrics["train/shared_prefix_positions"] = prefix[0] / max(prefix[1], 1.0)
-        return metrics
+        return metrics, totals
+
+    def _sum_named(self, values: dict[str, float]) -> dict[str, float]:
+        """Named numbers summed over the trainer ranks, a name some rank lacks counting as 0 there: one gather over
+        their MPI communicator. Without one (a torch group alone), only names every rank holds (the step's own
+        statistics) can be summed."""
+        if self.comm is not None:
+            return transport.allreduce_named(self.comm, values)
+        names = sorted(values)
+        totals = self._allreduce(torch.tensor([values[k] for k in names], dtype=torch.float64)).tolist()
+        return dict(zip(names, totals, strict=True))
 
     @staticmethod
     def _clipped_norm(params, max_norm: float) -> float:

@@ -34,7 +34,12 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
     vocab = trainer.model.config.vocab_size
     half = range(0, 4) if rank == 0 else range(4, 8)
     for step in range(3):
-        trainer.train_step(synthetic_batch(step, half, vocab))
+        # numbers a training loop sums ride the step's statistics, names one rank lacks counting 0 there
+        more = {"both": 1.0, f"only_rank{rank}": rank + 1.0} if over_mpi else {}
+        metrics, totals = trainer.train_and_sum(synthetic_batch(step, half, vocab), more)
+        assert not over_mpi or totals == {"both": 2.0, "only_rank0": 1.0, "only_rank1": 2.0}, totals
+        every = world.allgather(metrics)
+        assert every[0] == every[1], f"{algorithm} step {step}: the ranks' metrics differ"
         flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).float().numpy()
         gathered = world.gather(flat, root=0)
         if rank == 0:
