@@ -192,6 +192,20 @@ def num_episodes(batch: dict[str, np.ndarray]) -> int:
     return len(batch["offsets"]) - 1
 
 
+def trained_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """(episodes,) loss-mask tokens of each episode that enter the loss (its first token has no prediction)."""
+    offsets = np.asarray(batch["offsets"], dtype=np.int64)
+    running = np.concatenate([[0], np.cumsum(batch["loss_mask"], dtype=np.int64)])
+    return running[offsets[1:]] - running[np.minimum(offsets[:-1] + 1, offsets[1:])]
+
+
+def trained_totals(batch: dict[str, np.ndarray]) -> np.ndarray:
+    """(2,) float64: the tokens and the episodes of `batch` that enter the loss, its share of a training step's
+    denominators."""
+    tokens = trained_tokens(batch)
+    return np.array([tokens.sum(), (tokens > 0).sum()], dtype=np.float64)
+
+
 TOKEN_KEYS = ("tokens", "loss_mask", "logprobs", "token_version")
 
 

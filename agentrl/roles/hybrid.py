@@ -23,7 +23,7 @@ from agentrl.rollout.failures import FailureTally, abort_if_failing
 from agentrl.rollout.trainer_messages import sample_texts, shard_for_trainers
 from agentrl.run.start import RunStart
 from agentrl.trainer.model import init_trainer_group
-from agentrl.trajectory import concat, pack
+from agentrl.trajectory import concat, pack, trained_totals
 from agentrl.transport import Tag
 from agentrl.weights.base import InProcessWeightCopy
 
@@ -41,6 +41,7 @@ def run_hybrid(config: Config, layout: Layout, start: RunStart) -> tuple[int, di
     comm, leader = layout.role_comm, layout.is_trainer_leader
     if leader != (comm.Get_rank() == LEADER):
         raise RuntimeError("layout.hybrid: the trainer leader must be rank 0 of the ranks' communicator")
+    prefix = config.trainer.shared_prefix
     recorder = StepRecorder(config.run_dir, config.rollout.dump_episodes) if leader else None
 
     def collect(step: int):
@@ -54,19 +55,22 @@ def run_hybrid(config: Config, layout: Layout, start: RunStart) -> tuple[int, di
         }
         # each rank deals its groups over the ranks by what they cost to train, as a rollout rank deals them over
         # trainer ranks: the gradient sums wait for the slowest rank's forward and backward
-        shards = shard_for_trainers(episodes, comm.Get_size(), comm.Get_rank(), config.trainer.shared_prefix)
-        # what only the leader reads rides with each rank's shard to it: one exchange, no gather before it
-        outgoing = [(pack(shard), report if rank == LEADER else None) for rank, shard in enumerate(shards)]
+        shards = [pack(shard) for shard in shard_for_trainers(episodes, comm.Get_size(), comm.Get_rank(), prefix)]
+        # with every shard go the trained totals of all this rank's shards: summed, the step's loss denominators;
+        # what only the leader reads rides with its shard: one exchange, no collective before it or for the sums
+        mine = sum(trained_totals(shard) for shard in shards)
+        outgoing = [(shard, mine, report if rank == LEADER else None) for rank, shard in enumerate(shards)]
         incoming = transport.exchange(comm, outgoing, Tag.TRAJECTORIES)
-        batch = concat([shard for shard, _ in incoming])
+        batch = concat([shard for shard, _, _ in incoming])
+        step_trained = sum(totals for _, totals, _ in incoming)
         if not leader:
-            return batch, {}, []
-        reports = [report for _, report in incoming]
+            return batch, {}, [], step_trained
+        reports = [report for _, _, report in incoming]
         tally = FailureTally.merged([r["failures"] for r in reports])
         abort_if_failing(step, tally, config.runtime.abort_on_failed_fraction)
         records = [record for r in reports for record in r["episodes"]]
         recorder.record(step, [r["data_position"] for r in reports], records)
-        return batch, merge_stats([r["stats"] for r in reports]), report["samples"]
+        return batch, merge_stats([r["stats"] for r in reports]), report["samples"], step_trained
 
     def eval_results(step: int) -> list[dict]:
         return transport.allgather_object(comm, {**evaluator.run(step, config.eval.dump_episodes), "step": step})

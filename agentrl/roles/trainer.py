@@ -101,13 +101,15 @@ def receive_from_rollouts(
                 episodes = [record for m in messages for record in m.get("episodes", [])]
                 recorder.record(step, [m["data_position"] for m in messages if "data_position" in m], episodes)
         samples = [text for m in messages for text in m["samples"]]
-        return concat([m["batch"] for m in messages]), stats, samples
+        step_trained = sum(m["step_trained"] for m in messages)
+        return concat([m["batch"] for m in messages]), stats, samples, step_trained
 
     return collect
 
 
 def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, role_comm, extra_state=()) -> int:
-    """`collect(step) -> (batch, rollout stats, sample texts)`; `weights`: the WeightSync to publish on, or None;
+    """`collect(step) -> (batch, rollout stats, sample texts, the step's trained totals over the trainer ranks'
+    shards or None)`; `weights`: the WeightSync to publish on, or None;
     `extra_state`: more parts checkpoints save beside the trainer's own (the data position). The evaluation at a
     step `config.eval.due` runs before that step's batch; at `config.steps`, after the last step, on weights
     published for it.
@@ -124,8 +126,10 @@ def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, 
         if step == config.steps:
             break
         started = time.perf_counter()
-        batch, stats, samples = collect(step)
+        batch, stats, samples, step_trained = collect(step)
         batch, staleness_sums = staleness.admit(batch, step, config.rollout.max_staleness)
+        if config.rollout.max_staleness:  # stale episodes may have left some rank's shard
+            step_trained = None
         received = time.perf_counter()
 
         if weights is not None:
@@ -133,7 +137,7 @@ def train_loop(config, parts: TrainingParts, collect, weights, start_step: int, 
         # the step's sums over trainer ranks and the stop vote (a signal on any rank stops all) ride the sum of the
         # trainer's statistics
         sums = {**episode_sums(batch, step), **{STALENESS + k: v for k, v in staleness_sums.items()}}
-        metrics, totals = trainer.train_and_sum(batch, {**sums, STOP_VOTE: float(preempt.requested())})
+        metrics, totals = trainer.train_and_sum(batch, {**sums, STOP_VOTE: float(preempt.requested())}, step_trained)
         trained = time.perf_counter()
 
         done = step + 1

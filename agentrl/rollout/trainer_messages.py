@@ -4,7 +4,7 @@ stats, and for the trainer leader the data position, episode records and sample 
 from __future__ import annotations
 
 from agentrl.rollout.failures import FailureTally
-from agentrl.trajectory import Episode, pack
+from agentrl.trajectory import Episode, pack, trained_totals
 
 
 def shard_for_trainers(
@@ -54,13 +54,18 @@ def _training_cost(episodes: list[Episode], shared_prefix: bool) -> int:
 
 
 def batch_messages(config, worker, index: int, trainers: int, step: int, episodes, stats):
-    """(trainer index, message) for each trainer rank: its shard of the step's groups, the stats, and for
-    the first trainer (the leader) this rank's data position and, with rollout.dump_episodes, the episode
-    records; rollout rank 0 adds sample texts for TensorBoard."""
+    """(trainer index, message) for each trainer rank: its shard of the step's groups, the stats, the trained
+    totals of every shard this rank sends (`step_trained`: summed over the rollout ranks, the step's loss
+    denominators), and for the first trainer (the leader) this rank's data position and, with
+    rollout.dump_episodes, the episode records; rollout rank 0 adds sample texts for TensorBoard."""
     failures = FailureTally.of(episodes)  # of the whole step on this rank: the trainer leader judges the step
-    for trainer_index, shard in enumerate(shard_for_trainers(episodes, trainers, index, config.trainer.shared_prefix)):
+    shards = shard_for_trainers(episodes, trainers, index, config.trainer.shared_prefix)
+    packed = [pack(shard) for shard in shards]
+    step_trained = sum(trained_totals(batch) for batch in packed)
+    for trainer_index, (shard, batch) in enumerate(zip(shards, packed, strict=True)):
         samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
-        message = {"batch": pack(shard), "stats": stats, "samples": samples, "failures": failures}
+        message = {"batch": batch, "step_trained": step_trained, "stats": stats, "samples": samples}
+        message["failures"] = failures
         if trainer_index == 0 and (index == 0 or config.rollout.dispatch == "static"):
             message["data_position"] = worker.task_source.position()  # dynamic dispatch: one queue, one position
         if trainer_index == 0:

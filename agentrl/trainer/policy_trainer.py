@@ -45,7 +45,7 @@ from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 from agentrl.trainer.token_logits import TokenLogits, kept_positions
-from agentrl.trajectory import num_episodes
+from agentrl.trajectory import num_episodes, trained_tokens
 
 STATS = "trainer/"  # the step's statistics' names in their sum, apart from the numbers that ride it
 
@@ -222,12 +222,17 @@ class PolicyTrainer:
         return self.train_and_sum(batch, {})[0]
 
     def train_and_sum(
-        self, batch: dict[str, np.ndarray], more: dict[str, float]
+        self, batch: dict[str, np.ndarray], more: dict[str, float], step_trained: np.ndarray | None = None
     ) -> tuple[dict[str, float], dict[str, float]]:
         """Advantages, then `updates_per_step` optimizer steps over the shard: (the step's metrics, global
         sums/means; `more`'s totals over the trainer ranks, summed in the same collective as the metrics, a name
         some rank lacks counting as 0 there: a training loop's own sums ride it instead of a collective of their
         own).
+
+        `step_trained`: where the caller knows them, the tokens and episodes entering the loss over every trainer
+        rank's shard (`trajectory.trained_totals` summed, sent along with the shards); with one update a step
+        they are the loss's denominators, and no sum over the ranks runs for them. Every trainer rank passes them,
+        or none does.
 
         Shards may differ in size between ranks and steps (dynamic sampling), down to none: an empty
         shard trains on one placeholder episode that carries no trained token, so this rank still runs
@@ -250,12 +255,15 @@ class PolicyTrainer:
         grad_norms = []
         extra_norms: dict[str, list[float]] = {extra.name: [] for extra in self.extras}
         skipped = 0
-        trained_tokens = _trained_tokens(batch)
+        tokens_of = trained_tokens(batch)
         for update, minibatch in enumerate(np.array_split(np.arange(n), self.updates_per_step)):
             micro_steps = self._agreed_micro_steps(math.ceil(len(minibatch) / micro_size))
-            trained = trained_tokens[minibatch]
-            counts = torch.tensor([float(trained.sum()), float((trained > 0).sum())], dtype=torch.float64)
-            global_tokens, global_sequences = self._allreduce(counts).tolist()
+            if step_trained is not None and self.updates_per_step == 1:
+                global_tokens, global_sequences = (float(x) for x in step_trained)
+            else:
+                trained = tokens_of[minibatch]
+                counts = torch.tensor([float(trained.sum()), float((trained > 0).sum())], dtype=torch.float64)
+                global_tokens, global_sequences = self._allreduce(counts).tolist()
             self.optimizer.zero_grad(set_to_none=True)
             for extra in self.extras:
                 extra.optimizer.zero_grad(set_to_none=True)
@@ -627,10 +635,3 @@ def _inside(lengths: list[int]) -> np.ndarray:
     """(rows, longest) bool: True on the first `length` columns of each row."""
     lengths = np.asarray(lengths, dtype=np.int64)
     return np.arange(lengths.max()) < lengths[:, None]
-
-
-def _trained_tokens(batch) -> np.ndarray:
-    """(episodes,) loss-mask tokens of each episode that enter the loss (its first token has no prediction)."""
-    offsets = np.asarray(batch["offsets"], dtype=np.int64)
-    running = np.concatenate([[0], np.cumsum(batch["loss_mask"], dtype=np.int64)])
-    return running[offsets[1:]] - running[np.minimum(offsets[:-1] + 1, offsets[1:])]

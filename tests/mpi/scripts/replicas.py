@@ -13,7 +13,7 @@ from agentrl import transport
 from agentrl.config import from_dict
 from agentrl.roles.trainer_parts import policy_trainer
 from agentrl.trainer.model import init_trainer_group
-from agentrl.trajectory import concat
+from agentrl.trajectory import concat, trained_totals
 from tests.mpi.scripts.batches import synthetic_batch
 
 
@@ -36,7 +36,9 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
     for step in range(3):
         # numbers a training loop sums ride the step's statistics, names one rank lacks counting 0 there
         more = {"both": 1.0, f"only_rank{rank}": rank + 1.0} if over_mpi else {}
-        metrics, totals = trainer.train_and_sum(synthetic_batch(step, half, vocab), more)
+        # and the loss's denominators as the shards' senders give them (both halves' trained totals), or counted
+        given = sum(trained_totals(synthetic_batch(step, part, vocab)) for part in (range(0, 4), range(4, 8)))
+        metrics, totals = trainer.train_and_sum(synthetic_batch(step, half, vocab), more, given if step % 2 else None)
         assert not over_mpi or totals == {"both": 2.0, "only_rank0": 1.0, "only_rank1": 2.0}, totals
         every = world.allgather(metrics)
         assert every[0] == every[1], f"{algorithm} step {step}: the ranks' metrics differ"
