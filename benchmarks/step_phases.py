@@ -31,7 +31,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 PHASES = [  # (phase, "module:Attribute.path"): each call of the function counts in the phase
-    ("train", "agentrl.trainer.policy_trainer:PolicyTrainer.train_step"),
+    ("train", "agentrl.trainer.policy_trainer:PolicyTrainer.train_and_sum"),
     ("micro step", "agentrl.trainer.policy_trainer:PolicyTrainer._micro_step"),
     ("policy forward", "agentrl.trainer.policy_trainer:PolicyTrainer._position_logits"),
     ("backward", "torch:Tensor.backward"),

@@ -37,7 +37,10 @@ the environment, as agentrl's ranks do by default (`runtime.keep_freed_memory`);
   on the step's episodes, data parallel (on-policy); `agentrl-2hc`: the same, continuous scheduler;
   `agentrl-2hcp`*: that with `trainer.shared_prefix`;
 - any of those with a `p` after it (`agentrl-1tp`, `agentrl-2acp`): the same with `trainer.shared_prefix=true` (a
-  group's prompt forwarded once in training);
+  group's prompt forwarded once in training); and any with an `n` after that (`agentrl-1tcpn`, `agentrl-2hcpn`):
+  with `runtime.env_step_timeout_s=null`, env calls (here the reward function) on the rank's own thread without a
+  time limit, as TRL calls its reward functions (the default runs them in a worker thread under a deadline, at a
+  hand-over each way per batch of calls);
 - with `--baseline PATH` (another agentrl checkout, e.g. a `git worktree` of main before a change): every agentrl
   side again as `SIDE@base`, run with PATH's agentrl, right after the same side of this checkout in each seed, so a
   change and the code before it share the machine's load (`x base` in the table: the side's samples/s over its
@@ -109,6 +112,10 @@ AGENTRL = {  # side -> (ranks, config overrides); one rank: every role in one pr
 }
 SHARED_PREFIX = "trainer.shared_prefix=true"  # a group's prompt forwarded once in training
 AGENTRL |= {f"{side}p": (ranks, [*overrides, SHARED_PREFIX]) for side, (ranks, overrides) in list(AGENTRL.items())}
+# env calls on the rank's own thread, without a time limit (a hung reward function hangs the rank), as TRL calls
+# its reward functions
+INLINE_ENVS = "runtime.env_step_timeout_s=null"
+AGENTRL |= {f"{side}n": (ranks, [*overrides, INLINE_ENVS]) for side, (ranks, overrides) in list(AGENTRL.items())}
 # side -> torch threads; "k": glibc's heap keeps freed memory, as agentrl's ranks' does by default
 TRL = {"trl": 2, "trl-1t": 1, "trl-k": 2, "trl-1tk": 1}
 BASE = "@base"  # an agentrl side run with --baseline's checkout
