@@ -64,8 +64,13 @@ def batch_messages(config, worker, index: int, trainers: int, step: int, episode
     step_trained = sum(trained_totals(batch) for batch in packed)
     for trainer_index, (shard, batch) in enumerate(zip(shards, packed, strict=True)):
         samples = sample_texts(config, step, shard) if trainer_index == 0 and index == 0 else []
-        message = {"batch": batch, "step_trained": step_trained, "stats": stats, "samples": samples}
-        message["failures"] = failures
+        message = {
+            "batch": batch,
+            "step_trained": step_trained,
+            "stats": stats,
+            "samples": samples,
+            "failures": failures,
+        }
         if trainer_index == 0 and (index == 0 or config.rollout.dispatch == "static"):
             message["data_position"] = worker.task_source.position()  # dynamic dispatch: one queue, one position
         if trainer_index == 0:
