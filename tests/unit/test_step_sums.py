@@ -55,3 +55,28 @@ def test_with_several_updates_a_step_each_minibatch_is_counted(tiny_model_dir):
     given = trainer_for(tiny_model_dir, updates_per_step=2)
     batch = synthetic_batch(counted.model.config.vocab_size, 0)
     assert counted.train_step(batch) == given.train_and_sum(batch, {}, trained_totals(batch))[0]
+
+
+def test_each_trainer_message_carries_the_rollout_ranks_whole_step_totals():
+    """A rollout rank's messages to its trainer ranks each carry the totals of all the shards it sends: summed over
+    the rollout ranks, every trainer rank holds the step's denominators."""
+    from types import SimpleNamespace
+
+    from agentrl.config import from_dict
+    from agentrl.rollout.trainer_messages import batch_messages
+    from agentrl.trajectory import Episode, pack
+
+    episodes = []
+    for group in range(3):  # three groups over two trainer ranks: shards of different sizes
+        for copy in range(4):
+            episode = Episode(group=group, task_seed=group)
+            episode.extend([1, 2, 3], mask=0)
+            episode.extend([4] * (copy + 1), mask=int(copy != 3 or group != 0))
+            episodes.append(episode)
+    worker = SimpleNamespace(task_source=SimpleNamespace(position=lambda: None), episode_records=lambda step: [])
+    config = from_dict({"model": {"path": "unused"}})
+    messages = [message for _, message in batch_messages(config, worker, 0, 2, 0, episodes, {})]
+    whole = trained_totals(pack(episodes))
+    assert whole.tolist() == [26.0, 11.0]  # 1+2+3+4 tokens a group, one episode of group 0 untrained
+    assert len(messages) == 2 and all(m["step_trained"].tolist() == whole.tolist() for m in messages)
+    assert sum(trained_totals(m["batch"]) for m in messages).tolist() == whole.tolist()
