@@ -202,7 +202,11 @@ def trained_tokens(batch: dict[str, np.ndarray]) -> np.ndarray:
 def trained_totals(batch: dict[str, np.ndarray]) -> np.ndarray:
     """(2,) float64: the tokens and the episodes of `batch` that enter the loss, its share of a training step's
     denominators."""
-    tokens = trained_tokens(batch)
+    return token_totals(trained_tokens(batch))
+
+
+def token_totals(tokens: np.ndarray) -> np.ndarray:
+    """(2,) float64: the sum of per-episode trained-token counts, and the episodes with any."""
     return np.array([tokens.sum(), (tokens > 0).sum()], dtype=np.float64)
 
 

@@ -45,7 +45,7 @@ from agentrl.trainer.model import load_policy
 from agentrl.trainer.nonfinite import NonFiniteGuard, all_finite
 from agentrl.trainer.optim import build_optimizer, build_scheduler
 from agentrl.trainer.token_logits import TokenLogits, kept_positions
-from agentrl.trajectory import num_episodes, trained_tokens
+from agentrl.trajectory import num_episodes, token_totals, trained_tokens
 
 STATS = "trainer/"  # the step's statistics' names in their sum, apart from the numbers that ride it
 
@@ -261,8 +261,7 @@ class PolicyTrainer:
             if step_trained is not None and self.updates_per_step == 1:
                 global_tokens, global_sequences = (float(x) for x in step_trained)
             else:
-                trained = tokens_of[minibatch]
-                counts = torch.tensor([float(trained.sum()), float((trained > 0).sum())], dtype=torch.float64)
+                counts = torch.from_numpy(token_totals(tokens_of[minibatch]))
                 global_tokens, global_sequences = self._allreduce(counts).tolist()
             self.optimizer.zero_grad(set_to_none=True)
             for extra in self.extras:
