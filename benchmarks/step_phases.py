@@ -7,10 +7,11 @@
 `run` wraps the functions of PHASES with a wall-clock timer (a few microseconds a call), then runs
 `agentrl train CONFIG ...` in this process; at exit each rank writes the intervals it spent in each phase to
 DIR/rank_N.json. `report` keeps the intervals between the end of the trainer's step `--warmup` and the end of its
-last step, and prints, per rank and role, milliseconds per step in each phase (a phase nested in another is
-counted in both: `backward` inside `micro step`, inside `train`), the rank's CPU seconds per step, and the part
-of the step its main thread spent in no phase (for a trainer or rollout rank: waiting for the other side, or
-work outside the named phases: the agent loop, asyncio, packing).
+last step, and prints, per rank and role, milliseconds per step in each phase, wall and the CPU of the thread that
+ran it (under contention a phase's wall holds waits for the GIL or a core; its CPU is what its work costs; a phase
+nested in another is counted in both: `backward` inside `micro step`, inside `train`), the rank's CPU seconds per
+step, and the part of the step its main thread spent in no phase (for a trainer or rollout rank: waiting for the
+other side, or work outside the named phases: the agent loop, asyncio, packing).
 
 A name in PHASES that no longer exists (code moved) is reported and left out; the rest still run.
 """
@@ -88,14 +89,15 @@ class Recorder:
             if depths.get(phase):
                 return function(*args, **kwargs)
             depths[phase] = 1
-            started = time.time()
+            started, cpu_started = time.time(), time.thread_time()
             try:
                 return function(*args, **kwargs)
             finally:
                 depths[phase] = 0
                 ended = time.time()
                 main = threading.current_thread() is self.main
-                self.intervals.setdefault(phase, []).append((started, ended, main))
+                cpu = time.thread_time() - cpu_started
+                self.intervals.setdefault(phase, []).append((started, ended, main, cpu))
                 if phase == STEP_PHASE or phase in ("rollout", "env"):
                     self.cpu.append((ended, time.process_time()))
 
@@ -140,8 +142,13 @@ def run(args) -> None:
 
 def clipped(intervals, start: float, end: float, main_only: bool = False) -> list[tuple[float, float]]:
     return [
-        (max(a, start), min(b, end)) for a, b, main in intervals if b > start and a < end and (main or not main_only)
+        (max(a, start), min(b, end)) for a, b, main, _ in intervals if b > start and a < end and (main or not main_only)
     ]
+
+
+def cpu_inside(intervals, start: float, end: float) -> float:
+    """CPU seconds of the phase's own threads in its calls that ended inside the window."""
+    return sum(cpu for _, b, _, cpu in intervals if start < b <= end)
 
 
 def union_seconds(spans: list[tuple[float, float]]) -> float:
@@ -167,7 +174,7 @@ def report(args) -> None:
     if not ranks:
         raise SystemExit(f"step_phases: no rank_*.json in {folder}; run `step_phases.py run --out {folder} ...` first")
     leader = next((r for r in ranks if STEP_PHASE in r["intervals"]), ranks[0])  # one trainer rank's step ends
-    steps = sorted(b for _, b, _ in leader["intervals"].get(STEP_PHASE, []))
+    steps = sorted(interval[1] for interval in leader["intervals"].get(STEP_PHASE, []))
     if len(steps) <= args.warmup + 1:
         raise SystemExit(f"step_phases: {len(steps)} trainer steps; need more than --warmup {args.warmup} + 1")
     start, end = steps[args.warmup - 1] if args.warmup else steps[0], steps[-1]
@@ -175,13 +182,15 @@ def report(args) -> None:
     per_step = (end - start) / count
     print(f"{count} steps timed, {per_step * 1e3:.1f} ms a step (the trainer's step ends)")
     phases = list(dict.fromkeys(phase for phase, _ in PHASES))
-    header = "| phase | " + " | ".join(f"rank {r['rank']}: {role(r)}" for r in ranks) + " |"
+    header = "| phase | " + " | ".join(f"rank {r['rank']}: {role(r)}, wall / CPU" for r in ranks) + " |"
     lines = [header, "|---|" + "---|" * len(ranks)]
     for phase in phases:
         cells = []
         for r in ranks:
-            spans = clipped(r["intervals"].get(phase, []), start, end)
-            cells.append(f"{union_seconds(spans) / count * 1e3:.1f}" if spans else "")
+            intervals = r["intervals"].get(phase, [])
+            spans = clipped(intervals, start, end)
+            wall, cpu = union_seconds(spans) / count * 1e3, cpu_inside(intervals, start, end) / count * 1e3
+            cells.append(f"{wall:.1f} / {cpu:.1f}" if spans else "")
         if any(cells):
             lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     idle, cpu = [], []

@@ -526,6 +526,15 @@ class TorchEngineConfig(Section):
         "with sampling read back one step behind. `auto`: on CUDA for the model families the lean decoder serves "
         "(Llama, Qwen2/3, Mistral); `true` also on CPU, where the same steps run eagerly (for tests); `false`: never.",
     )
+    steps_on: Literal["auto", "loop", "thread"] = Field(
+        "auto",
+        description="Where the model's steps run: `loop`: on the rollout's event loop thread, between the episodes' "
+        "own work (no hand-over to a thread and back at every step: on CPU, where a small model's step is a few "
+        "ms, that costs a tenth of it); `thread`: on the engine's worker thread, so that the event loop calls envs, "
+        "parses turns and serves HTTP while a step runs; `auto`: loop on CPU, thread on a GPU, where agent programs "
+        "call the policy over HTTP (agent:), or where the batch scheduler runs ahead of the trainer "
+        "(max_staleness > 0: the loop looks for new weights while a batch runs).",
+    )
 
     @property
     def gpus(self) -> int:

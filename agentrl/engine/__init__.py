@@ -12,9 +12,12 @@ from __future__ import annotations
 from agentrl.config import EngineConfig, ModelConfig
 
 
-def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int, *, colocate: bool):
+def make_engine(
+    engine: EngineConfig, model: ModelConfig, device: str, seed: int, *, colocate: bool, keep_loop_free: bool = False
+):
     """The engine `engine` (`rollout.engine`) asks for, serving `model`; `colocate` (`layout.colocate`): an SGLang
-    engine shares its GPU with a trainer and sleeps while it trains."""
+    engine shares its GPU with a trainer and sleeps while it trains; `keep_loop_free`: the rollout's event loop has work
+    while the model runs (a torch engine's `steps_on=auto` then keeps its steps off that loop; see `loop_has_work`)."""
     if engine.backend == "sglang":
         from agentrl.engine.sglang import SGLangEngine
 
@@ -23,13 +26,16 @@ def make_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int
 
     loaded = load_causal_lm(model.path, model.dtype, device)
     tokenizer = load_tokenizer(model.path)
-    built = build_torch_engine(loaded, engine, pad_token_id=tokenizer.pad_token_id, seed=seed)
+    on_loop = steps_on_loop(engine, device, keep_loop_free)
+    built = build_torch_engine(loaded, engine, pad_token_id=tokenizer.pad_token_id, seed=seed, steps_on_loop=on_loop)
     if model.lora is not None:  # syncs bring adapters only, merged into these weights
         built.use_lora(model.lora.scaling)
     return built
 
 
-def make_shared_base_engine(engine: EngineConfig, model: ModelConfig, device: str, seed: int):
+def make_shared_base_engine(
+    engine: EngineConfig, model: ModelConfig, device: str, seed: int, *, keep_loop_free: bool = False
+):
     """One torch engine (the batch scheduler) over `model`'s base, for several policies' LoRA adapters on it
     (`SharedBaseEngine.adapter` gives each its engine)."""
     from agentrl.engine.shared_lora import SharedBaseEngine
@@ -37,15 +43,40 @@ def make_shared_base_engine(engine: EngineConfig, model: ModelConfig, device: st
 
     loaded = load_causal_lm(model.path, model.dtype, device)
     pad = load_tokenizer(model.path).pad_token_id
-    return SharedBaseEngine(loaded, pad_token_id=pad, max_batch_size=engine.max_batch_size, seed=seed)
+    on_loop = steps_on_loop(engine, device, keep_loop_free)
+    return SharedBaseEngine(
+        loaded, pad_token_id=pad, max_batch_size=engine.max_batch_size, seed=seed, steps_on_loop=on_loop
+    )
 
 
-def build_torch_engine(model, config, *, pad_token_id: int, seed: int):
-    """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler."""
+def steps_on_loop(engine: EngineConfig, device: str, keep_loop_free: bool) -> bool:
+    """Whether a torch engine runs its steps on the event loop's thread (`rollout.engine.steps_on`)."""
+    if engine.steps_on != "auto":
+        return engine.steps_on == "loop"
+    return device.split(":")[0] == "cpu" and not keep_loop_free
+
+
+def loop_has_work(rollout, agent_programs: bool) -> bool:
+    """Whether a rollout's event loop has work while the model runs: agent programs' HTTP requests (`agent:`), or,
+    running ahead of the trainer with the batch scheduler, a look for new weights on a timer while a batch runs (the
+    trainer's send may wait for it; the continuous scheduler's steps are short enough to look between)."""
+    runs_ahead = rollout.max_staleness > 0 and getattr(rollout.engine, "scheduler", None) == "batch"
+    return agent_programs or runs_ahead
+
+
+def build_torch_engine(model, config, *, pad_token_id: int, seed: int, steps_on_loop: bool = False):
+    """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler; its steps on
+    the event loop that awaits them (`steps_on_loop`, for one loop only) or on a worker thread of its own."""
     from agentrl.engine.torch_engine import TorchEngine
 
     if config.scheduler == "batch":
-        return TorchEngine(model, pad_token_id=pad_token_id, max_batch_size=config.max_batch_size, seed=seed)
+        return TorchEngine(
+            model,
+            pad_token_id=pad_token_id,
+            max_batch_size=config.max_batch_size,
+            seed=seed,
+            steps_on_loop=steps_on_loop,
+        )
     from agentrl.engine.continuous import ContinuousTorchEngine
 
     return ContinuousTorchEngine(
@@ -55,4 +86,5 @@ def build_torch_engine(model, config, *, pad_token_id: int, seed: int):
         seed=seed,
         kv_cache_bytes=int(config.kv_cache_mb * (1 << 20)),
         cuda_graphs=config.cuda_graphs,
+        steps_on_loop=steps_on_loop,
     )

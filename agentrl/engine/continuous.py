@@ -1,6 +1,7 @@
 """The torch engine with continuous batching and KV reuse across an episode's turns.
 
-One worker thread runs a decode loop. At every step it
+One worker thread runs a decode loop (or, with `steps_on_loop`, the event loop that awaits the
+requests runs its steps between its own callbacks). At every step it
 
 1. samples one token for every running row (the same sampler as `TorchEngine`);
 2. lets finished rows leave: their results go back to their event loop at once and their
@@ -104,6 +105,7 @@ class ContinuousTorchEngine(TorchEngine):
         kv_cache_bytes: int = 256 << 20,
         cuda_graphs: bool | str = "auto",
         share_prompts: bool = True,
+        steps_on_loop: bool = False,
     ):
         layer_types = set(getattr(model.config, "layer_types", None) or ["full_attention"])
         if layer_types != {"full_attention"} or getattr(model.config, "use_sliding_window", False):
@@ -113,7 +115,12 @@ class ContinuousTorchEngine(TorchEngine):
                 f"attention in every layer, the model has {sorted(layer_types)}; set rollout.engine.scheduler=batch"
             )
         super().__init__(
-            model, pad_token_id=pad_token_id, max_batch_size=max_batch_size, seed=seed, share_prompts=share_prompts
+            model,
+            pad_token_id=pad_token_id,
+            max_batch_size=max_batch_size,
+            seed=seed,
+            share_prompts=share_prompts,
+            steps_on_loop=steps_on_loop,
         )
         self.sessions = KVSessionStore(kv_cache_bytes)
         self.decoder = LeanDecoder.for_model(model)  # None: decode steps run the model's forward
@@ -125,6 +132,7 @@ class ContinuousTorchEngine(TorchEngine):
         self._wake = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
+        self._stepping_loop: asyncio.AbstractEventLoop | None = None  # steps_on_loop: the loop stepping now
         self.graphs = self._decode_graphs(cuda_graphs)  # None: decode steps in the lean decoder or the forward
         self._batch = RunningBatch() if self.graphs is None else self._slot_batch()
         self._host = _HostCopy(self.device, self.max_batch_size) if self.graphs is not None else None
@@ -169,6 +177,12 @@ class ContinuousTorchEngine(TorchEngine):
             return self._empty_output("abort")
         matcher = await self._matcher(sampling) if sampling.grammar is not None else None
         loop = asyncio.get_running_loop()
+        if self.steps_on_loop and self._stepping_loop not in (None, loop):  # one loop steps the batch, unlocked
+            raise RuntimeError(
+                "this continuous torch engine runs its steps on the event loop awaiting them "
+                "(rollout.engine.steps_on=loop), and another loop's requests are running; build it with "
+                "steps_on_loop=False to serve several event loops at once"
+            )
         row = _Row(
             prompt,
             sampling,
@@ -188,6 +202,9 @@ class ContinuousTorchEngine(TorchEngine):
 
     async def _hand_over(self, queue: _LoopQueue) -> None:
         """Pass the requests of one burst (all the coroutines woken together) to the worker at once."""
+        if self.steps_on_loop:
+            await self._steps_here(queue)
+            return
         try:
             while queue.pending:
                 await self._wait_for_quiet(queue)
@@ -201,6 +218,24 @@ class ContinuousTorchEngine(TorchEngine):
                     self._wake.notify()
         finally:
             queue.scheduler = None
+
+    async def _steps_here(self, queue: _LoopQueue) -> None:
+        """The decode loop on this event loop, until no row runs or waits: a step, then yields until the rows that
+        finished have gone on to their next requests (or to their ends), which join at the next step."""
+        batch = self._batch
+        self._stepping_loop = asyncio.get_running_loop()
+        try:
+            while queue.pending or self._inbox or batch.rows:
+                await self._wait_for_quiet(queue)
+                self._inbox += [row for row in queue.pending if not row.future.done()]
+                queue.pending = []
+                if self._closed:
+                    self._abort_everything(batch)
+                    return
+                self._run_step(batch, self._admit(len(batch.rows)))
+        finally:
+            queue.scheduler = None
+            self._stepping_loop = None
 
     def drop_cached_prefixes(self) -> None:
         with self._model_lock:
@@ -254,28 +289,38 @@ class ContinuousTorchEngine(TorchEngine):
                 while not self._inbox and not batch.rows and not self._closed:
                     self._wake.wait()
                 if self._closed:
-                    admitted, self._inbox = self._inbox, []
-                    for row in admitted + batch.rows:
-                        self._deliver(row, "abort")
-                    batch.clear()
-                    self._send_results()
+                    self._abort_everything(batch)
                     return
-                if self._should_admit(len(batch.rows)):
-                    room = self.max_batch_size - len(batch.rows)
-                    admitted, self._inbox = self._inbox[:room], self._inbox[room:]
-                    self._steps_waited = 0
-                else:
-                    admitted = []
-                    self._steps_waited += 1
-            started = time.perf_counter()
-            try:
-                with self._model_lock, torch.inference_mode():
-                    self._step(batch, admitted)
-            except Exception as exc:  # the rows in flight fail in their callers; the loop goes on
-                self._outbox += [(row, exc) for row in admitted + batch.rows]
-                batch.clear()
-            self._send_results()
-            self.busy_seconds += time.perf_counter() - started
+                admitted = self._admit(len(batch.rows))
+            self._run_step(batch, admitted)
+
+    def _abort_everything(self, batch) -> None:
+        admitted, self._inbox = self._inbox, []
+        for row in admitted + batch.rows:
+            self._deliver(row, "abort")
+        batch.clear()
+        self._send_results()
+
+    def _admit(self, running: int) -> list[_Row]:
+        """The waiting rows that join at this step (see `_should_admit`), taken from the inbox."""
+        if not self._should_admit(running):
+            self._steps_waited += 1
+            return []
+        room = self.max_batch_size - running
+        admitted, self._inbox = self._inbox[:room], self._inbox[room:]
+        self._steps_waited = 0
+        return admitted
+
+    def _run_step(self, batch, admitted: list[_Row]) -> None:
+        started = time.perf_counter()
+        try:
+            with self._model_lock, torch.inference_mode():
+                self._step(batch, admitted)
+        except Exception as exc:  # the rows in flight fail in their callers; the loop goes on
+            self._outbox += [(row, exc) for row in admitted + batch.rows]
+            batch.clear()
+        self._send_results()
+        self.busy_seconds += time.perf_counter() - started
 
     def _should_admit(self, running: int) -> bool:
         """Admit the waiting requests now, or let them gather for a step or two.

@@ -94,11 +94,20 @@ class TorchEngine(Engine):
     """Serve a Hugging Face causal LM: every request pending on a loop runs as one batch."""
 
     def __init__(
-        self, model, *, pad_token_id: int, max_batch_size: int = 256, seed: int = 0, share_prompts: bool = True
+        self,
+        model,
+        *,
+        pad_token_id: int,
+        max_batch_size: int = 256,
+        seed: int = 0,
+        share_prompts: bool = True,
+        steps_on_loop: bool = False,
     ):
         """`share_prompts`: rows with the same prompt are prefilled once (engine/shared_prompts.py); off only to
-        measure or check what that saves."""
+        measure or check what that saves. `steps_on_loop`: the model runs on the event loop's own thread, between
+        its callbacks, instead of on the engine's worker thread (see `steps_on_loop` in `build_torch_engine`)."""
         self.model = model.eval()
+        self.steps_on_loop = bool(steps_on_loop)
         self.pad_token_id = int(pad_token_id)
         self.max_batch_size = int(max_batch_size)
         first_param = next(model.parameters())
@@ -202,9 +211,11 @@ class TorchEngine(Engine):
                 matchers = [r.matcher for r in batch]
                 try:
                     futures = [r.future for r in batch]
-                    outputs = await loop.run_in_executor(
-                        self._worker, self._run_batch, prompts, params, self._abort_epoch, matchers, futures
-                    )
+                    batch_args = (prompts, params, self._abort_epoch, matchers, futures)
+                    if self.steps_on_loop:
+                        outputs = self._run_batch(*batch_args)
+                    else:
+                        outputs = await loop.run_in_executor(self._worker, self._run_batch, *batch_args)
                 except Exception as exc:
                     for request in batch:
                         if not request.future.done():

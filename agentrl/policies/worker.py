@@ -20,7 +20,7 @@ from agentrl.config import Config
 from agentrl.config.policies import learner_of, policy_dir, policy_view, shared_bases
 from agentrl.config.schema import GameConfig
 from agentrl.data.tasks import SeededTasks, Task
-from agentrl.engine import make_engine, make_shared_base_engine
+from agentrl.engine import loop_has_work, make_engine, make_shared_base_engine
 from agentrl.engine.base import SamplingParams
 from agentrl.gateway.policy_episode import run_policy_session
 from agentrl.models.chat_format import ChatFormat
@@ -50,14 +50,19 @@ class MultiPolicyWorker:
         self.engines, self.chats = {}, {}
         self.bases = {}  # a shared base's engine (engine/shared_lora.py) by the policies on it
         sharing = {name: tuple(names) for names in shared_bases(config) for name in names}
+        loop_busy = loop_has_work(rollout, config.agent.enabled)
         for number, (name, view) in enumerate(self.views.items()):
             seed = engine_seed(config.seed + 7919 * number, index)
             if name in sharing:
                 if sharing[name] not in self.bases:
-                    self.bases[sharing[name]] = make_shared_base_engine(rollout.engine, view.model, device, seed)
+                    self.bases[sharing[name]] = make_shared_base_engine(
+                        rollout.engine, view.model, device, seed, keep_loop_free=loop_busy
+                    )
                 self.engines[name] = self.bases[sharing[name]].adapter(name, view.model.lora.scaling)
             else:
-                self.engines[name] = make_engine(rollout.engine, view.model, device, seed, colocate=False)
+                self.engines[name] = make_engine(
+                    rollout.engine, view.model, device, seed, colocate=False, keep_loop_free=loop_busy
+                )
             self.chats[name] = ChatFormat(load_tokenizer(view.model.path), config.env.system_prompt)
         self.sampling = {
             name: SamplingParams(
@@ -104,7 +109,14 @@ class MultiPolicyWorker:
         if version not in self.snapshot_engines:
             view = self.views[self.learner]
             seed = engine_seed(self.config.seed + 104729 + version, self.index)
-            engine = make_engine(self.config.rollout.engine, view.model, self.device, seed, colocate=False)
+            engine = make_engine(
+                self.config.rollout.engine,
+                view.model,
+                self.device,
+                seed,
+                colocate=False,
+                keep_loop_free=loop_has_work(self.config.rollout, self.config.agent.enabled),
+            )
             engine.load_weights(self.pool.snapshots[version], version)
             self.snapshot_engines[version] = engine
         return self.snapshot_engines[version]

@@ -18,7 +18,7 @@ from agentrl.algorithms.base import Algorithm, Reduce
 from agentrl.config import AgentConfig, ChatConfig, EnvConfig, ModelConfig, RewardConfig, RolloutConfig
 from agentrl.data.episode_dump import episode_record
 from agentrl.data.tasks import SeededTasks, TaskSource
-from agentrl.engine import make_engine
+from agentrl.engine import loop_has_work, make_engine
 from agentrl.engine.base import SamplingParams
 from agentrl.models.chat_format import ChatFormat
 from agentrl.models.loading import load_tokenizer
@@ -120,7 +120,14 @@ class RolloutWorker:
         self.rollout_index = rollout_index
         self.task_source = task_source or SeededTasks(seed)  # a dataset's rows, or the env's seeds
         self.env = env_client
-        self.engine = make_engine(rollout.engine, model, device, engine_seed(seed, rollout_index), colocate=colocate)
+        self.engine = make_engine(
+            rollout.engine,
+            model,
+            device,
+            engine_seed(seed, rollout_index),
+            colocate=colocate,
+            keep_loop_free=loop_has_work(rollout, agent.enabled),
+        )
         self.chat = chat_format(model, env, chat)
         self.train_reasoning = chat.train_reasoning
         self.sampling = SamplingParams(

@@ -115,8 +115,9 @@ def test_a_stop_cancels_the_episodes_in_flight(tiny_model_dir, scheduler):
 
 
 def test_the_batch_scheduler_looks_for_weights_between_its_batches_not_on_a_timer(tiny_model_dir):
-    worker = worker_for(tiny_model_dir)
+    worker = worker_for(tiny_model_dir, max_staleness=1)  # running ahead: its steps stay off the loop
     engine = worker.engine
+    assert not engine.steps_on_loop
     run_batch = engine._run_batch
 
     def slow_batch(*args, **kwargs):  # 30 ms a batch: a timer of POLL_WEIGHTS_S would look 15 times during each

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -45,6 +47,13 @@ def decode_steps(request, monkeypatch):
     """Every test runs twice: decode steps in the lean decoder, and at fixed shapes over the slot KV cache
     (`cuda_graphs=true`: on CPU the steps a CUDA graph would replay run eagerly)."""
     monkeypatch.setitem(ENGINE_DEFAULTS, "cuda_graphs", request.param)
+    return request.param
+
+
+@pytest.fixture(autouse=True, params=[False, True], ids=["thread", "loop"])
+def steps_on_loop(request, monkeypatch):
+    """... and each with its steps on the engine's worker thread, and on the event loop awaiting them."""
+    monkeypatch.setitem(ENGINE_DEFAULTS, "steps_on_loop", request.param)
     return request.param
 
 
@@ -221,6 +230,57 @@ def test_config_picks_the_scheduler(model):
     assert type(default) is TorchEngine
     continuous.shutdown()
     default.shutdown()
+
+
+def test_steps_on_a_loop_start_no_thread_and_serve_one_loop_at_a_time(model, prompts):
+    engine = make_engine(model, steps_on_loop=True)
+    threads = threading.active_count()
+    outputs = []
+
+    def on_another_loop():
+        outputs.append(asyncio.run(engine.generate(prompts[0], SamplingParams(max_new_tokens=300))))
+
+    other = threading.Thread(target=on_another_loop)
+    other.start()
+    while engine.stats["steps"] < 3:  # that loop is stepping its row
+        time.sleep(0.002)
+    assert threading.active_count() == threads + 1  # that loop's thread alone: the engine started none
+    with pytest.raises(RuntimeError, match="steps_on_loop=False"):
+        asyncio.run(engine.generate(prompts[1], SamplingParams(max_new_tokens=3)))
+    other.join()
+    assert len(outputs[0].output_ids) == 300
+    assert len(asyncio.run(engine.generate(prompts[1], SamplingParams(max_new_tokens=3))).output_ids) == 3
+    engine.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("steps_on", "device", "keep_loop_free", "on_loop"),
+    [
+        ("auto", "cpu", False, True),
+        ("auto", "cpu", True, False),  # agent programs' HTTP requests are served on the rollout's event loop
+        ("auto", "cuda:0", False, False),
+        ("loop", "cuda:0", True, True),
+        ("thread", "cpu", False, False),
+    ],
+)
+def test_steps_on_picks_where_the_steps_run(steps_on, device, keep_loop_free, on_loop):
+    from agentrl.config import TorchEngineConfig
+    from agentrl.engine import steps_on_loop
+
+    assert steps_on_loop(TorchEngineConfig(steps_on=steps_on), device, keep_loop_free) is on_loop
+
+
+@pytest.mark.parametrize(
+    ("staleness", "scheduler", "agent_programs", "has_work"),
+    [(0, "batch", False, False), (1, "batch", False, True), (1, "continuous", False, False), (0, "batch", True, True)],
+)
+def test_a_rollout_loop_has_work_while_the_model_runs(staleness, scheduler, agent_programs, has_work):
+    """Its HTTP requests, or a running-ahead batch scheduler's look for weights while a batch runs."""
+    from agentrl.config import RolloutConfig
+    from agentrl.engine import loop_has_work
+
+    rollout = RolloutConfig(max_staleness=staleness, engine={"scheduler": scheduler})
+    assert loop_has_work(rollout, agent_programs) is has_work
 
 
 def test_sliding_window_models_are_refused_with_the_fix(model):

@@ -100,7 +100,8 @@ def test_a_hopeless_trial_is_pruned_with_the_graceful_stop(tmp_path, tiny_model_
         concurrency=1,
     )
     data = yaml.safe_load(spec.read_text())
-    data["overrides"].update({"steps": 30, "checkpoint.every": 0})  # time for the stop to land mid-run
+    # time for the stop to land mid-run: the sweep looks at a trial's evaluations once a second
+    data["overrides"].update({"steps": 80, "checkpoint.every": 0})
     spec.write_text(yaml.safe_dump(data))
     from agentrl.sweep.spec import load_spec
     from agentrl.sweep.study import Sweep
@@ -114,7 +115,7 @@ def test_a_hopeless_trial_is_pruned_with_the_graceful_stop(tmp_path, tiny_model_
     assert result.returncode == 0, result.stdout + result.stderr
     rows = results(tmp_path / "sweep")
     assert [(row["env.kwargs.max_guesses"], row["state"]) for row in rows] == [("1", "complete"), ("3", "pruned")]
-    assert rows[0]["steps"] == "30" and int(rows[1]["steps"]) < 30
+    assert rows[0]["steps"] == "80" and int(rows[1]["steps"]) < 80
     pruned_dir = tmp_path / "sweep" / "trials" / "0001"
     assert (pruned_dir / "checkpoints").is_dir()  # the graceful stop checkpointed
     assert "exit_code" in (tmp_path / "sweep" / "runners" / "0001.json").read_text()

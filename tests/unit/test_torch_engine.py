@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -46,9 +48,14 @@ def model(model_dir):
     return AutoModelForCausalLM.from_pretrained(model_dir).eval()
 
 
-@pytest.fixture(params=[TorchEngine, ContinuousTorchEngine], ids=["batch", "continuous"])
+@pytest.fixture(
+    params=[(TorchEngine, False), (ContinuousTorchEngine, False), (TorchEngine, True), (ContinuousTorchEngine, True)],
+    ids=["batch", "continuous", "batch-on-loop", "continuous-on-loop"],
+)
 def engine(request, model, tokenizer):
-    engine = request.param(model, pad_token_id=tokenizer.pad_token_id, seed=0)
+    """Each scheduler with its steps on its worker thread, and on the event loop awaiting them."""
+    engine_class, steps_on_loop = request.param
+    engine = engine_class(model, pad_token_id=tokenizer.pad_token_id, seed=0, steps_on_loop=steps_on_loop)
     yield engine
     engine.shutdown()
 
@@ -288,21 +295,29 @@ def test_abort_all_finishes_pending_requests(engine, prompts):
 
 
 def has_sampled(engine) -> bool:
-    """The batch runs on the engine's worker thread and has sampled a token. The continuous engine counts a batch at
-    its prefill, before any token; the batch engine counts its tokens when the batch ends, so there the batch having
-    started is all that can be seen."""
+    """The batch has sampled a token. The continuous engine counts a batch at its prefill, before any token; the batch
+    engine counts its tokens when the batch ends, so there the batch having started is all that can be seen."""
     if isinstance(engine, ContinuousTorchEngine):
         return engine.stats["generated_tokens"] > 0
     return engine.stats["batches"] > 0
 
 
 def test_abort_all_stops_a_running_batch(engine, prompts):
+    """From another thread (a stop, a signal's handler): with its steps on the event loop, the batch engine holds the
+    loop until its batch ends, and the abort reaches the batch at its next step all the same."""
+
+    def abort_once_sampled():
+        while not has_sampled(engine):
+            time.sleep(0.002)
+        engine.abort_all()
+
     async def run():
         task = asyncio.create_task(engine.generate(prompts[0], SamplingParams(max_new_tokens=800)))
-        while not has_sampled(engine):
-            await asyncio.sleep(0.005)
-        engine.abort_all()
-        return await task
+        aborting = threading.Thread(target=abort_once_sampled)
+        aborting.start()
+        out = await task
+        aborting.join()
+        return out
 
     out = asyncio.run(run())
     assert out.finish_reason == "abort" and 0 < len(out.output_ids) < 800
