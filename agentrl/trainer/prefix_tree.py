@@ -9,6 +9,7 @@ stands for every row through it, so backward sums its gradient over them, as for
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,14 +71,19 @@ def walk(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray) -> tuple[np.nd
     return order, fresh
 
 
-def fit(ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray, pair_cost: float) -> tuple[PrefixTree, float]:
+def fit(
+    ids: np.ndarray, lengths: np.ndarray, owner: np.ndarray, pair_cost: float, bound: float = math.inf
+) -> tuple[PrefixTree | None, float]:
     """The cheapest trees of width W, for W from the longest row up to the largest group's tree: each group's walk cut
     into runs of at most W nodes (a run's tree repeats what its rows share with earlier runs), the runs' trees
     packed first-fit, largest first, into sequences of W (attending only within their own tree). A sequence of N
-    positions costs N + N^2 x pair_cost. Returns the trees and their cost."""
+    positions costs N + N^2 x pair_cost. Returns the trees and their cost; (None, inf) where no width could cost
+    `bound` or less: the sequences hold every node at least once, each as long as the longest row at least."""
     lengths = np.asarray(lengths, dtype=np.int64)
     owner = np.asarray(owner, dtype=np.int64)
     order, fresh = walk(ids, lengths, owner)
+    if int(lengths.sum() - fresh.sum()) * (1 + int(lengths.max()) * pair_cost) > bound:
+        return None, math.inf
     walked_lengths = lengths[order].tolist()
     new = (lengths[order] - fresh).tolist()
     walked_owner = owner[order].tolist()

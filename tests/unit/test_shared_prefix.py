@@ -285,6 +285,94 @@ def test_a_tree_cut_into_runs_repeats_what_they_share_and_packs_them_first_fit()
                 assert sorted(sees.tolist()) == sorted(set((flat[: t + 1] % width).tolist())), (row, t)
 
 
+def random_groups(rng, groups: int, rows_each: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Right-padded rows: a group's rows share a prompt of 3-12 tokens (every prompt starts alike, as a chat template's
+    do), then 1-8 tokens of a few values (rows often share their first moves too)."""
+    rows, group_of = [], []
+    for group in range(groups):
+        prompt = [1, 2, *rng.integers(3, 9, size=int(rng.integers(1, 11))).tolist()]
+        for _ in range(rows_each):
+            rows.append(prompt + rng.integers(9, 12, size=int(rng.integers(1, 9))).tolist())
+            group_of.append(group * 3 + 1)  # group ids as a batch holds them: not 0..groups-1
+    lengths = np.array([len(row) for row in rows])
+    ids = np.array([row + [0] * (lengths.max() - len(row)) for row in rows])
+    return ids, lengths, np.array(group_of)
+
+
+def test_a_bounded_fit_leaves_out_only_trees_that_cost_more_than_the_bound():
+    rng = np.random.default_rng(3)
+    for trial in range(40):
+        ids, lengths, groups = random_groups(rng, int(rng.integers(1, 5)), int(rng.integers(1, 9)))
+        owner = np.unique(groups, return_inverse=True)[1].reshape(-1)
+        for tree_owner in (owner, np.zeros_like(owner)):
+            for pair_cost in (0.0, 0.005, 0.05):
+                tree, cost = shared_prefix.prefix_tree.fit(ids, lengths, tree_owner, pair_cost)
+                for bound in (cost / 2, cost * 0.99, cost, cost * 1.01, np.inf):
+                    bounded, bounded_cost = shared_prefix.prefix_tree.fit(ids, lengths, tree_owner, pair_cost, bound)
+                    if bounded is None:
+                        assert bound < cost and bounded_cost == np.inf, (trial, bound, cost)
+                    else:
+                        assert bounded_cost == cost and np.array_equal(bounded.node, tree.node)
+                        assert np.array_equal(bounded.owner, tree.owner)
+                        assert np.array_equal(bounded.nodes, tree.nodes)
+                assert shared_prefix.prefix_tree.fit(ids, lengths, tree_owner, pair_cost, cost)[0] is not None
+
+
+def exhaustive_plan(ids, lengths, groups, pair_cost, layouts):
+    """What `plan` picks when every layout is laid out and priced, none left out by a bound: the cheapest, of equal
+    costs whole rows, then packed, then a tree per group, then one tree, then the KV cache layout."""
+    owner = np.unique(groups, return_inverse=True)[1].reshape(-1)
+    prefixes = int(owner.max()) + 1
+    longest = int(lengths.max())
+    candidates = [(len(lengths) * (longest + longest * longest * pair_cost), "none")]
+    for layout in ("packed", "cached"):
+        if layout in layouts:
+            alone = shared_prefix.plan(ids, lengths, groups, pair_cost, (layout,))  # bounded by whole rows alone
+            if alone is not None:
+                candidates.append((layout_cost(alone, lengths, pair_cost), layout))
+    if "tree" in layouts:
+        for index, tree_owner in enumerate((owner, np.zeros_like(owner)) if prefixes > 1 else (owner,)):
+            candidates.append((shared_prefix.prefix_tree.fit(ids, lengths, tree_owner, pair_cost)[1], f"tree{index}"))
+    order = ["none", "packed", "tree0", "tree1", "cached"]
+    return min(candidates, key=lambda c: (c[0], order.index(c[1])))
+
+
+def layout_cost(plan, lengths, pair_cost) -> float:
+    """A packed or cached plan's cost, as `plan` prices it."""
+    rest = lengths - plan.split
+    if plan.cached:
+        prefixes, cut, tail = len(plan.leader), int(plan.split.max()), int(rest.max())
+        pairs = prefixes * cut**2 + len(lengths) * tail * (cut + tail)
+        return plan.positions + pairs * pair_cost + shared_prefix.SECOND_FORWARD_COST
+    sequences = int(plan.sequence.max()) + 1
+    width = plan.positions // sequences
+    return sequences * (width + width * width * pair_cost)
+
+
+def test_plan_picks_what_pricing_every_layout_picks():
+    """`plan` lays out the tree of all the rows first and leaves out the layouts whose least cost is over it; what it
+    picks is what laying out and pricing every layout picks, ties included."""
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        ids, lengths, groups = random_groups(rng, int(rng.integers(1, 5)), int(rng.integers(1, 9)))
+        for pair_cost in (0.0, 0.005, 0.05):
+            for layouts in (("packed", "tree", "cached"), ("packed", "cached"), ("tree",)):
+                picked = shared_prefix.plan(ids, lengths, groups, pair_cost, layouts)
+                _, expected = exhaustive_plan(ids, lengths, groups, pair_cost, layouts)
+                kind = "none" if picked is None else "cached" if picked.cached else "packed"
+                if picked is not None and picked.tree is not None:
+                    owner = np.unique(groups, return_inverse=True)[1].reshape(-1)
+                    kind = next(
+                        f"tree{index}"
+                        for index, tree_owner in enumerate((owner, np.zeros_like(owner)))
+                        if np.array_equal(
+                            shared_prefix.prefix_tree.fit(ids, lengths, tree_owner, pair_cost)[0].node,
+                            picked.tree.node,
+                        )
+                    )
+                assert kind == expected, (trial, pair_cost, layouts, kind, expected)
+
+
 def test_plan_prices_attention_and_picks_the_cheaper_layout():
     """Eight 64-token rows sharing a 40-token prompt: one packed sequence (the prompt, then eight 24-token rests) is the
     fewest positions, but its attention costs 232^2 pairs; with pairs priced, `plan` packs two sequences of four rows.
