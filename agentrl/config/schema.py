@@ -530,10 +530,11 @@ class TorchEngineConfig(Section):
         "auto",
         description="Where the model's steps run: `loop`: on the rollout's event loop thread, between the episodes' "
         "own work (no hand-over to a thread and back at every step: on CPU, where a small model's step is a few "
-        "ms, that costs a tenth of it); `thread`: on the engine's worker thread, so that the event loop calls envs, "
-        "parses turns and serves HTTP while a step runs; `auto`: loop on CPU, thread on a GPU, where agent programs "
-        "call the policy over HTTP (agent:), or where the batch scheduler runs ahead of the trainer "
-        "(max_staleness > 0: the loop looks for new weights while a batch runs).",
+        "ms, that costs a tenth to a fifth of it); `thread`: on the engine's worker thread, so that the event "
+        "loop calls envs, parses turns and serves HTTP while a step runs; `auto`: loop on CPU, thread on a GPU, "
+        "where agent programs call the policy over HTTP (agent:), and where the batch scheduler's batch would "
+        "hold up the loop's own work: running ahead of the trainer (max_staleness > 0: a look for new weights) or "
+        "serving the other rollout ranks' task claims (dispatch=dynamic).",
     )
 
     @property

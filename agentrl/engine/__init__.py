@@ -56,17 +56,23 @@ def steps_on_loop(engine: EngineConfig, device: str, keep_loop_free: bool) -> bo
     return device.split(":")[0] == "cpu" and not keep_loop_free
 
 
-def loop_has_work(rollout, agent_programs: bool) -> bool:
-    """Whether a rollout's event loop has work while the model runs: agent programs' HTTP requests (`agent:`), or,
-    running ahead of the trainer with the batch scheduler, a look for new weights on a timer while a batch runs (the
-    trainer's send may wait for it; the continuous scheduler's steps are short enough to look between)."""
-    runs_ahead = rollout.max_staleness > 0 and getattr(rollout.engine, "scheduler", None) == "batch"
-    return agent_programs or runs_ahead
+def loop_has_work(rollout, agent_programs: bool, rollout_ranks: int = 1) -> bool:
+    """Whether a rollout's event loop has work that must not wait for the model: agent programs' HTTP requests
+    (`agent:`), and, with the batch scheduler, whose batch holds a loop until it ends, a look for new weights while
+    running ahead of the trainer (the trainer's send may wait for it) and the other rollout ranks' task claims
+    (`rollout.dispatch=dynamic`, answered on rollout rank 0's loop). The continuous scheduler's steps are short enough
+    for those to wait between them."""
+    if agent_programs:
+        return True
+    if getattr(rollout.engine, "scheduler", None) != "batch":
+        return False
+    return rollout.max_staleness > 0 or (rollout.dispatch == "dynamic" and rollout_ranks > 1)
 
 
 def build_torch_engine(model, config, *, pad_token_id: int, seed: int, steps_on_loop: bool = False):
     """The torch engine `config` (a TorchEngineConfig) asks for: the continuous or the batch scheduler; its steps on
-    the event loop that awaits them (`steps_on_loop`, for one loop only) or on a worker thread of its own."""
+    the event loop that awaits them (`steps_on_loop`; the continuous scheduler's, one loop at a time) or on a worker
+    thread of its own."""
     from agentrl.engine.torch_engine import TorchEngine
 
     if config.scheduler == "batch":

@@ -50,7 +50,7 @@ class MultiPolicyWorker:
         self.engines, self.chats = {}, {}
         self.bases = {}  # a shared base's engine (engine/shared_lora.py) by the policies on it
         sharing = {name: tuple(names) for names in shared_bases(config) for name in names}
-        loop_busy = loop_has_work(rollout, config.agent.enabled)
+        loop_busy = loop_has_work(rollout, config.agent.enabled, count)
         for number, (name, view) in enumerate(self.views.items()):
             seed = engine_seed(config.seed + 7919 * number, index)
             if name in sharing:
@@ -115,7 +115,7 @@ class MultiPolicyWorker:
                 self.device,
                 seed,
                 colocate=False,
-                keep_loop_free=loop_has_work(self.config.rollout, self.config.agent.enabled),
+                keep_loop_free=loop_has_work(self.config.rollout, self.config.agent.enabled, self.count),
             )
             engine.load_weights(self.pool.snapshots[version], version)
             self.snapshot_engines[version] = engine

@@ -5,8 +5,9 @@ episodes (or sits beside a slow env) holds the whole step while the others idle.
 runs at most `rollout.groups_in_flight` groups at once and asks for the next task each time one
 finishes, so fast ranks take more of the step and all ranks finish close together.
 
-The queue lives on rollout rank 0, in its event loop, which is free while its engine's thread
-runs a batch: it answers claims between its own batches (polled every POLL_S). Other ranks send
+The queue lives on rollout rank 0, in its event loop, which answers claims (polled every POLL_S)
+while the engine's thread runs a batch, or between the engine's steps where they run on the loop
+(`rollout.engine.steps_on`: the continuous scheduler's, whose steps are short). Other ranks send
 a claim (`Tag.TASKS`) and poll for the answer (`Tag.TASK_REPLY`); rank 0 claims from the same
 queue directly. A claim carries the keep verdicts (`Algorithm.keep_group`) of the groups that
 finished since the last one, so dynamic sampling (DAPO) hands out more tasks exactly while the

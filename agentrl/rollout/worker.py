@@ -126,7 +126,7 @@ class RolloutWorker:
             device,
             engine_seed(seed, rollout_index),
             colocate=colocate,
-            keep_loop_free=loop_has_work(rollout, agent.enabled),
+            keep_loop_free=loop_has_work(rollout, agent.enabled, rollout_count),
         )
         self.chat = chat_format(model, env, chat)
         self.train_reasoning = chat.train_reasoning

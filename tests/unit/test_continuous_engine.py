@@ -271,16 +271,23 @@ def test_steps_on_picks_where_the_steps_run(steps_on, device, keep_loop_free, on
 
 
 @pytest.mark.parametrize(
-    ("staleness", "scheduler", "agent_programs", "has_work"),
-    [(0, "batch", False, False), (1, "batch", False, True), (1, "continuous", False, False), (0, "batch", True, True)],
+    ("staleness", "scheduler", "dispatch", "ranks", "agent_programs", "has_work"),
+    [
+        (0, "batch", "static", 2, False, False),
+        (1, "batch", "static", 1, False, True),  # a look for weights while a batch runs
+        (1, "continuous", "static", 1, False, False),  # it looks between steps
+        (0, "batch", "dynamic", 2, False, True),  # the other rank's task claims
+        (0, "batch", "dynamic", 1, False, False),
+        (0, "continuous", "dynamic", 2, False, False),
+        (0, "batch", "static", 1, True, True),  # HTTP requests
+    ],
 )
-def test_a_rollout_loop_has_work_while_the_model_runs(staleness, scheduler, agent_programs, has_work):
-    """Its HTTP requests, or a running-ahead batch scheduler's look for weights while a batch runs."""
+def test_a_rollout_loop_has_work_while_the_model_runs(staleness, scheduler, dispatch, ranks, agent_programs, has_work):
     from agentrl.config import RolloutConfig
     from agentrl.engine import loop_has_work
 
-    rollout = RolloutConfig(max_staleness=staleness, engine={"scheduler": scheduler})
-    assert loop_has_work(rollout, agent_programs) is has_work
+    rollout = RolloutConfig(max_staleness=staleness, dispatch=dispatch, engine={"scheduler": scheduler})
+    assert loop_has_work(rollout, agent_programs, ranks) is has_work
 
 
 def test_sliding_window_models_are_refused_with_the_fix(model):
