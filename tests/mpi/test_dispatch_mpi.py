@@ -21,7 +21,8 @@ STEPS_PER_EPOCH = ROWS // TASKS
 STEPS = 2 * STEPS_PER_EPOCH
 
 
-def test_the_rank_beside_a_slow_env_runs_fewer_groups(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("scheduler", ["batch", "continuous"])  # continuous: rank 0 answers claims between its steps
+def test_the_rank_beside_a_slow_env_runs_fewer_groups(tmp_path, tiny_model_dir, scheduler):
     run, steps = tmp_path / "run", 4
     overrides = small_run(
         tmp_path,
@@ -32,6 +33,7 @@ def test_the_rank_beside_a_slow_env_runs_fewer_groups(tmp_path, tiny_model_dir):
             "rollout.tasks_per_step": 8,
             "rollout.group_size": 2,
             "rollout.dispatch": "dynamic",
+            "rollout.engine.scheduler": scheduler,
             "rollout.groups_in_flight": 1,
             "rollout.dump_episodes": "true",
             "env.id": "tests.fault_envs:SlowOnRankEnv",
