@@ -208,8 +208,7 @@ class ContinuousTorchEngine(TorchEngine):
         try:
             while queue.pending:
                 await self._wait_for_quiet(queue)
-                rows, queue.pending = queue.pending, []
-                rows = [row for row in rows if not row.future.done()]
+                rows = self._taken(queue)
                 with self._wake:
                     self._inbox.extend(rows)
                     if self._thread is None:
@@ -220,22 +219,32 @@ class ContinuousTorchEngine(TorchEngine):
             queue.scheduler = None
 
     async def _steps_here(self, queue: _LoopQueue) -> None:
-        """The decode loop on this event loop, until no row runs or waits: a step, then yields until the rows that
-        finished have gone on to their next requests (or to their ends), which join at the next step."""
+        """The decode loop on this event loop, until no row runs or waits: a step, then, where rows finished or
+        requests wait, yields until the burst is in (the finished rows' next requests, or their ends), which joins at
+        the next step; else once, for the loop's timers and I/O."""
         batch = self._batch
         self._stepping_loop = asyncio.get_running_loop()
+        burst = True  # the requests that started this loop
         try:
             while queue.pending or self._inbox or batch.rows:
-                await self._wait_for_quiet(queue)
-                self._inbox += [row for row in queue.pending if not row.future.done()]
-                queue.pending = []
+                if burst or queue.pending:
+                    await self._wait_for_quiet(queue)
+                else:
+                    await asyncio.sleep(0)
+                self._inbox += self._taken(queue)
                 if self._closed:
                     self._abort_everything(batch)
                     return
-                self._run_step(batch, self._admit(len(batch.rows)))
+                burst = self._run_step(batch, self._admit(len(batch.rows)))
         finally:
             queue.scheduler = None
             self._stepping_loop = None
+
+    @staticmethod
+    def _taken(queue: _LoopQueue) -> list[_Row]:
+        """The requests waiting on `queue`, taken from it, less those whose callers stopped waiting."""
+        rows, queue.pending = queue.pending, []
+        return [row for row in rows if not row.future.done()]
 
     def drop_cached_prefixes(self) -> None:
         with self._model_lock:
@@ -311,7 +320,8 @@ class ContinuousTorchEngine(TorchEngine):
         self._steps_waited = 0
         return admitted
 
-    def _run_step(self, batch, admitted: list[_Row]) -> None:
+    def _run_step(self, batch, admitted: list[_Row]) -> bool:
+        """One step; whether a row finished in it."""
         started = time.perf_counter()
         try:
             with self._model_lock, torch.inference_mode():
@@ -319,8 +329,10 @@ class ContinuousTorchEngine(TorchEngine):
         except Exception as exc:  # the rows in flight fail in their callers; the loop goes on
             self._outbox += [(row, exc) for row in admitted + batch.rows]
             batch.clear()
+        finished = bool(self._outbox)
         self._send_results()
         self.busy_seconds += time.perf_counter() - started
+        return finished
 
     def _should_admit(self, running: int) -> bool:
         """Admit the waiting requests now, or let them gather for a step or two.

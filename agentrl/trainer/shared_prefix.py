@@ -156,11 +156,9 @@ def plan(
     # a tree per group, and one of all the rows: groups share more where their prompts agree (a game whose secret the
     # prompt does not show: its groups' episodes that guessed and were answered alike are the same tokens)
     tree_owners = ([owner, np.zeros_like(owner)] if prefixes > 1 else [owner]) if "tree" in layouts else []
-    fitted = {}
-    bound = best_cost  # a layout whose least cost is over this is not laid out: it could not be taken
-    if tree_owners:  # the tree of all the rows is the cheapest most often: its cost bounds the others'
-        fitted[len(tree_owners) - 1] = prefix_tree.fit(ids, lengths, tree_owners[-1], pair_cost)
-        bound = min(bound, fitted[len(tree_owners) - 1][1])
+    # the tree of all the rows is the cheapest most often: fitted first, its cost bounds the others'
+    all_rows = prefix_tree.fit(ids, lengths, tree_owners[-1], pair_cost) if tree_owners else None
+    bound = best_cost if all_rows is None else min(best_cost, all_rows[1])  # a layout costing more is not laid out
     # packed: the sequences hold every prefix at least once and every rest
     if "packed" in layouts and shared and common.sum() + (lengths - common[owner]).sum() <= bound:
         split = common[owner]
@@ -180,8 +178,11 @@ def plan(
             cost = sequences * (width + width * width * pair_cost)
             if cost < best_cost:
                 best, best_cost = PrefixPlan(owner, split, leader, sequences * width, whole, sequence), cost
-    for index, tree_owner in enumerate(tree_owners):
-        tree, cost = fitted.get(index) or prefix_tree.fit(ids, lengths, tree_owner, pair_cost, min(bound, best_cost))
+    for tree_owner in tree_owners:
+        if tree_owner is tree_owners[-1]:
+            tree, cost = all_rows
+        else:
+            tree, cost = prefix_tree.fit(ids, lengths, tree_owner, pair_cost, min(bound, best_cost))
         if tree is not None and cost < best_cost:
             best, best_cost = PrefixPlan(owner, common[owner], leader, tree.positions, whole, tree=tree), cost
     if "cached" in layouts and shared and SECOND_FORWARD_COST + rows <= bound:  # a tail of a token a row, at least
