@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole GPU check in one command, for a GPU machine without network (docs/gpu.md): set-up from the carried
 # wheels (benchmarks/gpu_setup.sh), the CUDA-only tests, benchmarks/gpu_check.py's table, then the mpirun tests
-# on this machine's GPUs. Each part has its own time limit and its own log in $OUT (default gpu-results/), so a
+# on this machine's GPUs; PARTS=setup,vs_trl runs the side-by-side with TRL instead. Each part has its own time limit and its own log in $OUT (default gpu-results/), so a
 # part that fails or runs out of time costs the others nothing. PARTS picks some (comma-separated; set-up is
 # skipped where agentrl and its dependencies already import).
 #   OUT=dir [PARTS=setup,gpu_tests,gpu_check,mpi_tests REPEATS=3 SECTIONS=weights,tokens GPU_CHECK_S=300 ...] \
@@ -50,6 +50,14 @@ fi
 if wanted gpu_check; then
     part gpu_check "${GPU_CHECK_S:-300}" python3 benchmarks/gpu_check.py --repeats "${REPEATS:-3}" \
         --out "$OUT/gpu_check.md" ${SECTIONS:+--sections "$SECTIONS"}
+fi
+if wanted vs_trl; then
+    # TRL's GRPOTrainer and agentrl train the 0.5B shape on the GPU (docs/performance.md); the runs' logs and
+    # results in $OUT/vs_trl.tgz
+    part vs_trl "${VS_TRL_S:-430}" python3 benchmarks/vs_trl.py --shape "${VS_TRL_SHAPE:-qwen0.5b}" --trl-python "${VS_TRL_PYTHON:-python3}" \
+        --tasks ${VS_TRL_TASKS:-digit guess} --seeds ${VS_TRL_SEEDS:-0} --steps "${VS_TRL_STEPS:-20}" --warmup 5 \
+        --sides ${VS_TRL_SIDES:-trl agentrl-1 agentrl-1cp agentrl-2acp} --out /tmp/vs-trl --report "$OUT/vs_trl.md"
+    tar czf "$OUT/vs_trl.tgz" -C /tmp/vs-trl logs results
 fi
 if wanted mpi_tests; then
     # -v: a line per test as it ends, and each failure's report in mpi_failures.log as it happens, so a run cut
