@@ -491,6 +491,13 @@ def main() -> None:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=30, help="training steps per run")
     parser.add_argument("--warmup", type=int, default=5, help="steps left out of the medians")
+    parser.add_argument(
+        "--warm-up",
+        choices=["sides", "model"],
+        default="sides",
+        help="the uncounted 2-step runs before the timed ones: one of each side and task, or only the one that "
+        "builds a task's model folder where it is missing (when device time is short)",
+    )
     parser.add_argument("--window", type=int, default=10, help="steps per learning-curve window")
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny", help="the model both sides train")
     parser.add_argument("--out", type=Path, help="default: runs/vs-trl, runs/vs-trl-SHAPE for another shape")
@@ -532,7 +539,9 @@ def main() -> None:
         return run_agentrl(side, configs[task], seed, steps, out, name)
 
     for task in args.tasks:  # warm-up: builds the model folder (agentrl), fills the disk cache; not counted
-        warm = set(sides) | (set() if (out / f"model-{task}").is_dir() else {"agentrl-1"})
+        warm = (set(sides) if args.warm_up == "sides" else set()) | (
+            set() if (out / f"model-{task}").is_dir() else {"agentrl-1"}
+        )
         for side in sorted(warm, key=lambda side: side in TRL):  # agentrl's first: it builds the model
             one(task, side, 0, 2, f"warmup-{task}-{side}")
         check_same_tokens(task, out)
