@@ -13,6 +13,7 @@ serves every rank: the dispatcher `reserve`s positions and each rank builds its 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -20,6 +21,10 @@ import numpy as np
 
 ID_COLUMN = "id"
 SHUFFLE_STREAM = 2**32 + 7  # keeps the epoch shuffles apart from the task and engine seed streams
+# a dataset of at most this many bytes in Arrow keeps the rows it has served as Python objects, and serves copies of
+# them (reading a few rows from Arrow costs about as much as a one-turn episode's reward)
+DECODED_ROWS_MAX_BYTES = 32 * 2**20
+PLAIN = (str, int, float, bool, bytes, type(None))
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,7 @@ class DatasetTasks:
         self.consumed = consumed
         self._epoch, self._order = -1, np.zeros(0, np.int64)
         self.has_ids = ID_COLUMN in rows.column_names
+        self._decoded: dict[int, dict] | None = {} if rows.data.nbytes <= DECODED_ROWS_MAX_BYTES else None
 
     def row_index(self, position: int) -> int:
         """The dataset index of this rank's `position`-th row (counted over all epochs)."""
@@ -115,6 +121,15 @@ class DatasetTasks:
         ]
 
     def _rows_at(self, row_indices: list[int]) -> list[dict]:
+        """The rows at `row_indices`, each a new object (an env may change what it is given)."""
+        if self._decoded is None:
+            return self._read(row_indices)
+        missing = [index for index in dict.fromkeys(row_indices) if index not in self._decoded]
+        if missing:
+            self._decoded.update(zip(missing, self._read(missing), strict=True))
+        return [fresh_copy(self._decoded[index]) for index in row_indices]
+
+    def _read(self, row_indices: list[int]) -> list[dict]:
         """The rows at `row_indices`, read together: a Hugging Face dataset reads 8 rows in about the time of two."""
         if not row_indices:
             return []
@@ -129,7 +144,7 @@ class DatasetTasks:
 
     def at(self, step: int, index: int, position: int) -> Task:
         row_index = self.row_index(position)
-        return self._task(step, index, row_index, self.rows[row_index])
+        return self._task(step, index, row_index, self._rows_at([row_index])[0])
 
     def _task(self, step: int, index: int, row_index: int, row: dict) -> Task:
         row_id = row.get(ID_COLUMN) if self.has_ids else None
@@ -140,6 +155,15 @@ class DatasetTasks:
 
     def stats(self) -> dict[str, float]:
         return {"data/epoch": self.consumed / self.shard_size}
+
+
+def fresh_copy(value):
+    """A copy of a row's value as datasets decode it: new dicts and lists, the same immutable leaves."""
+    if isinstance(value, dict):
+        return {key: fresh_copy(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [fresh_copy(item) for item in value]
+    return value if isinstance(value, PLAIN) else copy.deepcopy(value)
 
 
 def resume_positions(saved: dict | None, size: int, shards: int) -> tuple[list[int], str | None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from agentrl.tracking import event_crc
 from agentrl.tracking.shared import samples_markdown
 
 
@@ -14,6 +15,7 @@ class TensorBoardTracker:
     def __init__(self, run_dir: str | Path, start_step: int):
         from torch.utils.tensorboard import SummaryWriter
 
+        event_crc.install()  # the records' checksums in numpy: 0.3 -> 0.13 ms of CPU a step's scalars
         self.writer = SummaryWriter(str(Path(run_dir) / "tb"), purge_step=start_step)
 
     def log_scalars(self, step: int, scalars: dict[str, float]) -> None:

@@ -5,6 +5,7 @@ from collections import Counter
 import datasets
 import pytest
 
+from agentrl.data import tasks as tasks_module
 from agentrl.data.tasks import DatasetTasks, SeededTasks, resume_positions, task_seed
 
 ROWS = 23  # not a multiple of the ranks: shards differ by one row
@@ -94,3 +95,33 @@ def test_rows_taken_together_are_the_rows_taken_one_by_one():
     single = DatasetTasks(dataset, "rows", 3, 0, 1)
     one_by_one = [single.at(2, index, position) for index, position in enumerate(single.reserve(30))]
     assert together == one_by_one and together[0].options["prompt"][0]["role"] == "user"
+
+
+@pytest.mark.parametrize("decoded_max_bytes", [0, tasks_module.DECODED_ROWS_MAX_BYTES])
+def test_rows_served_again_are_the_rows_read_and_an_env_changing_one_changes_no_later_copy(
+    monkeypatch, decoded_max_bytes
+):
+    """A small dataset keeps the rows it served decoded (larger ones read Arrow each time): the same rows either way,
+    each a new object down to its nested lists and dicts."""
+    monkeypatch.setattr(tasks_module, "DECODED_ROWS_MAX_BYTES", decoded_max_bytes)
+    data = {
+        "prompt": [[{"role": "user", "content": f"q{i}"}] for i in range(ROWS)],
+        "meta": [{"tags": [f"t{i}"], "level": i} for i in range(ROWS)],
+    }
+    dataset = datasets.Dataset.from_dict(data)
+    source = DatasetTasks(dataset, "rows", 3, 0, 1)
+    assert (source._decoded is None) == (decoded_max_bytes == 0)
+    first = source.take(0, list(range(ROWS)))  # epoch 0: every row read once
+    first[0].options["prompt"][0]["content"] = "changed by an env"
+    first[0].options["meta"]["tags"].append("more")
+    again = source.take(1, list(range(2 * ROWS)))  # epochs 1 and 2, in other orders: every row served from memory
+    reference = DatasetTasks(dataset, "rows", 3, 0, 1)
+    reference.take(0, list(range(ROWS)))
+    expected = [reference._read([reference.row_index(p)])[0] for p in range(ROWS, 3 * ROWS)]
+    assert [task.options for task in again] == expected
+    assert all(
+        task.options["meta"]["tags"] == [task.options["prompt"][0]["content"].replace("q", "t")] for task in again
+    )
+    rows_of_row_0 = [task.options for task in again if task.id == first[0].id]
+    assert len(rows_of_row_0) == 2 and rows_of_row_0[0] is not rows_of_row_0[1]
+    assert rows_of_row_0[0]["meta"]["tags"] is not rows_of_row_0[1]["meta"]["tags"]

@@ -51,3 +51,18 @@ def test_a_resumed_run_shows_each_step_once(tmp_path):
         resumed.log_scalars(step, {"episode/success_rate": 10.0 + step})
     resumed.close()
     assert scalars(tmp_path)["episode/success_rate"] == [(0, 0.0), (1, 1.0), (2, 12.0), (3, 13.0), (4, 14.0)]
+
+
+def test_the_numpy_checksum_is_tensorboards_for_every_length():
+    """Records of every length up to past the table's end (4 KiB) and the standard check value: the same masked
+    CRC-32C as TensorBoard's own, so its reader (which checks them) reads the files."""
+    from tensorboard.compat.tensorflow_stub.pywrap_tensorflow import masked_crc32c as tensorboards
+
+    from agentrl.tracking.event_crc import MAX_TABLE_BYTES, crc32c, masked_crc32c
+
+    assert crc32c(b"123456789") == 0xE3069283
+    rng = np.random.default_rng(0)
+    lengths = [*range(0, 80), *rng.integers(80, MAX_TABLE_BYTES, 40), MAX_TABLE_BYTES, MAX_TABLE_BYTES + 1, 9000]
+    for length in lengths:
+        data = rng.integers(0, 256, int(length), dtype=np.uint8).tobytes()
+        assert masked_crc32c(data) == tensorboards(data), length
