@@ -138,6 +138,22 @@ def test_each_turn_of_a_seeded_episode_samples_from_its_own_seed():
     assert _for_turn(training, 5, 3).seed is None
 
 
+def test_a_turns_sampling_is_made_once_per_settings_budget_turn_and_last_and_equal_settings_are_not_confused():
+    training = SamplingParams(max_new_tokens=8)
+    last = _for_turn(training, 5, 0, last=True)
+    assert (last.max_new_tokens, last.last_turn, last.seed) == (5, True, None)
+    assert _for_turn(training, 5, 3, last=True) is last  # unseeded: every turn alike
+    assert _for_turn(training, 5, 0, last=False) is not last and _for_turn(training, 4, 0, last=True) is not last
+    other = SamplingParams(max_new_tokens=8, temperature=0.5)  # other settings: their own turn's sampling
+    assert _for_turn(other, 5, 0, last=True).temperature == 0.5
+    seeded = SamplingParams(max_new_tokens=8, seed=7)
+    assert _for_turn(seeded, 8, 1).seed != _for_turn(seeded, 8, 2).seed
+    assert _for_turn(seeded, 8, 2) is _for_turn(seeded, 8, 2)
+    for seed in range(5000):  # more than the cache keeps: still each episode's own seeds
+        episode = SamplingParams(max_new_tokens=8, seed=seed)
+        assert _for_turn(episode, 8, 1).seed == _for_turn(SamplingParams(max_new_tokens=8, seed=seed), 8, 1).seed
+
+
 def test_a_checkpoint_that_is_not_a_model_folder_is_refused(tmp_path):
     (tmp_path / "notes.txt").write_text("hi")
     with pytest.raises(UserError, match=r"is not a model folder: it has no config\.json"):
