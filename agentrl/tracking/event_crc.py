@@ -46,7 +46,7 @@ class _Tables:
             register = zero_byte(register)
         self.start = start
         # the flat index of the first byte of an n-byte message is (n - 1) * 256; each later byte 256 less
-        self.steps = np.arange(length, dtype=np.int64) * -256
+        self.offsets = np.arange(length, dtype=np.int64) * -256
 
 
 _tables: _Tables | None = None
@@ -66,7 +66,7 @@ def crc32c(data: bytes) -> int:
     length = len(data)
     if length < SHORT:
         return _crc32c_loop(data, _tables.byte)
-    positions = _tables.steps[:length] + ((length - 1) * 256)
+    positions = _tables.offsets[:length] + ((length - 1) * 256)
     positions += np.frombuffer(data, dtype=np.uint8)
     return int(np.bitwise_xor.reduce(_tables.flat[positions])) ^ int(_tables.start[length])
 
