@@ -50,18 +50,18 @@ class MultiPolicyWorker:
         self.engines, self.chats = {}, {}
         self.bases = {}  # a shared base's engine (engine/shared_lora.py) by the policies on it
         sharing = {name: tuple(names) for names in shared_bases(config) for name in names}
-        loop_busy = loop_has_work(rollout, config.agent.enabled, count)
+        self.loop_busy = loop_has_work(rollout, config.agent.enabled, count)  # engines keep their steps off it
         for number, (name, view) in enumerate(self.views.items()):
             seed = engine_seed(config.seed + 7919 * number, index)
             if name in sharing:
                 if sharing[name] not in self.bases:
                     self.bases[sharing[name]] = make_shared_base_engine(
-                        rollout.engine, view.model, device, seed, keep_loop_free=loop_busy
+                        rollout.engine, view.model, device, seed, keep_loop_free=self.loop_busy
                     )
                 self.engines[name] = self.bases[sharing[name]].adapter(name, view.model.lora.scaling)
             else:
                 self.engines[name] = make_engine(
-                    rollout.engine, view.model, device, seed, colocate=False, keep_loop_free=loop_busy
+                    rollout.engine, view.model, device, seed, colocate=False, keep_loop_free=self.loop_busy
                 )
             self.chats[name] = ChatFormat(load_tokenizer(view.model.path), config.env.system_prompt)
         self.sampling = {
@@ -115,7 +115,7 @@ class MultiPolicyWorker:
                 self.device,
                 seed,
                 colocate=False,
-                keep_loop_free=loop_has_work(self.config.rollout, self.config.agent.enabled, self.count),
+                keep_loop_free=self.loop_busy,
             )
             engine.load_weights(self.pool.snapshots[version], version)
             self.snapshot_engines[version] = engine

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import traceback
 from collections.abc import Callable
@@ -225,25 +226,19 @@ def _finish_samples(episode: Episode) -> None:
         sample.weight_version = episode.weight_version
 
 
-_TURN_SAMPLING: dict[tuple, tuple[SamplingParams, SamplingParams]] = {}  # a run's few (key -> (base, turn's))
-
-
 def _for_turn(sampling: SamplingParams, max_new_tokens: int, turn: int, last: bool = False) -> SamplingParams:
     """The turn's sampling: its token budget, with a per-episode seed (evaluation) a seed of its own per turn,
     so turns do not replay one another's random draws, and whether it is the episode's `last` turn. Made once per
     (settings, budget, turn, last) and shared, as the settings are frozen."""
-    key = (id(sampling), max_new_tokens, 0 if sampling.seed is None else turn, last)
-    made = _TURN_SAMPLING.get(key)
-    if made is not None and made[0] is sampling:
-        return made[1]
+    return _turn_sampling(sampling, max_new_tokens, 0 if sampling.seed is None else turn, last)
+
+
+@functools.lru_cache(maxsize=4096)  # evaluation's seeds, one per episode, come and go
+def _turn_sampling(sampling: SamplingParams, max_new_tokens: int, turn: int, last: bool) -> SamplingParams:
     seed = sampling.seed if sampling.seed is None or turn == 0 else turn_seed(sampling.seed, turn)
-    turn_sampling = sampling
-    if sampling.max_new_tokens != max_new_tokens or seed != sampling.seed or sampling.last_turn != last:
-        turn_sampling = replace(sampling, max_new_tokens=max_new_tokens, seed=seed, last_turn=last)
-    if len(_TURN_SAMPLING) >= 4096:  # evaluation's seeds, one per episode: kept only for their turns
-        _TURN_SAMPLING.clear()
-    _TURN_SAMPLING[key] = (sampling, turn_sampling)
-    return turn_sampling
+    if sampling.max_new_tokens == max_new_tokens and seed == sampling.seed and sampling.last_turn == last:
+        return sampling
+    return replace(sampling, max_new_tokens=max_new_tokens, seed=seed, last_turn=last)
 
 
 def turn_seed(seed: int, turn: int) -> int:
