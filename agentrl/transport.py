@@ -412,7 +412,7 @@ def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | Non
                     "agentrl: interrupted again: stopped at once, without a checkpoint; "
                     "resume=true continues from the last checkpoint\n"
                 )
-            _abort_world(EXIT_INTERRUPTED, grace_s=0.0)
+            abort_world(EXIT_INTERRUPTED, grace_s=0.0)
             # Now, not at interpreter exit: the interrupted asyncio tasks and generators would
             # print their half-finished state ("Task exception was never retrieved") on the way out.
             sys.stdout.flush()
@@ -421,14 +421,14 @@ def abort_on_exception(main: Callable[[], int | None]) -> Callable[[], int | Non
         except UserError as error:
             sys.stdout.flush()
             sys.stderr.write(f"agentrl (rank {world_rank()}): {error}\n")
-            _abort_world(EXIT_USER_ERROR)
+            abort_world(EXIT_USER_ERROR)
             raise
         except BaseException as error:
             rank = world_rank()
             sys.stdout.flush()
             sys.stderr.write(f"[agentrl rank {rank}] uncaught exception, aborting the job: {error!r:.2000}\n")
             traceback.print_exc()
-            _abort_world(1)
+            abort_world(1)
             raise
 
     return wrapped
@@ -495,7 +495,9 @@ def _mpi_if_running():
     return MPI if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized() else None
 
 
-def _abort_world(code: int, grace_s: float = ABORT_GRACE_S) -> None:
+def abort_world(code: int, grace_s: float = ABORT_GRACE_S) -> None:
+    """End every rank of the job with exit code `code` (after `grace_s`, for the launcher to forward this rank's
+    output); returns at once where MPI is not running or this rank is alone."""
     MPI = _mpi_if_running()
     sys.stderr.flush()
     if MPI is not None and MPI.COMM_WORLD.Get_size() > 1:

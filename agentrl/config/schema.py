@@ -1010,9 +1010,21 @@ class RuntimeConfig(Section):
         60.0,
         gt=0,
         description=(
-            "Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error (calls run "
-            "in worker threads). null: no limit, env code runs on the rank's own thread, without hand-offs between "
-            "threads, and a hung env call hangs the rank."
+            "Seconds one env call (reset/step/close) may take; a slower call ends its episode as an error. Calls run "
+            "in worker threads, or on the rank's own thread while they are quick (env_quick_calls_inline). null: no "
+            "limit, env code runs on the rank's own thread, without hand-offs between threads, and a hung env call "
+            "hangs the rank."
+        ),
+    )
+    env_quick_calls_inline: bool = Field(
+        True,
+        description=(
+            "Linux: while an env's batches of calls end within 10 ms, run the next batch on the rank's main thread "
+            "instead of a worker thread (two hand-overs between threads saved a batch), under the same "
+            "env_step_timeout_s: a timer signal to that thread raises inside a call at the deadline, ending its "
+            "episode as a timeout, and a call still running long after that (blocked in C code, or catching "
+            "BaseException) ends the job with its stack. A slower batch moves the env back to worker threads. "
+            "false: always worker threads, where a call past its deadline is abandoned."
         ),
     )
     peer_timeout_s: float | None = Field(

@@ -10,6 +10,15 @@ one a call); once a call has run `SPILL_AFTER_S`, each call not yet started gets
 of its own, so the calls of a batch share one deadline and a batch never takes much
 longer than the timeout. Results are plain tuples so they pickle small.
 
+Quick envs skip the hand-overs (`inline_quick_calls`): once a batch ended within
+`SPILL_AFTER_S`, the next batch runs on the calling thread where that is the main thread of a
+Linux process, under the same deadline, kept by a timer signal to that thread
+(agentrl.env.main_thread_timer): at `SPILL_AFTER_S` its handler gives the calls not yet
+started threads of their own, as above; at the deadline it raises CallDeadline inside the
+running call, which ends that call's episode (the instance is dropped, or killed). A call
+still running well past its deadline ends the job with its stack rather than hanging it. A
+batch with a slow call goes back to worker threads until a batch is quick again.
+
 Instances are reused across episodes where the env class says it may be (`reusable =
 True` in the class itself, agentrl.env.api.TextEnv) and `reuse` is on (env.reuse_instances):
 an episode's close keeps its instance for a later episode's reset, as Gymnasium's vector
@@ -22,6 +31,7 @@ Counts reconcile: `started` = `finished` + `failures` + `len(envs)` (episodes st
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import queue
 import threading
@@ -31,12 +41,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentrl.config import RuntimeConfig
+from agentrl.env.main_thread_timer import CallDeadline, MainThreadTimer
 from agentrl.env.registry import make
 
 # train.py passes runtime.env_step_timeout_s; hosts built without it still get its default
 DEFAULT_CALL_TIMEOUT_S = RuntimeConfig.model_fields["env_step_timeout_s"].default
 # A call of a batch running this long (or half the timeout, if less) gives each call not yet started a thread.
 SPILL_AFTER_S = 0.01
+# After a batch's deadline, how often a call on the calling thread that swallowed CallDeadline is interrupted again
+REFIRE_S = 1.0
+# How long past its deadline a call on the calling thread may run before the job is ended: at least this, and at
+# least the timeout again.
+STUCK_GRACE_S = 30.0
 
 
 @dataclass
@@ -109,6 +125,66 @@ class _Batch:
             workers.submit(functools.partial(self._run_one, index))
 
 
+class _HereBatch:
+    """One batch's calls, run in order on the main thread under `MainThreadTimer`: its handler (`fire`, on this same
+    thread, between two bytecodes of whatever runs) hands the calls not yet started to worker threads at the spill
+    time and raises CallDeadline inside the running call at the deadline. Every call runs once, here or there."""
+
+    def __init__(self, calls: list[Callable[[], tuple]], workers: DaemonWorkers, spill_at: float, deadline: float):
+        self.calls, self.workers = calls, workers
+        self.spill_at, self.deadline = spill_at, deadline
+        self.outcomes: list[tuple | None] = [None] * len(calls)
+        self.current: int | None = None  # the call running now; CallDeadline is raised only inside one
+        self.spilled: _Batch | None = None  # the calls handed to worker threads, from `spilled_from` on
+        self.spilled_from = len(calls)
+        self.spill_due = self.past_spill = self.past_deadline = False
+        self.raised_at = -REFIRE_S
+
+    def run_in_order(self) -> None:
+        for index, call in enumerate(self.calls):
+            if self.spilled is not None or self.spill_due or self.past_deadline:
+                if self.spilled is None and not self.past_deadline:
+                    self._spill(index)
+                return
+            try:
+                self.current = index
+                self.outcomes[index] = call()
+            except CallDeadline:  # the outcome stays None: timed out
+                pass
+            finally:
+                self.current = None
+
+    def fire(self, timer: MainThreadTimer) -> None:
+        now = time.monotonic()
+        if not self.past_spill:
+            if now < self.spill_at:  # a signal an earlier batch's timer sent just before it was disarmed
+                return
+            self.past_spill = True
+            timer.arm(self.deadline - now, functools.partial(self.fire, timer), repeat_s=REFIRE_S)
+            if self.current is None:
+                self.spill_due = True  # between two calls: the loop hands the rest over before the next
+            else:
+                self._spill(self.current + 1)
+            return
+        if now < self.deadline:
+            return
+        self.past_deadline = True
+        if self.current is not None and now - self.raised_at >= REFIRE_S / 2:
+            self.raised_at = now
+            raise CallDeadline
+
+    def _spill(self, start: int) -> None:
+        if start < len(self.calls):
+            self.spilled_from, self.spilled = start, _Batch(self.calls[start:])
+            self.spilled.spill(self.workers)
+
+    def finished(self) -> list[tuple | None]:
+        """Each call's outcome, None for those that did not end (decided once: a late thread may still write)."""
+        if self.spilled is None:
+            return list(self.outcomes)
+        return self.outcomes[: self.spilled_from] + list(self.spilled.outcomes)
+
+
 @dataclass
 class EnvHost:
     env_id: str
@@ -117,12 +193,14 @@ class EnvHost:
     call_timeout_s: float | None = DEFAULT_CALL_TIMEOUT_S  # None: env code runs inline, without a time limit
     chat_format: str | None = None  # the run's chat format family; envs that parse turns (ToolEnv) are told it
     reuse: bool = True  # env.reuse_instances: keep closed instances of classes that allow it for later episodes
+    inline_quick_calls: bool = True  # runtime.env_quick_calls_inline: a quick env's calls on the main thread
     envs: dict = field(default_factory=dict)
     idle: list = field(default_factory=list)  # closed instances kept for later episodes (reused, not closed)
     started: int = 0  # episodes whose env was created (or taken from `idle`) by a reset
     finished: int = 0  # episodes closed normally
     failures: int = 0  # calls that raised or timed out; each ends its episode
     _workers: DaemonWorkers = field(default_factory=DaemonWorkers, repr=False)
+    _quick: bool = False  # the last batch ended within SPILL_AFTER_S: the next may run on the calling thread
 
     def handle(self, op: str, key, *args) -> EnvResult:
         return self.handle_batch([(op, key, *args)])[0]
@@ -141,7 +219,9 @@ class EnvHost:
                 threaded.append(index)
         if threaded:
             calls = [functools.partial(self._run, requests[i][0], given[i], tuple(requests[i][2:])) for i in threaded]
-            ran = self._run_in_threads([requests[i] for i in threaded], calls, [given[i] for i in threaded])
+            timer = MainThreadTimer.get() if self._quick and self.inline_quick_calls else None
+            run = self._run_here if timer is not None else self._run_in_threads
+            ran = run([requests[i] for i in threaded], calls, [given[i] for i in threaded])
             for index, outcome in zip(threaded, ran, strict=True):
                 outcomes[index] = outcome
         return [self._record(op, key, outcome) for (op, key, *_), outcome in zip(requests, outcomes, strict=True)]
@@ -161,9 +241,43 @@ class EnvHost:
         batch = _Batch(calls)
         self._workers.submit(batch.run_in_order)
         started = time.monotonic()
+        spilled = self._wait(batch, started, spilled=False)
+        finished = list(batch.outcomes)  # a late thread may still write to `outcomes`; decide once
+        self._quick = not spilled and None not in finished
+        return self._settled(requests, finished, given)
+
+    def _run_here(self, requests: list[tuple], calls: list, given: list) -> list[tuple]:
+        """The batch on this (the main) thread, its deadline kept by MainThreadTimer (the module's docstring)."""
+        timer = MainThreadTimer.get()
+        started = time.monotonic()
+        spill_after = min(SPILL_AFTER_S, self.call_timeout_s / 2)
+        here = _HereBatch(calls, self._workers, started + spill_after, started + self.call_timeout_s)
+        timer.arm(spill_after, functools.partial(here.fire, timer))
+        timer.guard(
+            here.deadline + max(STUCK_GRACE_S, self.call_timeout_s),
+            f"a call of {self.env_id} on this rank's main thread ran far past its deadline (runtime."
+            "env_step_timeout_s) and did not stop when interrupted: it is blocked in C code, or catches "
+            "BaseException. The job ends instead of hanging; runtime.env_quick_calls_inline=false runs env calls "
+            "in worker threads, where such a call is abandoned. The call's stack:",
+        )
+        loop = asyncio._get_running_loop()  # env code sees no running loop, as in a worker thread (asyncio.run works)
+        asyncio._set_running_loop(None)
+        try:
+            here.run_in_order()
+        finally:
+            timer.disarm()
+            asyncio._set_running_loop(loop)
+        if here.spilled is not None:
+            self._wait(here.spilled, started, spilled=True)
+        finished = here.finished()
+        self._quick = here.spilled is None and None not in finished
+        return self._settled(requests, finished, given)
+
+    def _wait(self, batch: _Batch, started: float, spilled: bool) -> bool:
+        """Wait for `batch` until its deadline, giving each call not yet started a thread of its own once the batch
+        has run SPILL_AFTER_S (unless `spilled` already); whether it was spilled."""
         deadline = started + self.call_timeout_s
         spill_after = min(SPILL_AFTER_S, self.call_timeout_s / 2)
-        spilled = False
         while not batch.ended.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
@@ -175,7 +289,10 @@ class EnvHost:
                 batch.spill(self._workers)
                 spilled = True
         batch.take_rest()  # past the deadline: calls not started never start
-        finished = list(batch.outcomes)  # a late thread may still write to `outcomes`; decide once
+        return spilled
+
+    def _settled(self, requests: list[tuple], finished: list[tuple | None], given: list) -> list[tuple]:
+        """Each call's outcome, a timeout for those that did not end (their instance killed where it can be)."""
         for env, outcome in zip(given, finished, strict=True):
             if outcome is None and hasattr(env, "kill"):  # e.g. a SubprocessEnv: end its process, freeing the thread
                 env.kill()

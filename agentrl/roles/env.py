@@ -46,6 +46,7 @@ def env_host(config: Config, check: bool = True) -> EnvHost:
         config.env.id,
         config.env.kwargs,
         call_timeout_s=config.runtime.env_step_timeout_s,
+        inline_quick_calls=config.runtime.env_quick_calls_inline,
         chat_format=config.chat.format,  # the family start-up found (agentrl.run.start.check_chat_format)
         reuse=config.env.reuse_instances,
     )

@@ -100,7 +100,8 @@ def test_an_instance_whose_call_failed_is_not_kept_and_subclasses_must_say_reusa
 
 def test_a_batch_of_quick_calls_runs_in_one_thread_and_a_slow_call_spills_the_rest():
     fresh_counts(CountingGuess)
-    host = EnvHost("counting", factory=lambda _id: CountingGuess(), call_timeout_s=5.0)
+    # in worker threads only (quick batches otherwise move to this thread: test_env_inline_calls.py)
+    host = EnvHost("counting", factory=lambda _id: CountingGuess(), call_timeout_s=5.0, inline_quick_calls=False)
     play(host, list(range(16)), list(range(16)))
     assert len(CountingGuess.threads) == 1 and threading.get_ident() not in CountingGuess.threads
     # a hanging first call: the other calls start on threads of their own and the batch ends at the deadline
