@@ -112,6 +112,9 @@ class PolicyTrainer:
         # trainer's sums go over it (shared memory on a node, polled; gloo's TCP is several times slower)
         self.sum_comm = comm if group is not None and device == "cpu" and not self.sharded else None
         self.comm = comm
+        # the names of the step's sums every rank held at the last gather of them: then they ride the gradient sum
+        self._agreed_names: tuple[str, ...] | None = None
+        self.ridden: np.ndarray | None = None
         self.algorithm = algorithm(self._reduce)
         self.model = self._load(weights_path)
         self.model.train()
@@ -201,20 +204,44 @@ class PolicyTrainer:
         """Sum a float64 array over trainer ranks: what algorithms use for global-batch statistics."""
         return self._allreduce(torch.from_numpy(np.asarray(array, dtype=np.float64).copy())).numpy()
 
-    def _sync_gradients(self, params, vote: bool | None = None) -> bool | None:
+    def _sync_gradients(self, params, vote: bool | None = None, ride: np.ndarray | None = None) -> bool | None:
         """Sum the gradients over trainer ranks. `vote`: this rank's flag, summed in the same collective (one
         element after the gradients); returns whether any rank raised it, or None where no sum runs (one rank, or
-        sharded: the caller then votes on its own)."""
+        sharded: the caller then votes on its own). `ride` (from `_riders`): numbers summed in the same collective,
+        after the flag; their sums are left in `self.ridden`."""
         if self.group is None or self.sharded:
             return None
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
-        flags = [] if vote is None else [torch.tensor([float(vote)], dtype=grads[0].dtype, device=grads[0].device)]
-        flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads] + flags))
+        dtype, device = grads[0].dtype, grads[0].device
+        flags = [] if vote is None else [torch.tensor([float(vote)], dtype=dtype, device=device)]
+        riders = [] if ride is None else [torch.from_numpy(ride).to(dtype)]
+        flat = self._allreduce(torch.cat([g.reshape(-1) for g in grads] + flags + riders))
         offset = 0
         for param, grad in zip(params, grads, strict=True):
             param.grad = flat[offset : offset + grad.numel()].view_as(param)
             offset += grad.numel()
+        if ride is not None:
+            self.ridden = flat[offset + len(flags) :].double().numpy()
         return None if vote is None else bool(flat[offset] > 0)
+
+    def _riders(self, named: dict[str, float]) -> np.ndarray | None:
+        """`named` laid out to ride the gradient sum: the names every rank summed last time, in their order, then
+        1 if this rank has exactly those names (the sums then stand for `_sum_named`'s where every rank has); None
+        where they cannot ride: no names agreed yet, or a sum that is not MPI's over float32 gradients."""
+        if self._agreed_names is None or self.sum_comm is None or self.params[0].dtype != torch.float32:
+            return None
+        values = np.zeros(len(self._agreed_names) + 1)
+        if len(named) == len(self._agreed_names) and all(name in named for name in self._agreed_names):
+            values[:-1] = [named[name] for name in self._agreed_names]
+            values[-1] = 1.0
+        return values
+
+    def _ridden_sums(self) -> dict[str, float] | None:
+        """The named sums that rode the gradient sum, where every rank had the agreed names; None otherwise."""
+        ridden, self.ridden = self.ridden, None
+        if ridden is None or ridden[-1] != self.sum_comm.Get_size():
+            return None
+        return dict(zip(self._agreed_names, ridden[:-1].tolist(), strict=True))
 
     def train_step(self, batch: dict[str, np.ndarray]) -> dict[str, float]:
         """Advantages, then `updates_per_step` optimizer steps over the shard; returns global sums/means
@@ -285,8 +312,13 @@ class PolicyTrainer:
                     sums[key] = sums.get(key, 0.0) + value
             for _ in range(micro_steps - len(starts)):
                 self._idle_micro_step()
-            # a loss not finite on any rank skips the update on all: voted in the gradient sum where one runs
-            loss_vote = self._sync_gradients(self.params, vote=not all_finite(update_loss))
+            # a loss not finite on any rank skips the update on all: voted in the gradient sum where one runs; the
+            # step's named sums ride the last update's
+            ride = None
+            if update == self.updates_per_step - 1:
+                named = self._named_sums(sums, batch, valid, advantages, more)
+                ride = self._riders(named)
+            loss_vote = self._sync_gradients(self.params, vote=not all_finite(update_loss), ride=ride)
             norms = {"grad_norm": self._clipped_norm(self.params, self.max_grad_norm)}
             for extra in self.extras:  # as the policy: synced and clipped every time, stepped with it
                 params = [p for p in extra.module.parameters() if p.requires_grad]
@@ -309,12 +341,10 @@ class PolicyTrainer:
                 for extra in self.extras:
                     extra.optimizer.step()
             self.nonfinite.record(skip, update_loss, norms)
-        trained_mask = batch["loss_mask"].astype(bool) & np.repeat(valid, np.diff(batch["offsets"]))
-        sums["adv_abs_sum"] = float(np.abs(advantages[trained_mask]).sum())
-        sums["adv_abs_count"] = float(trained_mask.sum())
-        if self.shared_prefix:
-            sums["prefix_computed"], sums["prefix_whole"] = (float(x) for x in self.prefix_positions)
-        totals = self._sum_named({**{STATS + k: v for k, v in sums.items()}, **more})
+        totals = self._ridden_sums()
+        if totals is None:  # one collective more: a gather of the names, which every rank then agrees on
+            totals = self._sum_named(named)
+            self._agreed_names = tuple(sorted(totals))
         sums = {k[len(STATS) :]: totals.pop(k) for k in list(totals) if k.startswith(STATS)}
         abs_sum, abs_count = sums.pop("adv_abs_sum"), sums.pop("adv_abs_count")
         prefix = (sums.pop("prefix_computed"), sums.pop("prefix_whole")) if self.shared_prefix else None
@@ -335,6 +365,19 @@ class PolicyTrainer:
         if prefix is not None:
             metrics["train/shared_prefix_positions"] = prefix[0] / max(prefix[1], 1.0)
         return metrics, totals
+
+    def _named_sums(self, sums: dict, batch: dict, valid: np.ndarray, advantages: np.ndarray, more: dict) -> dict:
+        """This rank's numbers of the step to be summed over the trainer ranks by name: the loss's statistics
+        (`sums`, under STATS), the advantages' and the shared prefixes' counts, and the caller's `more`."""
+        trained_mask = batch["loss_mask"].astype(bool) & np.repeat(valid, np.diff(batch["offsets"]))
+        sums = {
+            **sums,
+            "adv_abs_sum": float(np.abs(advantages[trained_mask]).sum()),
+            "adv_abs_count": float(trained_mask.sum()),
+        }
+        if self.shared_prefix:
+            sums["prefix_computed"], sums["prefix_whole"] = (float(x) for x in self.prefix_positions)
+        return {**{STATS + k: v for k, v in sums.items()}, **more}
 
     def _sum_named(self, values: dict[str, float]) -> dict[str, float]:
         """Named numbers summed over the trainer ranks, a name some rank lacks counting as 0 there: one gather over

@@ -33,19 +33,24 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
     assert (trainer.sum_comm is not None) == over_mpi
     vocab = trainer.model.config.vocab_size
     half = range(0, 4) if rank == 0 else range(4, 8)
+    gathers = count_gathers()
     for step in range(3):
-        # numbers a training loop sums ride the step's statistics, names one rank lacks counting 0 there
-        more = {"both": 1.0, f"only_rank{rank}": rank + 1.0} if over_mpi else {}
+        # numbers a training loop sums ride the step's statistics, names one rank lacks counting 0 there (step 0);
+        # once every rank has the names of the last gather (step 2), they ride the gradient sum, with no gather
+        more = {"both": 1.0, **({f"only_rank{rank}": rank + 1.0} if step == 0 else {})} if over_mpi else {}
+        expected = {"both": 2.0, **({"only_rank0": 1.0, "only_rank1": 2.0} if step == 0 else {})}
         # and the loss's denominators as the shards' senders give them (both halves' trained totals), or counted
         given = sum(trained_totals(synthetic_batch(step, part, vocab)) for part in (range(0, 4), range(4, 8)))
         metrics, totals = trainer.train_and_sum(synthetic_batch(step, half, vocab), more, given if step % 2 else None)
-        assert not over_mpi or totals == {"both": 2.0, "only_rank0": 1.0, "only_rank1": 2.0}, totals
+        assert not over_mpi or totals == expected, totals
         every = world.allgather(metrics)
         assert every[0] == every[1], f"{algorithm} step {step}: the ranks' metrics differ"
         flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).float().numpy()
         gathered = world.gather(flat, root=0)
         if rank == 0:
             assert np.array_equal(gathered[0], gathered[1]), f"{algorithm} step {step}: trainer replicas diverged"
+    # float32 over MPI: steps 0 and 1 gather (new names), step 2 rides; bfloat16 gradients: every step gathers
+    assert not over_mpi or gathers() == (2 if dtype == "float32" else 3), gathers()
     if dtype != "float32":  # replicas alike is the check here: whole-batch training rounds otherwise in bfloat16
         if rank == 0:
             print(f"{algorithm}: {dtype} replicas identical (sums over MPI)", flush=True)
@@ -62,6 +67,20 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
         route = "MPI" if over_mpi else "torch.distributed"
         print(f"{algorithm}: replicas identical and equal to whole-batch training (sums over {route})", flush=True)
     transport.barrier(world)
+
+
+def count_gathers():
+    """From now on, count the trainer's gathers of named sums (`transport.allreduce_named`); returns the count."""
+    calls = []
+    original = getattr(transport.allreduce_named, "original", transport.allreduce_named)
+
+    def counted(*args):
+        calls.append(1)
+        return original(*args)
+
+    counted.original = original
+    transport.allreduce_named = counted
+    return lambda: len(calls)
 
 
 def main():
