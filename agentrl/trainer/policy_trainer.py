@@ -115,6 +115,7 @@ class PolicyTrainer:
         # the names of the step's sums every rank held at the last gather of them: then they ride the gradient sum
         self._agreed_names: tuple[str, ...] | None = None
         self.ridden: np.ndarray | None = None
+        self.summed_grads: tuple[list, torch.Tensor] | None = None  # params whose grads `_sync_gradients` made flat
         self.algorithm = algorithm(self._reduce)
         self.model = self._load(weights_path)
         self.model.train()
@@ -220,6 +221,7 @@ class PolicyTrainer:
         for param, grad in zip(params, grads, strict=True):
             param.grad = flat[offset : offset + grad.numel()].view_as(param)
             offset += grad.numel()
+        self.summed_grads = (params, flat[:offset])
         if ride is not None:
             self.ridden = flat[offset + len(flags) :].double().numpy()
         return None if vote is None else bool(flat[offset] > 0)
@@ -389,10 +391,16 @@ class PolicyTrainer:
         totals = self._allreduce(torch.tensor([values[k] for k in names], dtype=torch.float64)).tolist()
         return dict(zip(names, totals, strict=True))
 
-    @staticmethod
-    def _clipped_norm(params, max_norm: float) -> float:
-        """Clip the gradients to `max_norm`; their norm before clipping."""
-        return parallel.scalar(torch.nn.utils.clip_grad_norm_(params, max_norm))
+    def _clipped_norm(self, params, max_norm: float) -> float:
+        """Clip the gradients to `max_norm`; their norm before clipping. Gradients just summed into one flat tensor
+        (`_sync_gradients`) are measured and scaled as that one tensor, as clip_grad_norm_ does tensor by tensor."""
+        summed, self.summed_grads = self.summed_grads, None
+        if summed is None or summed[0] is not params:
+            return parallel.scalar(torch.nn.utils.clip_grad_norm_(params, max_norm))
+        flat = summed[1]
+        norm = torch.linalg.vector_norm(flat)
+        flat.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+        return float(norm)
 
     def _any_rank(self, flag: bool) -> bool:
         """Whether `flag` is true on any trainer rank: a decision every rank then takes alike."""

@@ -24,7 +24,7 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
             "model": {"path": model_dir, "dtype": dtype},
             "steps": 3,
             "trainer": {"micro_batch_size": 5},
-            "optimizer": {"lr": 1e-2},
+            "optimizer": {"lr": 1e-2, "max_grad_norm": 0.01},  # small: grpo's steps clip
             "algorithm": {"name": algorithm},
         }
     )
@@ -34,6 +34,7 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
     vocab = trainer.model.config.vocab_size
     half = range(0, 4) if rank == 0 else range(4, 8)
     gathers = count_gathers()
+    norms = []
     for step in range(3):
         # numbers a training loop sums ride the step's statistics, names one rank lacks counting 0 there (step 0);
         # once every rank has the names of the last gather (step 2), they ride the gradient sum, with no gather
@@ -43,6 +44,7 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
         given = sum(trained_totals(synthetic_batch(step, part, vocab)) for part in (range(0, 4), range(4, 8)))
         metrics, totals = trainer.train_and_sum(synthetic_batch(step, half, vocab), more, given if step % 2 else None)
         assert not over_mpi or totals == expected, totals
+        norms.append(metrics["train/grad_norm"])
         every = world.allgather(metrics)
         assert every[0] == every[1], f"{algorithm} step {step}: the ranks' metrics differ"
         flat = torch.cat([p.detach().reshape(-1) for p in trainer.model.parameters()]).float().numpy()
@@ -61,7 +63,9 @@ def check(algorithm: str, model_dir: str, world, group, over_mpi: bool, dtype: s
         alone = policy_trainer(config, model_dir, "cpu", None)
         for step in range(3):
             halves = [synthetic_batch(step, range(0, 4), vocab), synthetic_batch(step, range(4, 8), vocab)]
-            alone.train_step(concat(halves))
+            norm = alone.train_step(concat(halves))["train/grad_norm"]
+            # the summed gradients are clipped as one flat tensor, one rank's tensor by tensor: the same norm
+            assert abs(norm - norms[step]) <= 1e-4 * norm, (step, norm, norms[step])
         for (name, a), (_, b) in zip(alone.model.named_parameters(), trainer.model.named_parameters(), strict=True):
             torch.testing.assert_close(a, b, atol=2e-5, rtol=1e-4, msg=f"{algorithm} {name}: 2 ranks != 1 rank")
         route = "MPI" if over_mpi else "torch.distributed"
