@@ -17,7 +17,9 @@ Linux process, under the same deadline, kept by a timer signal to that thread
 started threads of their own, as above; at the deadline it raises CallDeadline inside the
 running call, which ends that call's episode (the instance is dropped, or killed). A call
 still running well past its deadline ends the job with its stack rather than hanging it. A
-batch with a slow call goes back to worker threads until a batch is quick again.
+batch that ran past `SPILL_AFTER_S` sends the env back to worker threads until a batch is
+quick again. (The signal interrupts a blocking system call of the running call; Python
+retries it, but C code that does not may see EINTR.)
 
 Instances are reused across episodes where the env class says it may be (`reusable =
 True` in the class itself, agentrl.env.api.TextEnv) and `reuse` is on (env.reuse_instances):
@@ -270,7 +272,7 @@ class EnvHost:
         if here.spilled is not None:
             self._wait(here.spilled, started, spilled=True)
         finished = here.finished()
-        self._quick = here.spilled is None and None not in finished
+        self._quick = not here.past_spill and None not in finished
         return self._settled(requests, finished, given)
 
     def _wait(self, batch: _Batch, started: float, spilled: bool) -> bool:

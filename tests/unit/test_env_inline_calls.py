@@ -111,6 +111,16 @@ def test_a_hung_call_ends_at_the_deadline_and_the_rest_of_its_batch_in_threads(a
     assert threads_of(steps) == ["MainThread"] * 2  # quick again: back on this thread
 
 
+def test_a_slow_batch_of_one_call_sends_the_env_back_to_worker_threads():
+    host = host_of(call_timeout_s=5.0)
+    play(host, [0])
+    host.handle_batch([("reset", 1, 0, None)])
+    (slow,) = host.handle_batch([("step", 1, "wait0.03")])  # nothing left to hand over, but slow
+    assert slow.ok and threads_of([slow]) == ["MainThread"]
+    (reset,) = host.handle_batch([("reset", 2, 0, None)])
+    assert reset.value[1]["thread"] != "MainThread"
+
+
 def test_a_timed_out_killable_env_is_killed():
     host = host_of(KillableEnv, call_timeout_s=0.3)
     play(host, [0])
