@@ -50,20 +50,23 @@ class RowSampling:
     ):
         """`matchers`: each row's grammar matcher, or None for a row drawing freely (`grammars` made them)."""
         self.params = list(params)
-        greedy = [p.temperature <= 0 for p in params]
-        top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
         self.vocab_size = vocab_size
-        self.greedy = torch.tensor(greedy, device=device)
-        self.temperature = torch.tensor(
-            [[1.0 if g else float(p.temperature)] for g, p in zip(greedy, params, strict=True)], device=device
-        )
-        self.top_k = torch.tensor(top_k, device=device)
-        self.top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
-        self.max_new_tokens = torch.tensor([p.max_new_tokens for p in params], device=device)
+        if self.params and all(p is self.params[0] for p in self.params):  # one settings object (a training step)
+            self._fill_alike(self.params[0], len(self.params), device)
+        else:
+            greedy = [p.temperature <= 0 for p in params]
+            top_k = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
+            self.greedy = torch.tensor(greedy, device=device)
+            self.temperature = torch.tensor(
+                [[1.0 if g else float(p.temperature)] for g, p in zip(greedy, params, strict=True)], device=device
+            )
+            self.top_k = torch.tensor(top_k, device=device)
+            self.top_p = torch.tensor([p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device)
+            self.max_new_tokens = torch.tensor([p.max_new_tokens for p in params], device=device)
+            widest = max(len(p.stop_token_ids) for p in params)
+            stop_ids = [list(p.stop_token_ids) + [-1] * (widest - len(p.stop_token_ids)) for p in params]
+            self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device) if widest else None
         self.unfiltered = (self.top_k >= self.vocab_size) & ~torch.isfinite(self.top_p)
-        widest = max(len(p.stop_token_ids) for p in params)
-        stop_ids = [list(p.stop_token_ids) + [-1] * (widest - len(p.stop_token_ids)) for p in params]
-        self.stop_ids = torch.tensor(stop_ids, dtype=torch.long, device=device) if widest else None
         if generators is None:
             generators = [seeded_generator(p.seed, device) if p.seed is not None else None for p in params]
         self.generators = list(generators)
@@ -73,6 +76,20 @@ class RowSampling:
         self.grammars = grammars
         self._scratch: dict[torch.dtype, torch.Tensor] = {}
         self._summarise()
+
+    def _fill_alike(self, params: SamplingParams, rows: int, device: torch.device) -> None:
+        """The tensors for `rows` rows that all sample as `params`, the same as built row by row."""
+        greedy = params.temperature <= 0
+        top_k = params.top_k if 0 < params.top_k < self.vocab_size else self.vocab_size
+        self.greedy = torch.full((rows,), greedy, dtype=torch.bool, device=device)
+        self.temperature = torch.full((rows, 1), 1.0 if greedy else float(params.temperature), device=device)
+        self.top_k = torch.full((rows,), top_k, dtype=torch.long, device=device)
+        self.top_p = torch.full((rows,), params.top_p if params.top_p < 1.0 else float("inf"), device=device)
+        self.max_new_tokens = torch.full((rows,), params.max_new_tokens, dtype=torch.long, device=device)
+        stop_ids = list(params.stop_token_ids)
+        self.stop_ids = (
+            torch.tensor([stop_ids], dtype=torch.long, device=device).expand(rows, -1).clone() if stop_ids else None
+        )
 
     def _summarise(self) -> None:
         """Batch-wide facts that let a step skip work no row needs."""

@@ -1,5 +1,7 @@
 """The top-k candidate draw gives exactly the tokens of the draw over the whole filtered vocabulary."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -121,3 +123,23 @@ def test_logits_that_are_not_finite_are_a_clear_error_not_an_index_error(vocab, 
     with pytest.raises(sampling.NonFiniteLogits, match="probabilities are not finite"):
         sample_tokens(logits, settings([SamplingParams(1), params, SamplingParams(1)], vocab), torch.Generator())
     sample_tokens(torch.randn(3, vocab), settings([params] * 3, vocab), torch.Generator())  # finite rows draw
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(max_new_tokens=2, stop_token_ids=(1, 2)),
+        SamplingParams(max_new_tokens=5, temperature=0.0),
+        SamplingParams(max_new_tokens=3, temperature=0.7, top_k=5, top_p=0.9, stop_token_ids=(7,)),
+    ],
+)
+def test_rows_sharing_one_settings_object_get_the_tensors_built_row_by_row(params):
+    shared = RowSampling([params] * 6, 128, torch.device("cpu"))  # one object: filled at once
+    copies = RowSampling([replace(params) for _ in range(6)], 128, torch.device("cpu"))  # equal objects: row by row
+    for name in (*RowSampling.TENSORS, "stop_ids"):
+        a, b = getattr(shared, name), getattr(copies, name)
+        assert (a is None) == (b is None), name
+        assert a is None or (a.dtype == b.dtype and torch.equal(a, b)), name
+    if shared.stop_ids is not None:  # each row's stop ids its own memory, not a view of one row's
+        shared.stop_ids[0, 0] = 99
+        assert shared.stop_ids[1, 0] != 99
