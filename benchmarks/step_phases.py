@@ -37,7 +37,7 @@ PHASES = [  # (phase, "module:Attribute.path"): each call of the function counts
     ("policy forward", "agentrl.trainer.policy_trainer:PolicyTrainer._position_logits"),
     ("backward", "torch:Tensor.backward"),
     ("optimizer", "torch.optim:AdamW.step"),
-    ("grad clip", "torch.nn.utils:clip_grad_norm_"),
+    ("grad clip", "agentrl.trainer.policy_trainer:PolicyTrainer._clipped_norm"),
     ("logprob recompute", "agentrl.trainer.policy_trainer:PolicyTrainer._old_logprobs"),
     ("advantages", "agentrl.algorithms.base:PolicyGradient.advantages"),
     ("weights out", "agentrl.weights.base:InProcessWeightCopy.send"),

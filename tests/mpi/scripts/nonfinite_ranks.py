@@ -68,10 +68,10 @@ def inf_gradient_here(trainer) -> None:
     before the ranks' gradients are summed."""
     sync = trainer._sync_gradients
 
-    def synced(params, vote=None):
+    def synced(params, vote=None, **riders):
         grad = params[-1].grad
         (grad.to_local() if hasattr(grad, "to_local") else grad).mul_(float("inf"))
-        return sync(params, vote)
+        return sync(params, vote, **riders)
 
     trainer._sync_gradients = synced
 
