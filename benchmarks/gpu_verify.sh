@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The whole GPU check in one command, for a GPU machine without network (docs/gpu.md): set-up from the carried
 # wheels (benchmarks/gpu_setup.sh), the CUDA-only tests, benchmarks/gpu_check.py's table, then the mpirun tests
-# on this machine's GPUs; PARTS=setup,vs_trl runs the side-by-side with TRL instead. Each part has its own time limit and its own log in $OUT (default gpu-results/), so a
-# part that fails or runs out of time costs the others nothing. PARTS picks some (comma-separated; set-up is
-# skipped where agentrl and its dependencies already import).
+# on this machine's GPUs; PARTS=setup,vs_trl runs the side-by-side with TRL instead. Each part has its own time
+# limit and its own log in $OUT (default gpu-results/), so a part that fails or runs out of time costs the others
+# nothing. PARTS picks some (comma-separated; set-up is skipped where agentrl and its dependencies already import).
 #   OUT=dir [PARTS=setup,gpu_tests,gpu_check,mpi_tests REPEATS=3 SECTIONS=weights,tokens GPU_CHECK_S=300 ...] \
 #     bash benchmarks/gpu_verify.sh
 # On one H200 (16 cores, 2026-11-27): set-up 14 s, the CUDA tests 60 s, gpu_check about 4 minutes with REPEATS=2, the
@@ -54,8 +54,9 @@ fi
 if wanted vs_trl; then
     # TRL's GRPOTrainer and agentrl train the 0.5B shape on the GPU (docs/performance.md); the runs' logs and
     # results in $OUT/vs_trl.tgz
-    part vs_trl "${VS_TRL_S:-430}" python3 benchmarks/vs_trl.py --shape "${VS_TRL_SHAPE:-qwen0.5b}" --trl-python "${VS_TRL_PYTHON:-python3}" \
-        --tasks ${VS_TRL_TASKS:-digit guess} --seeds ${VS_TRL_SEEDS:-0} --steps "${VS_TRL_STEPS:-20}" --warmup 5 \
+    part vs_trl "${VS_TRL_S:-430}" python3 benchmarks/vs_trl.py --shape "${VS_TRL_SHAPE:-qwen0.5b}" \
+        --trl-python "${VS_TRL_PYTHON:-python3}" --tasks ${VS_TRL_TASKS:-digit guess} --seeds ${VS_TRL_SEEDS:-0} \
+        --steps "${VS_TRL_STEPS:-20}" --warmup 5 \
         --sides ${VS_TRL_SIDES:-trl agentrl-1 agentrl-1cp agentrl-2acp} --out /tmp/vs-trl --report "$OUT/vs_trl.md"
     tar czf "$OUT/vs_trl.tgz" -C /tmp/vs-trl logs results
 fi

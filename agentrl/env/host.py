@@ -144,9 +144,10 @@ class _HereBatch:
 
     def run_in_order(self) -> None:
         for index, call in enumerate(self.calls):
-            if self.spilled is not None or self.spill_due or self.past_deadline:
-                if self.spilled is None and not self.past_deadline:
-                    self._spill(index)
+            if self.past_deadline or self.spilled is not None:
+                return
+            if self.spill_due:
+                self._spill(index)
                 return
             try:
                 self.current = index
@@ -222,7 +223,7 @@ class EnvHost:
         if threaded:
             calls = [functools.partial(self._run, requests[i][0], given[i], tuple(requests[i][2:])) for i in threaded]
             timer = MainThreadTimer.get() if self._quick and self.inline_quick_calls else None
-            run = self._run_here if timer is not None else self._run_in_threads
+            run = self._run_in_threads if timer is None else functools.partial(self._run_here, timer)
             ran = run([requests[i] for i in threaded], calls, [given[i] for i in threaded])
             for index, outcome in zip(threaded, ran, strict=True):
                 outcomes[index] = outcome
@@ -248,13 +249,11 @@ class EnvHost:
         self._quick = not spilled and None not in finished
         return self._settled(requests, finished, given)
 
-    def _run_here(self, requests: list[tuple], calls: list, given: list) -> list[tuple]:
-        """The batch on this (the main) thread, its deadline kept by MainThreadTimer (the module's docstring)."""
-        timer = MainThreadTimer.get()
+    def _run_here(self, timer: MainThreadTimer, requests: list[tuple], calls: list, given: list) -> list[tuple]:
+        """The batch on this (the main) thread, its deadline kept by `timer` (the module's docstring)."""
         started = time.monotonic()
-        spill_after = min(SPILL_AFTER_S, self.call_timeout_s / 2)
-        here = _HereBatch(calls, self._workers, started + spill_after, started + self.call_timeout_s)
-        timer.arm(spill_after, functools.partial(here.fire, timer))
+        here = _HereBatch(calls, self._workers, started + self._spill_after, started + self.call_timeout_s)
+        timer.arm(self._spill_after, functools.partial(here.fire, timer))
         timer.guard(
             here.deadline + max(STUCK_GRACE_S, self.call_timeout_s),
             f"a call of {self.env_id} on this rank's main thread ran far past its deadline (runtime."
@@ -279,19 +278,22 @@ class EnvHost:
         """Wait for `batch` until its deadline, giving each call not yet started a thread of its own once the batch
         has run SPILL_AFTER_S (unless `spilled` already); whether it was spilled."""
         deadline = started + self.call_timeout_s
-        spill_after = min(SPILL_AFTER_S, self.call_timeout_s / 2)
         while not batch.ended.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            ended = batch.ended.wait(left if spilled else min(left, spill_after))
+            ended = batch.ended.wait(left if spilled else min(left, self._spill_after))
             # the batch as a whole, not one call: many quick calls in a row (an I/O-bound env) must not add up
             # to the deadline one after another
-            if not ended and not spilled and time.monotonic() - started >= spill_after:
+            if not ended and not spilled and time.monotonic() - started >= self._spill_after:
                 batch.spill(self._workers)
                 spilled = True
         batch.take_rest()  # past the deadline: calls not started never start
         return spilled
+
+    @property
+    def _spill_after(self) -> float:
+        return min(SPILL_AFTER_S, self.call_timeout_s / 2)
 
     def _settled(self, requests: list[tuple], finished: list[tuple | None], given: list) -> list[tuple]:
         """Each call's outcome, a timeout for those that did not end (their instance killed where it can be)."""

@@ -70,8 +70,7 @@ class MainThreadTimer:
     """One shot (with an optional repeat) of a signal to the main thread, running `on_fire` there."""
 
     _made: MainThreadTimer | None = None
-    _tried = False
-    _lock = threading.Lock()
+    _tried = False  # made, or found impossible: only the main thread gets here, so no lock is needed
 
     def __init__(self, libc, timer_id: ctypes.c_void_p, signum: int):
         self._settime = libc.timer_settime
@@ -88,11 +87,8 @@ class MainThreadTimer:
         """The process's timer, made on first call; None off the main thread and where there can be none."""
         if threading.current_thread() is not threading.main_thread():
             return None
-        if cls._made is not None or cls._tried:
-            return cls._made
-        with cls._lock:
-            if not cls._tried:
-                cls._made, cls._tried = cls._create(), True
+        if not cls._tried:
+            cls._made, cls._tried = cls._create(), True
         return cls._made
 
     @classmethod
